@@ -1,0 +1,48 @@
+"""An agent: immutable configuration shared by all of its runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tether.models import ModelAdapter
+from tether.policies import Limits
+from tether.pricing import Price
+from tether.rules import Policy
+from tether.tools import Tool, tools_by_name
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A model, a system prompt, tools and limits.
+
+    ``spec`` records how to rebuild the agent in another process (e.g. the CLI's
+    ``--tools`` and ``--model`` values); it is stored with each run so ``resume`` needs
+    neither.
+    """
+
+    model: ModelAdapter
+    tools: Sequence[Tool] = ()
+    system: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    prices: Mapping[str, Price] | None = None
+    """Overrides and additions to :data:`tether.pricing.PRICES`, by model name prefix."""
+    model_name: str = "default"
+    """Name sent as the request's ``model`` and stored with the run."""
+    spec: dict[str, Any] = field(default_factory=dict)
+    policy: Policy | None = None
+    """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
+    name: str | None = None
+    """Who this agent is; approval callables see it as ``ApprovalContext.agent``."""
+
+    @cached_property
+    def tool_index(self) -> dict[str, Tool]:
+        """Tools by name, validated once (never per step)."""
+        return tools_by_name(self.tools)
+
+    @cached_property
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """The Messages API ``tools`` list, built once."""
+        return [tool.definition() for tool in self.tools]

@@ -1,0 +1,615 @@
+"""The engine decides; drivers do I/O.
+
+Given a run's state, :func:`next_action` says what must happen next (call the model with
+this request, run this tool attempt, wait, or stop), and the ``on_*`` functions turn what
+happened into a :class:`Step`: the events to record and the machine event to send.
+:func:`commit` applies a step to the state and returns the events to persist. Nothing in
+this module touches the network, the clock or the database, so the sync and async drivers
+(and any queue worker) share every decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from tether import budgets
+from tether import events as ev
+from tether.agent import Agent
+from tether.approvals import Approve, Deny
+from tether.cache import hit_record
+from tether.errors import ApprovalError, ModelError
+from tether.events import Event
+from tether.history import check_pairing, text_of
+from tether.machine import ENDED_VALUES, bind
+from tether.models import ModelRequest, ModelResponse
+from tether.policies import ApprovalContext, ApprovalVerdict
+from tether.pricing import price_for
+from tether.rules import decide_call
+from tether.state import PendingCall, RunState
+from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
+
+DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
+DEFAULT_LEASE = 600.0
+"""Seconds a driver on another host is trusted to finish a tool without a timeout."""
+LEASE_MARGIN = 30.0
+CONTEXT_EXCEEDED = "model_context_window_exceeded"
+Record = tuple[str, dict[str, Any]]
+"""One fact a step records: an event type and its data."""
+
+
+# Actions: what a driver must do next ---------------------------------------------------
+@dataclass(frozen=True)
+class CallModel:
+    """Make one model call with this request."""
+
+    request: ModelRequest
+
+
+@dataclass(frozen=True)
+class RunTool:
+    """Record the start, run one attempt of one call, then report the outcome."""
+
+    call: PendingCall
+    tool: Tool
+    arguments: pydantic.BaseModel
+    attempt: int
+    edited: bool = False
+    max_result_chars: int | None = None
+    """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
+    warnings: tuple[Record, ...] = ()
+    """Policy ``warn`` records, committed with the start so the log has them before the tool runs."""
+
+
+@dataclass(frozen=True)
+class WaitUntil:
+    """Nothing to do before ``due_at`` (a retry's persisted schedule)."""
+
+    due_at: float
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A step decided without I/O (an error result, a gate, a limit): just commit it."""
+
+    step: Step
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another live driver is running this call: leave the run to it."""
+
+    call_id: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The run is finished or parked waiting for a person."""
+
+    status: str | None
+
+
+Action = CallModel | RunTool | WaitUntil | Commit | Busy | Stop
+
+
+@dataclass
+class Step:
+    """What one unit of work produced: facts, then one machine event."""
+
+    trigger: str
+    """The machine event to send (``tools_requested``, ``tool_finished``, ``fail``...)."""
+    records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    error: str | None = None
+    """Why the run failed, when ``trigger`` is ``fail``."""
+    retryable: bool = False
+    """The failure is transient: resuming the run tries again."""
+
+
+# Deciding --------------------------------------------------------------------------------
+def next_action(state: RunState, agent: Agent, *, now: float, abandoned: Collection[str] = frozenset()) -> Action:
+    """The next thing to do for ``state``; pure.
+
+    ``abandoned`` names the in-flight calls whose driver is gone (the caller checks
+    liveness); any other in-flight call belongs to a live driver, so this one must not touch it.
+    """
+    if state.status in ENDED_VALUES or state.status == "awaitingApproval":
+        return Stop(state.status)
+    if state.status == "executingTool":
+        return _next_tool_action(state, agent, now, abandoned)
+    max_steps = state.spec.get("max_steps", agent.limits.max_steps)
+    if max_steps is not None and state.steps >= max_steps:
+        return Commit(_failure(f"max_steps limit reached: {max_steps} model invocations"))
+    budget = agent.limits.budget
+    if budget is not None and not state.final_answer_requested:
+        hit = budgets.reached(budget, state, now=now)
+        if hit is not None:
+            if budget.on_limit == "fail":
+                return Commit(_failure(f"budget exceeded: {hit.describe()}"))
+            prompt = budgets.FINAL_ANSWER_PROMPT.format(limit=hit.describe())
+            data = {"limit": hit.limit, "used": hit.used, "allowed": hit.allowed, "prompt": prompt}
+            return Commit(Step("reinvoked", [(ev.BUDGET_EXHAUSTED, data)]))
+    check_pairing(state.messages, run_id=state.id, start=_checked_prefix(state))
+    state.pairing_checked = (state.messages, len(state.messages), state.messages[-1])  # a memo, not a decision
+    request = ModelRequest(
+        model=agent.model_name,
+        messages=list(state.messages),
+        max_tokens=state.max_tokens or agent.limits.max_tokens,
+        system=agent.system,
+        tools=agent.tool_definitions,
+        invocation=state.steps,
+        tool_choice={"type": "none"} if state.final_answer_requested else None,
+    )
+    return CallModel(request)
+
+
+def _checked_prefix(state: RunState) -> int:
+    """How many leading messages an earlier pairing check of this state already covered.
+
+    History only grows, or has its newest message replaced (a pause_turn continued); a
+    rebuilt or replaced list, or a replaced last checked message, is checked whole again.
+    """
+    if state.pairing_checked is None:
+        return 0
+    messages, count, last = state.pairing_checked
+    if messages is not state.messages or not 0 < count <= len(messages) or messages[count - 1] is not last:
+        return 0
+    return int(count)
+
+
+def _next_tool_action(state: RunState, agent: Agent, now: float, abandoned: Collection[str]) -> Action:
+    """The batch's next call that can go ahead; gated calls wait until nothing else can.
+
+    Calls that need no one run first; the run parks only when every unfinished call waits
+    for a person, so all the batch's gated calls are shown and decided together.
+    """
+    parked: Action | None = None
+    for call in state.unfinished_calls():
+        action = _call_action(state, agent, call, now, abandoned)
+        if isinstance(action, Commit) and action.step.trigger == "approval_needed":
+            parked = parked or action
+            continue
+        return action
+    # no call at all cannot happen after a valid log: fail loudly rather than loop
+    return parked or Commit(_failure("executing a tool with no pending call"))
+
+
+def _call_action(
+    state: RunState, agent: Agent, call: PendingCall, now: float, abandoned: Collection[str]
+) -> Action:
+    lease = state.in_flight.get(call.call_id)
+    if lease is not None and call.call_id not in abandoned:
+        return Busy(call.call_id, lease.owner)
+    tool = agent.tool_index.get(call.tool)
+    if tool is None:
+        known = ", ".join(sorted(agent.tool_index)) or "none"
+        return Commit(_result(call, f"Error: unknown tool {call.tool!r} (available tools: {known})", True))
+    try:
+        arguments = tool.validate(call.input)
+    except pydantic.ValidationError as error:
+        return Commit(_result(call, f"Error: invalid arguments for tool {tool.name!r}: {error}", True))
+    decision = state.decisions.get(call.call_id)
+    if decision is not None and not decision.approved:
+        why = f": {decision.reason}" if decision.reason else ""
+        return Commit(_result(call, f"Error: the call was denied by {decision.actor}{why}", True))
+    warnings: list[Record] = []
+    in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
+    if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
+        gate = _gate(state, agent, call, tool, arguments)
+        if isinstance(gate, Step):
+            return Commit(gate)
+        warnings = gate
+    if tool.final:
+        data = arguments.model_dump(mode="json")
+        final = _result(call, "Final result recorded.", False, final_result=data)
+        return Commit(Step(final.trigger, [*warnings, *final.records]))
+    max_tool_calls = agent.limits.max_tool_calls
+    if max_tool_calls is not None and state.tool_calls >= max_tool_calls:
+        return Commit(_failure(f"max_tool_calls limit reached: {max_tool_calls} tool executions"))
+    due = state.retry_due.get(call.call_id)
+    if due is not None and due > now:
+        return WaitUntil(due)
+    edited = decision is not None and decision.input is not None
+    if edited:
+        arguments = tool.validate(decision.input if decision else None)
+    attempt = state.attempts.get(call.call_id, 0) + 1
+    limit = agent.limits.max_result_chars
+    return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
+
+
+def _gate(
+    state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
+) -> Step | list[Record]:
+    """A step parking the run (or denying the call), else the warnings to record with its start.
+
+    A ``deny`` rule always wins; a call in doubt after a crash is always asked about; only
+    then may a tool approved for the rest of the run skip the question.
+    """
+    verdict, warnings = _verdict(state, agent, call, tool, arguments)
+    if verdict.verdict == "deny":
+        message = f"Error: the call was denied by policy: {verdict.reason}"
+        denied = _result(call, message, True, denied_by="policy", reason=verdict.reason)
+        return Step(denied.trigger, [*warnings, *denied.records])
+    if call.call_id in state.in_flight and not tool.idempotent:
+        reason = "it was interrupted mid-run and may already have run; run it again?"
+        return _approval_step(state, agent, call, reason, warnings)
+    if verdict.verdict == "require_approval":
+        return _approval_step(state, agent, call, verdict.reason, warnings)
+    return warnings
+
+
+def _verdict(
+    state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
+) -> tuple[ApprovalVerdict, list[Record]]:
+    """The agent's policy, else the tool's setting, softened by an approval for the run.
+
+    Warnings are only produced before a call's first attempt: retries and re-runs after a
+    crash were warned about already.
+    """
+    context = ApprovalContext(
+        run_id=state.id, tool=tool.name, call_id=call.call_id, tenant=state.tenant, agent=agent.name
+    )
+    decided = decide_call(agent.policy, tool, arguments, context)
+    verdict = decided.verdict
+    if verdict.verdict == "require_approval" and tool.name in state.approved_tools:
+        verdict = ApprovalVerdict("allow", f"{tool.name} was approved for the rest of the run")
+    if call.call_id in state.attempts:
+        return verdict, []
+    warnings: list[Record] = []
+    for match in decided.warnings:
+        data = {"message": match.reason, "call_id": call.call_id, "tool": tool.name}
+        warnings.append((ev.WARNING, {**data, "rule": match.index, "rule_name": match.rule.name}))
+    return verdict, warnings
+
+
+def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Record]) -> Step:
+    """Park with every still-undecided gated call of the batch, to be decided together."""
+    records = list(warnings)
+    shown = [{"call_id": first.call_id, "tool": first.tool, "input": first.input, "reason": reason}]
+    for call in state.batch:
+        if call.call_id in state.outcomes or call.call_id in state.decisions or call is first:
+            continue
+        tool = agent.tool_index.get(call.tool)
+        if tool is None:
+            continue
+        try:
+            arguments = tool.validate(call.input)
+        except pydantic.ValidationError:
+            continue
+        verdict, more = _verdict(state, agent, call, tool, arguments)
+        if verdict.verdict == "require_approval":
+            shown.append({"call_id": call.call_id, "tool": call.tool, "input": call.input, "reason": verdict.reason})
+            records.extend(more)  # decided now, so never gated (nor warned about) again
+    for item in shown:
+        item["fingerprint"] = fingerprint(item["input"])
+    return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, {"calls": shown})])
+
+
+def _result(call: PendingCall, content: str, is_error: bool, **extra: Any) -> Step:
+    data = {"call_id": call.call_id, "tool": call.tool, "content": content, "is_error": is_error, **extra}
+    return Step("tool_finished", [(ev.TOOL_FINISHED, data)])
+
+
+def _failure(message: str) -> Step:
+    return Step("fail", error=message)
+
+
+# Reacting to outcomes --------------------------------------------------------------------
+def on_model_response(
+    state: RunState, agent: Agent, response: ModelResponse, *, latency: float, now: float
+) -> Step:
+    """Turn one model answer into a step: by ``stop_reason``, with its cost and budget warnings."""
+    price = price_for(response.model or agent.model_name, agent.prices)
+    cost = round(price.cost(response.usage), 8) if price is not None else None
+    step = _response_step(state, agent, response, latency=latency, cost=cost)
+    if state.final_answer_requested and step.trigger == "tools_requested":
+        discarded = [(kind, {**data, "discarded": True}) for kind, data in step.records]
+        return Step("fail", discarded, error="the budget is used up and the model still asked for tools")
+    budget = agent.limits.budget
+    if budget is not None:
+        for reading in budgets.new_warnings(budget, state, now=now, usage=response.usage, cost=cost or 0.0):
+            message = f"budget {reading.fraction:.0%} spent: {reading.describe()}"
+            step.records.append((ev.WARNING, {"message": message, "budget": reading.limit}))
+    return step
+
+
+def _response_step(
+    state: RunState, agent: Agent, response: ModelResponse, *, latency: float, cost: float | None
+) -> Step:
+    record: dict[str, Any] = {
+        "content": response.content,
+        "stop_reason": response.stop_reason,
+        "usage": response.usage.to_dict(),
+        "cost_usd": cost,
+        "model": response.model,
+        "id": response.id,
+        "latency": round(latency, 6),
+    }
+    reason = response.stop_reason
+    has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
+    if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
+        current = state.max_tokens or agent.limits.max_tokens
+        ceiling = agent.limits.max_tokens_ceiling
+        if current >= ceiling:
+            return Step(
+                "fail",
+                [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+                error=f"the response was cut off at max_tokens={current} inside a tool_use, "
+                f"even at the ceiling ({ceiling}); the incomplete call was not run",
+            )
+        raised = min(current * 2, ceiling)
+        record.update(discarded=True, next_max_tokens=raised)
+        warning = {"message": f"tool_use cut off at max_tokens={current}; asking again with {raised}"}
+        return Step("reinvoked", [(ev.MODEL_RESPONDED, record), (ev.WARNING, warning)])
+    if reason == "pause_turn":
+        return Step("reinvoked", [(ev.MODEL_RESPONDED, record)])
+    if reason == "refusal":
+        details = json.dumps(response.stop_details) if response.stop_details else ""
+        why = text_of({"content": response.content}) or details
+        return Step("fail", [(ev.MODEL_RESPONDED, record)], error=f"the model refused: {why or 'no reason given'}")
+    if reason == CONTEXT_EXCEEDED:
+        return Step(
+            "fail",
+            [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+            error="context window exceeded: the conversation no longer fits the model's context",
+        )
+    if has_tool_use and reason in ("tool_use", "end_turn", "stop_sequence"):
+        return Step("tools_requested", [(ev.MODEL_RESPONDED, record)])
+    if reason == "tool_use":
+        return Step(
+            "fail",
+            [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+            error="stop_reason was tool_use but the response holds no tool_use block",
+        )
+    if reason in DONE_STOP_REASONS:
+        return Step("answered", [(ev.MODEL_RESPONDED, record)])
+    if reason == "max_tokens":
+        warning = {"message": "the answer was cut off at max_tokens"}
+        return Step("answered", [(ev.MODEL_RESPONDED, record), (ev.WARNING, warning)])
+    return Step(
+        "fail",
+        [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+        error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
+    )
+
+
+def on_model_error(error: ModelError) -> Step:
+    """A model call that failed after the SDK's retries: the run fails, history intact.
+
+    A transient failure (rate limit, overload, 5xx, network) leaves the run resumable.
+    """
+    if error.retryable:
+        message = f"model call failed: {error} (transient: resume the run to try again)"
+        return Step("fail", error=message, retryable=True)
+    return _failure(f"model call failed: {error}")
+
+
+def retry_after_failure() -> Step:
+    """Move a run that failed transiently back to thinking (on resume, never in the same drive)."""
+    return Step("retried", [(ev.WARNING, {"message": "retrying after a transient model failure"})])
+
+
+def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[str, Any]]:
+    """The record written (and committed) before the tool runs, naming the driver running it."""
+    lease_until = now + (action.tool.timeout or DEFAULT_LEASE) + LEASE_MARGIN
+    data = {
+        "call_id": action.call.call_id,
+        "tool": action.tool.name,
+        "attempt": action.attempt,
+        "owner": owner,
+        "lease_until": lease_until,
+    }
+    return ev.TOOL_STARTED, data
+
+
+def on_tool_success(action: RunTool, content: str, *, duration: float) -> Step:
+    """The tool returned; its serialised value is the result."""
+    return _success(action, content, attempt=action.attempt, duration=round(duration, 6))
+
+
+def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
+    """A cached value of the same tool and input answers the call: the tool does not run.
+
+    The driver looked ``key`` up (I/O); this only records the hit and the result, which
+    reaches the model exactly as a fresh one would (same cap, same reviewer note).
+    """
+    step = _success(action, content, cached=True)
+    step.records[:0] = [*action.warnings, hit_record(action, key)]  # no start is recorded: warn here
+    return step
+
+
+def _success(action: RunTool, content: str, **extra: Any) -> Step:
+    limit = action.max_result_chars
+    if limit is not None and len(content) > limit:
+        # The model sees the head; the event keeps the whole value, for people and audits.
+        extra.update(full_content=content, truncated_from=len(content))
+        content = truncate_result(content, limit)
+    if action.edited:
+        content = f"(Note: a reviewer edited the input before running the tool.)\n{content}"
+    return _result(action.call, content, False, **extra)
+
+
+def truncate_result(content: str, limit: int) -> str:
+    """The first ``limit`` characters, and a note telling the model the rest was cut."""
+    if len(content) <= limit:
+        return content
+    return f"{content[:limit]}\n[truncated: {len(content)} characters, showing the first {limit}]"
+
+
+def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration: float) -> Step:
+    """The tool raised or timed out: retry per its policy, else what ``on_exhausted`` says."""
+    tool, call, policy = action.tool, action.call, action.tool.retry
+    facts = {
+        "call_id": call.call_id,
+        "tool": tool.name,
+        "attempt": action.attempt,
+        "duration": round(duration, 6),
+        "error_type": type(error).__name__,
+    }
+    if isinstance(error, ModelRetry):
+        return _result(call, f"Error: {error}", True, **facts, error_class="user_fixable")
+    error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
+    message = _describe_tool_error(tool, error, error_class)
+    wants_retry = isinstance(error, RetryLater) or policy.matches(error)
+    if wants_retry and action.attempt < policy.max_attempts:
+        due = now + policy.delay(action.attempt)
+        data = {**facts, "due_at": due, "error": message, "error_class": error_class}
+        return Step("retry_scheduled", [(ev.RETRY_SCHEDULED, data)])
+    if action.attempt > 1:
+        message += f" (after {action.attempt} attempts)"
+    finished = (ev.TOOL_FINISHED, {**facts, "content": message, "is_error": True, "error_class": error_class})
+    if policy.on_exhausted == "fail" and wants_retry:
+        return Step("fail", [finished], error=f"{message}; the tool's retry policy fails the run")
+    if policy.on_exhausted == "escalate" and wants_retry:
+        reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
+        item = {
+            "call_id": call.call_id,
+            "tool": call.tool,
+            "input": call.input,
+            "reason": reason,
+            "fingerprint": fingerprint(call.input),
+            "last_error": message,
+        }
+        return Step("approval_needed", [(ev.APPROVAL_REQUESTED, {"calls": [item], "escalation": True})])
+    return Step("tool_finished", [finished])
+
+
+def _describe_tool_error(tool: Tool, error: BaseException, error_class: str) -> str:
+    if isinstance(error, ToolTimeout):
+        return f"Error ({error_class}): tool {tool.name!r} {error}"
+    if isinstance(error, UnserializableResult):
+        return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {error}"
+    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {error}"
+
+
+def fingerprint(arguments: Any) -> str:
+    """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def on_decision(
+    state: RunState,
+    agent: Agent,
+    call_id: str,
+    decision: Approve | Deny,
+    *,
+    expected_fingerprint: str | None = None,
+) -> Step:
+    """Apply one approval decision, refusing anything that is not exactly pending.
+
+    ``Approve(remember_for_run=True)`` approves the tool for the rest of the run: its other
+    calls shown in this batch are approved in the same step (they were shown together), and
+    the gate skips later ones (see :func:`_gate` for what it never skips).
+    """
+    approved = isinstance(decision, Approve)
+    edited_input = decision.input if isinstance(decision, Approve) else None
+    remember_for_run = isinstance(decision, Approve) and decision.remember_for_run
+    reason = decision.reason if isinstance(decision, Deny) else ""
+    if state.status != "awaitingApproval":
+        raise ApprovalError(
+            f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
+        )
+    call = state.call(call_id)
+    if call is None or call_id not in state.awaiting:
+        raise ApprovalError(
+            f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
+        )
+    if call_id in state.decisions:
+        raise ApprovalError(f"call {call_id!r} was already decided", run_id=state.id, call_id=call_id)
+    shown = fingerprint(call.input)
+    if expected_fingerprint is not None and expected_fingerprint != shown:
+        raise ApprovalError(
+            f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected_fingerprint} != {shown})",
+            run_id=state.id,
+            call_id=call_id,
+        )
+    if edited_input is not None:
+        tool = agent.tool_index.get(call.tool)
+        if tool is None:
+            raise ApprovalError(f"unknown tool {call.tool!r}", run_id=state.id, call_id=call_id)
+        try:
+            edited_input = tool.validate(edited_input).model_dump(mode="json")
+        except pydantic.ValidationError as error:
+            raise ApprovalError(
+                f"edited input is invalid for tool {tool.name!r}: {error}", run_id=state.id, call_id=call_id
+            ) from error
+    data = {
+        "call_id": call_id,
+        "tool": call.tool,
+        "approved": approved,
+        "actor": decision.actor,
+        "reason": reason,
+        "input": edited_input,
+        "fingerprint": shown,
+        "remember_for_run": remember_for_run,
+    }
+    records: list[Record] = [(ev.APPROVAL_DECIDED, data)]
+    if remember_for_run:
+        for other in state.pending_approvals():
+            if other.call_id == call_id or other.tool != call.tool or other.call_id in state.in_flight:
+                continue  # a call in doubt after a crash is still asked about on its own
+            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(other.input)}
+            why = f"{call.tool} approved for the run with {call_id}"
+            records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
+    return Step("decided", records)
+
+
+def cancellation(reason: str) -> Step:
+    """Stop the run on request."""
+    return Step("cancel", error=f"cancelled: {reason}" if reason else "cancelled")
+
+
+# Committing -------------------------------------------------------------------------------
+def commit(state: RunState, step: Step, *, now: float) -> list[Event]:
+    """Apply ``step`` to ``state`` through the machine; return the events to persist.
+
+    Records are folded first so the guards see the new facts; then the machine event is
+    sent (an illegal move raises ``TransitionNotAllowed``); the transition, the batch's
+    results message and the run's end are recorded as facts too.
+    """
+    produced: list[Event] = []
+
+    def record(kind: str, data: dict[str, Any]) -> None:
+        event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+        state.apply(event)
+        produced.append(event)
+
+    for kind, data in step.records:
+        record(kind, data)
+    source = state.status
+    bind(state).send(step.trigger)
+    target = state.status
+    if source == "executingTool" and target in ("thinking", "done"):
+        record(ev.RESULTS_RETURNED, {})
+    record(ev.TRANSITION, {"event": step.trigger, "source": source, "target": target})
+    if target in ENDED_VALUES:
+        record(
+            ev.RUN_FINISHED,
+            {
+                "status": target,
+                "error": step.error,
+                "output": state.output,
+                "result": state.result,
+                "retryable": step.retryable,
+            },
+        )
+    state.version += 1
+    return produced
+
+
+def start_events(state: RunState, *, spec: dict[str, Any], messages: list[dict[str, Any]], now: float) -> list[Event]:
+    """The first events of a run: its spec and opening history, and entry into thinking."""
+    produced = [Event(0, ev.RUN_STARTED, {"spec": spec, "messages": messages, "created_at": now}, now)]
+    state.apply(produced[0])
+    bind(state)  # enters the initial state, setting status
+    entered = Event(1, ev.TRANSITION, {"event": "start", "source": None, "target": state.status}, now)
+    state.apply(entered)
+    produced.append(entered)
+    state.version = 1
+    return produced

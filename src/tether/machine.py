@@ -1,0 +1,88 @@
+"""The run's state machine: the single source of truth for the graph.
+
+The engine moves a run only by sending these events; guards (read from the run) pick the
+target where one event has several. The diagram is exported from this class, so the
+picture cannot drift from the code. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from statemachine import State, StateMachine
+
+MACHINE_VERSION = 1
+"""Bumped whenever states or transitions change meaning; stored with each run."""
+
+
+class AgentMachine(StateMachine):
+    """thinking → executingTool → awaitingApproval → done (plus failed / cancelled).
+
+    The model object (a run state) exposes the guard attributes: ``has_pending_calls``,
+    ``has_final_result``, ``has_undecided_approvals`` and ``can_retry``; the state lives in its
+    ``status`` field, holding the persisted value.
+    """
+
+    thinking = State(initial=True)
+    executing_tool = State(value="executingTool")
+    awaiting_approval = State(value="awaitingApproval")
+    done = State(final=True)
+    failed = State()
+    """Not final: a run that failed on a transient model error can be retried."""
+    cancelled = State(final=True)
+
+    tools_requested = thinking.to(executing_tool)
+    """The model asked for one or more tools."""
+    answered = thinking.to(done)
+    """The model ended its turn without asking for tools."""
+    reinvoked = thinking.to.itself()  # type: ignore[no-untyped-call]
+    """pause_turn, or a tool_use cut off at max_tokens: call the model again."""
+    tool_finished = (
+        executing_tool.to(done, cond="has_final_result", unless="has_pending_calls")
+        | executing_tool.to(executing_tool, cond="has_pending_calls")
+        | executing_tool.to(thinking)
+    )
+    """One call got its result: the next call, or every result back to the model."""
+    retry_scheduled = executing_tool.to.itself()  # type: ignore[no-untyped-call]
+    """A call failed and will be attempted again at a persisted time."""
+    approval_needed = executing_tool.to(awaiting_approval)
+    """The next call needs a person's decision."""
+    decided = awaiting_approval.to(awaiting_approval, cond="has_undecided_approvals") | (
+        awaiting_approval.to(executing_tool)
+    )
+    """A person approved or denied one call; all calls shown together resume together."""
+    fail = thinking.to(failed) | executing_tool.to(failed) | awaiting_approval.to(failed)
+    """A limit was hit or an unrecoverable error happened."""
+    retried = failed.to(thinking, cond="can_retry")
+    """A later drive tries again after a transient model failure (429/529/5xx, network)."""
+    cancel = thinking.to(cancelled) | executing_tool.to(cancelled) | awaiting_approval.to(cancelled)
+    """Someone stopped the run."""
+
+
+STATUS_VALUES: dict[str, str] = {state.value: state.id for state in AgentMachine.states}
+"""Persisted value → Python id (``"executingTool"`` → ``"executing_tool"``)."""
+FINAL_VALUES = frozenset(state.value for state in AgentMachine.states if state.final)
+"""States nothing can leave."""
+ENDED_VALUES = FINAL_VALUES | {AgentMachine.failed.value}
+"""States where a drive stops for good (a failed run moves again only when resumed)."""
+
+
+def bind(run_state: Any) -> AgentMachine:
+    """A machine driving ``run_state.status``, after checking the stored value is known."""
+    value = run_state.status
+    if value is not None and value not in STATUS_VALUES:
+        raise ValueError(f"unknown run status {value!r}; known: {sorted(STATUS_VALUES)}")
+    # Reuse the machine last bound to this very object while it can still move: it reads and
+    # writes the status on the object itself, so it behaves exactly as a fresh one would.
+    cached = getattr(run_state, "bound_machine", None)
+    if (
+        value is not None
+        and isinstance(cached, AgentMachine)
+        and cached.model is run_state
+        and not cached.is_terminated
+    ):
+        return cached
+    machine = AgentMachine(model=run_state, state_field="status")
+    if hasattr(run_state, "bound_machine"):
+        run_state.bound_machine = machine
+    return machine

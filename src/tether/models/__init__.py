@@ -1,0 +1,119 @@
+"""Model adapters: one request in, one assistant turn out — never a tool executed.
+
+A :class:`ModelAdapter` needs ONE method, :meth:`~ModelAdapter.complete`. Adapters that can
+await natively also offer ``acomplete``; the async driver otherwise runs ``complete`` in a
+thread. Requests and responses are tether's own types, never SDK objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from tether.history import Block, Message
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one call (or summed over a run), cache tokens included."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_creation_input_tokens + other.cache_creation_input_tokens,
+            self.cache_read_input_tokens + other.cache_read_input_tokens,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        """The four counters by their API names."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
+        """Read the API's usage object (missing or null counters are 0)."""
+        data = data or {}
+        return cls(
+            int(data.get("input_tokens") or 0),
+            int(data.get("output_tokens") or 0),
+            int(data.get("cache_creation_input_tokens") or 0),
+            int(data.get("cache_read_input_tokens") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """Everything one Messages API call needs."""
+
+    model: str
+    """Model name the run was started with (adapters may ignore it)."""
+    messages: list[Message]
+    """The full history, exactly as sent."""
+    max_tokens: int
+    system: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Messages API tool definitions."""
+    invocation: int = 0
+    """How many model calls the run made before this one (replays use it as an index)."""
+    tool_choice: dict[str, Any] | None = None
+    """The API's ``tool_choice``; ``{"type": "none"}`` asks for an answer without tools."""
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """What the model said: one assistant turn."""
+
+    content: list[Block]
+    stop_reason: str | None
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    id: str | None = None
+    stop_details: dict[str, Any] | None = None
+    """Extra detail the API gives with some stop reasons (e.g. a refusal's category)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelResponse:
+        """Read a Messages API response object (as JSON)."""
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise ValueError("a Messages API response needs a 'content' list")
+        details = data.get("stop_details")
+        return cls(
+            content=[dict(block) for block in content],
+            stop_reason=data.get("stop_reason"),
+            usage=Usage.from_dict(data.get("usage")),
+            model=data.get("model"),
+            id=data.get("id"),
+            stop_details=details if isinstance(details, dict) else None,
+        )
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """Makes exactly one model call per :meth:`complete`."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request; raise :class:`tether.errors.ModelError` on failure."""
+        ...
+
+
+@runtime_checkable
+class AsyncModelAdapter(Protocol):
+    """An adapter that can also await the call natively."""
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        """Async twin of :meth:`ModelAdapter.complete`."""
+        ...
+
+
+__all__ = ["AsyncModelAdapter", "ModelAdapter", "ModelRequest", "ModelResponse", "Usage"]

@@ -1,0 +1,191 @@
+"""The Claude adapter on the official ``anthropic`` SDK — the only module importing it.
+
+Vendor errors are translated here, once, into :class:`tether.errors.ModelError`. The SDK
+does the HTTP retries (429/529/5xx, honouring Retry-After); what reaches tether is the
+error that remains after them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anthropic
+
+from tether.errors import ModelError
+from tether.history import with_cache_breakpoint
+from tether.models import ModelRequest, ModelResponse
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+"""Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
+DEFAULT_MAX_RETRIES = 4
+DEFAULT_TIMEOUT = 600.0
+DEFAULT_MAX_RETRY_WAIT = 60.0
+"""Cap on one SDK retry wait: the SDK honours any Retry-After the API sends, without bound."""
+
+RetryWaitListener = Callable[[float], None]
+"""Told how long the SDK is about to wait before retrying (for a live view)."""
+
+
+class _CappedRetries:
+    """Mixin for the SDK clients: the SDK's own retries, with each wait capped and reported.
+
+    It overrides the SDK's retry-delay hook, the one place the wait is computed; the
+    retrying itself (which statuses, Retry-After parsing, backoff) stays the SDK's.
+    """
+
+    max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT
+    on_retry_wait: RetryWaitListener | None = None
+
+    def _calculate_retry_timeout(self, *args: Any, **kwargs: Any) -> float:
+        wait = min(float(super()._calculate_retry_timeout(*args, **kwargs)), self.max_retry_wait)  # type: ignore[misc]
+        if self.on_retry_wait is not None:
+            self.on_retry_wait(wait)
+        return wait
+
+
+class _Client(_CappedRetries, anthropic.Anthropic):
+    pass
+
+
+class _AsyncClient(_CappedRetries, anthropic.AsyncAnthropic):
+    pass
+
+
+_ClientT = TypeVar("_ClientT", bound=_CappedRetries)
+
+
+def default_model_name() -> str:
+    """``$TETHER_MODEL``, else :data:`DEFAULT_MODEL`."""
+    return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
+
+
+class AnthropicModel:
+    """One Messages API call per :meth:`complete`, with prompt caching on by default.
+
+    Credentials and endpoint come from ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``
+    unless given. Retries are explicit: ``max_retries`` SDK retries with its backoff.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        timeout: float = DEFAULT_TIMEOUT,
+        prompt_caching: bool = True,
+        max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+        on_retry_wait: RetryWaitListener | None = None,
+    ) -> None:
+        self.name = model or default_model_name()
+        self.prompt_caching = prompt_caching
+        self.max_retry_wait = max_retry_wait
+        self.on_retry_wait = on_retry_wait
+        self._options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
+        if api_key is not None:
+            self._options["api_key"] = api_key
+        if base_url is not None:
+            self._options["base_url"] = base_url
+        self._client: anthropic.Anthropic | None = None
+        self._async_client: anthropic.AsyncAnthropic | None = None
+        self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        messages = with_cache_breakpoint(request.messages) if self.prompt_caching else request.messages
+        params: dict[str, Any] = {
+            "model": self.name,
+            "max_tokens": request.max_tokens,
+            "messages": messages,
+        }
+        if request.system:
+            params["system"] = request.system
+        if request.tools:
+            params["tools"] = request.tools
+            if request.tool_choice is not None:
+                params["tool_choice"] = request.tool_choice
+        return params
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Make the call with the sync client."""
+        try:
+            if self._client is None:
+                self._client = self._configure(_Client(**self._options))
+            message = self._client.messages.create(**self._params(request))
+        except anthropic.AnthropicError as error:
+            raise translate_error(error) from error
+        except TypeError as error:  # the SDK's way of saying no credentials were found
+            raise _credentials_error(error) from error
+        return _response(message)
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        """Make the call with the async client (one per event loop: connections belong to a loop)."""
+        loop = asyncio.get_running_loop()
+        try:
+            if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
+                self._async_client = self._configure(_AsyncClient(**self._options))
+                self._async_loop = weakref.ref(loop)
+            message = await self._async_client.messages.create(**self._params(request))
+        except anthropic.AnthropicError as error:
+            raise translate_error(error) from error
+        except TypeError as error:
+            raise _credentials_error(error) from error
+        return _response(message)
+
+    def _configure(self, client: _ClientT) -> _ClientT:
+        client.max_retry_wait = self.max_retry_wait
+        client.on_retry_wait = self.on_retry_wait
+        return client
+
+    def close(self) -> None:
+        """Close the sync client's connections."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close the async client's connections."""
+        if self._async_client is not None:
+            await self._async_client.close()
+            self._async_client = None
+
+
+def _credentials_error(error: TypeError) -> ModelError:
+    if "authentication" not in str(error).lower() and "api_key" not in str(error).lower():
+        raise error
+    return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})")
+
+
+def _response(message: Any) -> ModelResponse:
+    data = message.model_dump(mode="json", exclude_none=False)
+    # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
+    # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
+    data["content"] = [{k: v for k, v in block.items() if v is not None} for block in data.get("content") or []]
+    return ModelResponse.from_dict(data)
+
+
+def translate_error(error: anthropic.AnthropicError) -> ModelError:
+    """Turn an SDK error into a :class:`ModelError` that says what happened."""
+    if isinstance(error, anthropic.APIStatusError):
+        message = _api_message(error)
+        status = error.status_code
+        if status == 400 and "prompt is too long" in message.lower():
+            return ModelError(f"context window exceeded: {message}", status=status)
+        retryable = status in (408, 409, 429) or status >= 500
+        return ModelError(f"Anthropic API error {status}: {message}", status=status, retryable=retryable)
+    if isinstance(error, anthropic.APIConnectionError):
+        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True)
+    return ModelError(f"Anthropic client error: {error}")
+
+
+def _api_message(error: anthropic.APIStatusError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        detail = body.get("error")
+        if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+            return str(detail["message"])
+    return str(error.message)

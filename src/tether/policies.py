@@ -1,0 +1,166 @@
+"""Frozen policy data and the pure decisions made from it.
+
+Nothing here does I/O: a policy answers "retry after how long?" or "does this call need a
+person?", and the engine turns the answer into a step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tether.faults import Classifier, ErrorClass, classify
+
+RetryOn = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How one tool is retried when it raises.
+
+    Each attempt is its own step; the due time of the next attempt is persisted, so a
+    restarted process keeps the schedule.
+    """
+
+    max_attempts: int = 1
+    """Attempts in all, the first included (1 = never retry)."""
+    initial_delay: float = 0.5
+    """Seconds before the second attempt."""
+    max_delay: float = 30.0
+    """Upper bound for any one delay, in seconds."""
+    multiplier: float = 2.0
+    """Each further delay is the previous one times this."""
+    jitter: float = 0.0
+    """Up to this fraction of the delay is added at random (0.1 = up to +10%)."""
+    retry_on: RetryOn | None = None
+    """Exception types that are retried, or a predicate; None: errors classed ``retryable``."""
+    on_exhausted: Literal["error", "fail", "escalate"] = "error"
+    """When attempts run out: ``error`` gives the model an is_error result with the last
+    error; ``fail`` fails the run; ``escalate`` asks a person whether to try again."""
+    classify: Classifier | None = None
+    """Overrides :func:`tether.faults.classify` for this tool (return None to defer)."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1 or self.jitter < 0:
+            raise ValueError("RetryPolicy delays must be >= 0, multiplier >= 1, jitter >= 0")
+        if self.on_exhausted not in ("error", "fail", "escalate"):
+            raise ValueError("RetryPolicy.on_exhausted must be 'error', 'fail' or 'escalate'")
+
+    def should_retry(self, error: BaseException, attempt: int) -> bool:
+        """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried."""
+        return attempt < self.max_attempts and self.matches(error)
+
+    def matches(self, error: BaseException) -> bool:
+        """Whether ``error`` is the kind this policy retries (attempts aside)."""
+        if self.retry_on is None:
+            return classify(error, self.classify) == "retryable"
+        if isinstance(self.retry_on, tuple):
+            return isinstance(error, self.retry_on)
+        return bool(self.retry_on(error))
+
+    def error_class(self, error: BaseException) -> ErrorClass:
+        """The class of ``error`` under this policy's classifier."""
+        return classify(error, self.classify)
+
+    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after attempt number ``attempt`` failed."""
+        base = min(self.initial_delay * self.multiplier ** (attempt - 1), self.max_delay)
+        return min(base * (1 + self.jitter * rng()), self.max_delay)
+
+
+NO_RETRY = RetryPolicy()
+
+Verdict = Literal["allow", "require_approval", "deny"]
+
+
+@dataclass(frozen=True)
+class ApprovalVerdict:
+    """What an approval policy says about one call."""
+
+    verdict: Verdict
+    """allow: run it; require_approval: park for a person; deny: answer with an error."""
+    reason: str = ""
+    """Why (shown to the person, or to the model on a denial)."""
+
+
+ALLOW = ApprovalVerdict("allow")
+REQUIRE_APPROVAL = ApprovalVerdict("require_approval", "the tool is marked approval=True")
+
+
+@dataclass(frozen=True)
+class ApprovalContext:
+    """What an approval callable may look at besides the validated input."""
+
+    run_id: str
+    tool: str
+    call_id: str
+    tenant: str | None = None
+    agent: str | None = None
+    """The agent's ``name``, so one callable can treat agents differently."""
+
+
+ApprovalCallable = Callable[[Any, ApprovalContext], "ApprovalVerdict | bool"]
+ApprovalSetting = bool | ApprovalCallable
+
+
+def decide_approval(setting: ApprovalSetting, args: Any, context: ApprovalContext) -> ApprovalVerdict:
+    """Apply a tool's ``approval=`` setting to one call."""
+    if setting is True:
+        return REQUIRE_APPROVAL
+    if setting is False:
+        return ALLOW
+    answer = setting(args, context)
+    if isinstance(answer, ApprovalVerdict):
+        return answer
+    return REQUIRE_APPROVAL if answer else ALLOW
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one run; reaching one ends the run failed, naming the limit."""
+
+    max_steps: int | None = 50
+    """Model invocations in all (across resumes)."""
+    max_tool_calls: int | None = None
+    """Tool executions in all."""
+    max_tokens: int = 4096
+    """``max_tokens`` of each model call."""
+    max_tokens_ceiling: int = 32000
+    """How far ``max_tokens`` may be raised when a tool_use was cut off."""
+    max_result_chars: int | None = 20000
+    """Longer tool results reach the model cut to this many characters, with a note saying
+    so; the full value stays in the ``tool_finished`` event (``full_content``). None = no cap."""
+    budget: Budget | None = None
+    """Token, cost and time budgets for the run (and its conversation)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Spending limits; at ``warn_at`` of any of them a warning, at the limit a graceful stop.
+
+    Run limits count this run (across resumes); ``conversation_*`` limits also count every
+    earlier run it continues. Input tokens include cache writes and reads.
+    """
+
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_seconds: float | None = None
+    """Wall-clock seconds since the run was created."""
+    conversation_max_tokens: int | None = None
+    """Input plus output tokens over the whole conversation."""
+    conversation_max_cost_usd: float | None = None
+    warn_at: float = 0.8
+    """Fraction of a limit at which a ``warning`` event is recorded (once per limit)."""
+    on_limit: Literal["final_answer", "fail"] = "final_answer"
+    """final_answer: one last model call with tools disabled asking for an answer; fail: fail."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.warn_at <= 1:
+            raise ValueError("Budget.warn_at must be in (0, 1]")
+        if self.on_limit not in ("final_answer", "fail"):
+            raise ValueError("Budget.on_limit must be 'final_answer' or 'fail'")

@@ -1,0 +1,423 @@
+"""Drivers: perform the engine's actions, feed the outcomes back, persist, repeat.
+
+:class:`Runner` (sync) and :class:`AsyncRunner` share everything but the I/O calls in
+:meth:`drive`: loading, persisting, approvals and results live in :class:`_RunnerBase`.
+A drive ends when the run is done, failed, cancelled, or parked awaiting a decision the
+approver (if any) did not give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether import cache, engine, leases
+from tether.agent import Agent
+from tether.approvals import ApprovalRequest, Approver, Decision
+from tether.compat import check_compatible
+from tether.errors import ModelError, RunBusy
+from tether.events import Event
+from tether.history import append_user_text, close_unanswered
+from tether.machine import MACHINE_VERSION, STATUS_VALUES
+from tether.models import AsyncModelAdapter, ModelResponse, Usage
+from tether.state import RunState
+from tether.stores import RunRecord, Store
+from tether.stores.memory import MemoryStore
+
+EventListener = Callable[[RunState, Event], None]
+Activity = engine.CallModel | engine.RunTool | engine.WaitUntil
+ActionListener = Callable[[RunState, Activity], None]
+"""Told just before a drive starts slow work (a model call, a tool attempt, a retry wait).
+
+Nothing is persisted yet when it is called, so it is for live displays (a spinner) only;
+what happened is told to the :data:`EventListener` s once committed.
+"""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run stands after a drive, in the shape ``--json`` prints."""
+
+    run_id: str
+    status: str
+    """Snake-case machine state: done, failed, awaiting_approval, cancelled, thinking..."""
+    output: str | None
+    result: Any
+    error: str | None
+    steps: int
+    tool_calls: int
+    usage: Usage
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+    cost_usd: float | None = None
+    """Summed cost of the run's model calls; None when a model's price is unknown."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CLI's JSON object."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "output": self.output,
+            "result": self.result,
+            "error": self.error,
+            "steps": self.steps,
+            "tool_calls": self.tool_calls,
+            "usage": self.usage.to_dict(),
+            "pending_approvals": self.pending_approvals,
+        }
+
+
+def result_of(state: RunState) -> RunResult:
+    """Summarise a run state."""
+    return RunResult(
+        run_id=state.id,
+        status=STATUS_VALUES.get(state.status or "", state.status or "unknown"),
+        output=state.output if state.status == "done" else None,
+        result=state.result if state.has_final_result else None,
+        error=state.error,
+        steps=state.steps,
+        tool_calls=state.tool_calls,
+        usage=state.usage,
+        cost_usd=None if state.cost_unknown else round(state.cost_usd, 8),
+        pending_approvals=[
+            {
+                "call_id": c.call_id,
+                "tool": c.tool,
+                "input": c.input,
+                "reason": state.approval_reasons.get(c.call_id, ""),
+                "fingerprint": engine.fingerprint(c.input),
+            }
+            for c in state.pending_approvals()
+        ],
+    )
+
+
+def record_of(state: RunState) -> RunRecord:
+    """The store row for a state (small: never the history)."""
+    result = result_of(state)
+    summary = result.to_dict()
+    summary.pop("run_id")
+    summary.pop("status")
+    summary["cost_usd"] = result.cost_usd
+    return RunRecord(
+        id=state.id,
+        status=state.status or "thinking",
+        version=state.version,
+        tenant=state.tenant,
+        spec=state.spec,
+        summary=summary,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+    )
+
+
+def _conversation_spent(parent: RunState) -> dict[str, float]:
+    """What a conversation spent up to and including ``parent`` (for conversation budgets)."""
+    earlier = parent.spec.get("conversation") or {}
+    usage = parent.usage
+    tokens = (usage.input_tokens + usage.output_tokens + usage.cache_creation_input_tokens
+              + usage.cache_read_input_tokens)
+    return {
+        "tokens": float(earlier.get("tokens", 0)) + tokens,
+        "cost_usd": float(earlier.get("cost_usd", 0.0)) + parent.cost_usd,
+    }
+
+
+class _RunnerBase:
+    def __init__(
+        self,
+        agent: Agent,
+        store: Store | None = None,
+        *,
+        approver: Approver | None = None,
+        listeners: Sequence[EventListener] = (),
+        clock: Callable[[], float] = time.time,
+        on_action: ActionListener | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store: Store = store if store is not None else MemoryStore()
+        self.approver = approver
+        self.listeners = list(listeners)
+        self.on_action = on_action
+        self.clock = clock
+
+    # Loading and persisting ---------------------------------------------------------
+    def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
+        """Rebuild a run from its events."""
+        record = self.store.load_run(run_id, tenant=tenant)
+        events = self.store.load_events(run_id, tenant=tenant)
+        return RunState.rebuild(run_id, events, version=record.version, tenant=record.tenant)
+
+    def create(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+    ) -> RunState:
+        """Persist a new run (its prompt, spec and any earlier history) without driving it."""
+        messages: list[dict[str, Any]] = []
+        spec = {
+            **self.agent.spec,
+            "model": self.agent.model_name,
+            "max_steps": self.agent.limits.max_steps,
+            "machine_version": MACHINE_VERSION,
+            "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
+        }
+        if continue_from is not None:
+            parent = self.load(continue_from, tenant=tenant)
+            messages = [dict(m) for m in parent.messages]
+            close_unanswered(messages, f"Not run: the earlier run ended ({parent.status}) before this call ran.")
+            spec["continued_from"] = continue_from
+            spec["conversation"] = _conversation_spent(parent)
+        append_user_text(messages, prompt)
+        state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
+        produced = engine.start_events(state, spec=spec, messages=messages, now=self.clock())
+        self.store.create_run(record_of(state), produced)
+        self._notify(state, produced)
+        return state
+
+    def _persist(self, state: RunState, produced: list[Event]) -> None:
+        self.store.append(record_of(state), state.version - 1, produced)
+        self._notify(state, produced)
+
+    def _commit(self, state: RunState, step: engine.Step) -> None:
+        self._persist(state, engine.commit(state, step, now=self.clock()))
+
+    def _record_start(self, state: RunState, action: engine.RunTool, owner: str) -> None:
+        now = self.clock()
+        records = [*action.warnings, engine.tool_started(action, owner=owner, now=now)]
+        if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
+            records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
+        produced = []
+        for kind, data in records:
+            event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+            state.apply(event)
+            produced.append(event)
+        state.version += 1
+        self._persist(state, produced)
+
+    def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> bool:
+        """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
+        if action.tool.cache_ttl is None:
+            return False
+        key = cache.key_for(action, tenant=state.tenant)
+        value = self.store.cache_get(key, self.clock())
+        if value is None:
+            return False
+        self._commit(state, engine.on_cache_hit(action, value, key=key))
+        return True
+
+    def _announce(self, state: RunState, action: engine.Action) -> None:
+        if self.on_action is not None and isinstance(action, engine.CallModel | engine.RunTool | engine.WaitUntil):
+            self.on_action(state, action)
+
+    def _notify(self, state: RunState, produced: list[Event]) -> None:
+        for listener in self.listeners:
+            for event in produced:
+                listener(state, event)
+
+    # Approvals ------------------------------------------------------------------------
+    def approval_requests(self, state: RunState) -> list[ApprovalRequest]:
+        """The calls of ``state`` waiting for a decision."""
+        requests = []
+        for call in state.pending_approvals():
+            tool = self.agent.tool_index.get(call.tool)
+            requests.append(
+                ApprovalRequest(
+                    run_id=state.id,
+                    call_id=call.call_id,
+                    tool=call.tool,
+                    input=call.input,
+                    reason=state.approval_reasons.get(call.call_id, ""),
+                    description=tool.description if tool else "",
+                    fingerprint=engine.fingerprint(call.input),
+                )
+            )
+        return requests
+
+    def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> bool:
+        applied = False
+        for request in self.approval_requests(state):
+            decision = decisions.get(request.call_id)
+            if decision is None or request.call_id in state.decisions:  # decided with a remember_for_run sibling
+                continue
+            self._decide(state, request.call_id, decision, request.fingerprint)
+            applied = True
+        return applied
+
+    def _decide(self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None) -> None:
+        step = engine.on_decision(state, self.agent, call_id, decision, expected_fingerprint=fingerprint)
+        self._commit(state, step)
+
+    def decide(
+        self,
+        run_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        fingerprint: str | None = None,
+        tenant: str | None = None,
+    ) -> RunResult:
+        """Record one decision from anywhere (another process included); does not drive.
+
+        Exactly one decision ever applies: a second one, or two racing processes, get
+        :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
+        """
+        state = self._state(run_id, tenant)
+        self._decide(state, call_id, decision, fingerprint)
+        return result_of(state)
+
+    def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
+        """Stop a run that has not finished."""
+        state = self.load(run_id, tenant=tenant)
+        self._commit(state, engine.cancellation(reason))
+        return result_of(state)
+
+    def _state(self, run: str | RunState, tenant: str | None) -> RunState:
+        state = run if isinstance(run, RunState) else self.load(run, tenant=tenant)
+        check_compatible(state.id, state.spec, self.agent.tool_index)
+        return state
+
+    def _retry_if_resumable(self, state: RunState) -> None:
+        """A drive of a run that failed transiently starts by trying again."""
+        if state.status == "failed" and state.can_retry:
+            self._commit(state, engine.retry_after_failure())
+
+    def _next(
+        self, state: RunState, owner: str
+    ) -> engine.CallModel | engine.RunTool | engine.WaitUntil | engine.Commit | engine.Stop:
+        now = self.clock()
+        abandoned = {cid for cid, lease in state.in_flight.items() if not leases.alive(lease, now, me=owner)}
+        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned)
+        if isinstance(action, engine.Busy):
+            raise RunBusy(state.id, action.call_id, action.owner)
+        return action
+
+    def _model_step(self, state: RunState, response: ModelResponse | ModelError, started: float) -> None:
+        if isinstance(response, ModelError):
+            self._commit(state, engine.on_model_error(response))
+        else:
+            now = self.clock()
+            self._commit(state, engine.on_model_response(state, self.agent, response, latency=now - started, now=now))
+
+    def _tool_step(self, state: RunState, action: engine.RunTool, outcome: str | BaseException, started: float) -> None:
+        duration = time.perf_counter() - started
+        if isinstance(outcome, BaseException):
+            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration)
+        else:
+            step = engine.on_tool_success(action, outcome, duration=duration)
+        self._commit(state, step)
+        if not isinstance(outcome, BaseException) and action.tool.cache_ttl is not None:
+            # Stored once the result is committed (a crash in between costs a miss, never a
+            # wrong hit); errors are never stored. The full value, not the model's cut.
+            key = cache.key_for(action, tenant=state.tenant)
+            self.store.cache_put(key, action.tool.name, outcome, self.clock() + action.tool.cache_ttl)
+
+
+class Runner(_RunnerBase):
+    """Drives runs synchronously."""
+
+    def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
+        """Start a run and drive it as far as it goes."""
+        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+
+    def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
+        """Take steps until the run finishes or parks."""
+        state = self._state(run, tenant)
+        self._retry_if_resumable(state)
+        with leases.driving() as owner:
+            while self.step(state, owner=owner):
+                pass
+        return result_of(state)
+
+    def step(self, state: RunState, *, owner: str) -> bool:
+        """Do exactly one unit of work; False when there is nothing left to do now.
+
+        ``owner`` identifies the drive (see :func:`tether.leases.driving`); it is recorded
+        with each tool start so other processes can tell a running call from a crashed one.
+        """
+        action = self._next(state, owner)
+        if isinstance(action, engine.Stop):
+            if state.status != "awaitingApproval" or self.approver is None:
+                return False
+            return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        self._announce(state, action)
+        if isinstance(action, engine.WaitUntil):
+            time.sleep(max(0.0, action.due_at - self.clock()))
+        elif isinstance(action, engine.Commit):
+            self._commit(state, action.step)
+        elif isinstance(action, engine.CallModel):
+            started = self.clock()
+            response: ModelResponse | ModelError
+            try:
+                response = self.agent.model.complete(action.request)
+            except ModelError as error:
+                response = error
+            self._model_step(state, response, started)
+        elif not self._answered_from_cache(state, action):
+            self._record_start(state, action, owner)
+            began = time.perf_counter()
+            outcome: str | BaseException
+            try:
+                outcome = action.tool.execute(action.arguments, action.call.call_id)
+            except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
+                outcome = error
+            self._tool_step(state, action, outcome, began)
+        return True
+
+
+class AsyncRunner(_RunnerBase):
+    """Drives runs inside an event loop; sync tools run in threads."""
+
+    async def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
+        """Start a run and drive it as far as it goes."""
+        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+
+    async def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
+        """Take steps until the run finishes or parks."""
+        state = self._state(run, tenant)
+        self._retry_if_resumable(state)
+        with leases.driving() as owner:
+            while await self.step(state, owner=owner):
+                pass
+        return result_of(state)
+
+    async def step(self, state: RunState, *, owner: str) -> bool:
+        """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
+        action = self._next(state, owner)
+        if isinstance(action, engine.Stop):
+            if state.status != "awaitingApproval" or self.approver is None:
+                return False
+            return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        self._announce(state, action)
+        if isinstance(action, engine.WaitUntil):
+            await asyncio.sleep(max(0.0, action.due_at - self.clock()))
+        elif isinstance(action, engine.Commit):
+            self._commit(state, action.step)
+        elif isinstance(action, engine.CallModel):
+            started = self.clock()
+            response: ModelResponse | ModelError
+            try:
+                model = self.agent.model
+                if isinstance(model, AsyncModelAdapter):
+                    response = await model.acomplete(action.request)
+                else:
+                    response = await asyncio.to_thread(model.complete, action.request)
+            except ModelError as error:
+                response = error
+            self._model_step(state, response, started)
+        elif not self._answered_from_cache(state, action):
+            self._record_start(state, action, owner)
+            began = time.perf_counter()
+            outcome: str | BaseException
+            try:
+                outcome = await action.tool.aexecute(action.arguments, action.call.call_id)
+            except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
+                outcome = error
+            self._tool_step(state, action, outcome, began)
+        return True

@@ -1,0 +1,282 @@
+"""A run's current state, folded from its events.
+
+Applying an event is pure and deterministic, so the state built live while a run is
+driven and the state rebuilt from the store after a crash are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether import events as ev
+from tether.events import Event
+from tether.history import Message, append_user_text, text_of, tool_result_block, tool_uses
+from tether.models import Usage
+
+
+@dataclass
+class Decision:
+    """A person's (or policy's) decision on one gated call."""
+
+    approved: bool
+    actor: str
+    reason: str = ""
+    input: dict[str, Any] | None = None
+    """Edited input to run with instead of the model's, already validated."""
+    attempt: int = 0
+    """Attempts the call had started when decided: an attempt in doubt after a crash that
+    began after the decision needs a new one (never silently twice)."""
+
+
+@dataclass
+class PendingCall:
+    """One ``tool_use`` of the current batch."""
+
+    call_id: str
+    tool: str
+    input: Any
+
+
+@dataclass
+class ToolOutcome:
+    """The ``tool_result`` a call got."""
+
+    content: str
+    is_error: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who started a tool call, and until when that process is trusted to finish it."""
+
+    owner: str
+    """``host:pid:token`` of the driver that recorded the start."""
+    until: float
+    """After this Unix time a silent owner is presumed dead (used across hosts)."""
+
+
+@dataclass
+class RunState:
+    """Everything the engine needs to decide the next step of one run."""
+
+    id: str
+    spec: dict[str, Any] = field(default_factory=dict)
+    """How the run was started: model, tools, system, limits (for resume)."""
+    tenant: str | None = None
+    status: str | None = None
+    """The machine's persisted state value (``"executingTool"``...)."""
+    version: int = 0
+    """Optimistic-concurrency version: the number of committed steps."""
+    next_seq: int = 0
+    messages: list[Message] = field(default_factory=list)
+    batch: list[PendingCall] = field(default_factory=list)
+    """Every tool_use of the latest assistant turn, in call order."""
+    outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    awaiting: list[str] = field(default_factory=list)
+    """Call ids shown to a person and not yet all decided."""
+    approval_reasons: dict[str, str] = field(default_factory=dict)
+    approved_tools: set[str] = field(default_factory=set)
+    """Tools a person approved for the rest of the run: later calls skip the approval gate."""
+    attempts: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, Lease] = field(default_factory=dict)
+    """Calls whose start was recorded and whose end was not: running, or in doubt after a crash."""
+    retry_due: dict[str, float] = field(default_factory=dict)
+    continuing_turn: bool = False
+    """The last response was pause_turn: the next one extends the same assistant turn."""
+    max_tokens: int | None = None
+    """Raised above the agent's limit after a tool_use was cut off at max_tokens."""
+    steps: int = 0
+    """Model invocations, across resumes."""
+    tool_calls: int = 0
+    """Tool executions (attempts that ran)."""
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    """Summed cost of the model calls whose price was known."""
+    cost_unknown: bool = False
+    """Some call's model had no known price, so ``cost_usd`` is a lower bound."""
+    budget_warned: set[str] = field(default_factory=set)
+    """Budget limits already warned about (each is warned once)."""
+    final_answer_requested: bool = False
+    """A budget ran out: the next model call has tools disabled and must answer."""
+    output: str | None = None
+    result: Any = None
+    has_final_result: bool = False
+    can_retry: bool = False
+    """The run failed transiently; resuming it may try again (a machine guard)."""
+    error: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    bound_machine: Any = field(default=None, init=False, repr=False, compare=False)
+    """Cache for :func:`tether.machine.bind`: building a machine costs more than a whole step."""
+    pairing_checked: tuple[Any, int, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    """Memo of the engine's last pairing check: (messages list, its length, its last message)."""
+
+    # Guards read by the machine -------------------------------------------------
+    @property
+    def has_pending_calls(self) -> bool:
+        """Some call of the batch has no result yet."""
+        return any(call.call_id not in self.outcomes for call in self.batch)
+
+    @property
+    def has_undecided_approvals(self) -> bool:
+        """Some call shown for approval has no decision yet."""
+        return any(call_id not in self.decisions for call_id in self.awaiting)
+
+    # Queries ---------------------------------------------------------------------
+    def unfinished_calls(self) -> list[PendingCall]:
+        """The batch's calls without a result, in call order."""
+        return [c for c in self.batch if c.call_id not in self.outcomes]
+
+    def pending_approvals(self) -> list[PendingCall]:
+        """Calls waiting for a person, in call order."""
+        waiting = set(self.awaiting) - set(self.decisions)
+        return [call for call in self.batch if call.call_id in waiting]
+
+    def call(self, call_id: str) -> PendingCall | None:
+        """The batch's call with this id."""
+        return next((c for c in self.batch if c.call_id == call_id), None)
+
+    # Folding ---------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        """Fold one event into the state."""
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(self, event.data)
+        self.next_seq = event.seq + 1
+        self.updated_at = event.at or self.updated_at
+
+    @classmethod
+    def rebuild(cls, run_id: str, events: list[Event], *, version: int, tenant: str | None) -> RunState:
+        """The state after ``events`` (a run's whole log, oldest first)."""
+        state = cls(id=run_id, tenant=tenant)
+        for event in events:
+            state.apply(event)
+        state.version = version
+        return state
+
+
+def _run_started(state: RunState, data: dict[str, Any]) -> None:
+    state.spec = dict(data["spec"])
+    state.messages = [dict(m) for m in data["messages"]]
+    state.created_at = float(data.get("created_at", 0.0))
+
+
+def _model_responded(state: RunState, data: dict[str, Any]) -> None:
+    state.steps += 1
+    state.usage = state.usage + Usage.from_dict(data.get("usage"))
+    if data.get("cost_usd") is None:
+        state.cost_unknown = True
+    else:
+        state.cost_usd += float(data["cost_usd"])
+    if data.get("discarded"):
+        state.max_tokens = data.get("next_max_tokens", state.max_tokens)
+        return
+    content = list(data["content"])
+    if not content and not state.continuing_turn:
+        state.continuing_turn = False
+        return  # an empty turn (e.g. a bare refusal) is not valid history: nothing to keep
+    if state.continuing_turn and state.messages and state.messages[-1]["role"] == "assistant":
+        previous = state.messages[-1]["content"]
+        state.messages[-1] = {"role": "assistant", "content": [*previous, *content]}
+    else:
+        state.messages.append({"role": "assistant", "content": content})
+    state.continuing_turn = data.get("stop_reason") == "pause_turn"
+    calls = tool_uses(state.messages[-1])
+    if calls and not state.continuing_turn:
+        state.batch = [PendingCall(b["id"], b["name"], b.get("input")) for b in calls]
+        state.outcomes, state.decisions, state.awaiting = {}, {}, []
+        state.approval_reasons, state.attempts, state.retry_due = {}, {}, {}
+        state.in_flight = {}
+    if data.get("stop_reason") in ("end_turn", "stop_sequence", "max_tokens"):
+        state.output = text_of(state.messages[-1])
+
+
+def _tool_started(state: RunState, data: dict[str, Any]) -> None:
+    state.attempts[data["call_id"]] = int(data["attempt"])
+    state.in_flight[data["call_id"]] = Lease(str(data.get("owner", "")), float(data.get("lease_until", 0.0)))
+    state.retry_due.pop(data["call_id"], None)
+
+
+def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
+    call_id = data["call_id"]
+    state.outcomes[call_id] = ToolOutcome(data["content"], bool(data.get("is_error")))
+    if state.in_flight.pop(call_id, None) is not None:
+        state.tool_calls += 1
+    if "final_result" in data:
+        state.result = data["final_result"]
+        state.has_final_result = True
+
+
+def _retry_scheduled(state: RunState, data: dict[str, Any]) -> None:
+    state.in_flight.pop(data["call_id"], None)
+    state.tool_calls += 1
+    state.retry_due[data["call_id"]] = float(data["due_at"])
+
+
+def _approval_requested(state: RunState, data: dict[str, Any]) -> None:
+    state.awaiting = [item["call_id"] for item in data["calls"]]
+    for call_id in state.awaiting:
+        state.decisions.pop(call_id, None)  # a call asked about again needs a new decision
+        if data.get("escalation") and state.in_flight.pop(call_id, None) is not None:
+            state.tool_calls += 1  # the failed attempt that led to the escalation ran
+    state.approval_reasons.update({item["call_id"]: item.get("reason", "") for item in data["calls"]})
+
+
+def _approval_decided(state: RunState, data: dict[str, Any]) -> None:
+    state.decisions[data["call_id"]] = Decision(
+        approved=bool(data["approved"]),
+        actor=str(data.get("actor") or "unknown"),
+        reason=str(data.get("reason") or ""),
+        input=data.get("input"),
+        attempt=state.attempts.get(data["call_id"], 0),
+    )
+    if data.get("approved") and data.get("remember_for_run"):
+        state.approved_tools.add(str(data["tool"]))
+
+
+def _results_returned(state: RunState, data: dict[str, Any]) -> None:
+    blocks = [
+        tool_result_block(c.call_id, state.outcomes[c.call_id].content, is_error=state.outcomes[c.call_id].is_error)
+        for c in state.batch
+    ]
+    state.messages.append({"role": "user", "content": blocks})
+    state.batch, state.awaiting = [], []
+
+
+def _transition(state: RunState, data: dict[str, Any]) -> None:
+    state.status = data["target"]
+    if data.get("source") == "failed":  # retried: the earlier failure no longer stands
+        state.error, state.can_retry = None, False
+
+
+def _warning(state: RunState, data: dict[str, Any]) -> None:
+    if data.get("budget"):
+        state.budget_warned.add(str(data["budget"]))
+
+
+def _budget_exhausted(state: RunState, data: dict[str, Any]) -> None:
+    append_user_text(state.messages, str(data["prompt"]))
+    state.final_answer_requested = True
+
+
+def _run_finished(state: RunState, data: dict[str, Any]) -> None:
+    state.error = data.get("error")
+    state.can_retry = bool(data.get("retryable"))
+
+
+_HANDLERS = {
+    ev.RUN_STARTED: _run_started,
+    ev.MODEL_RESPONDED: _model_responded,
+    ev.TOOL_STARTED: _tool_started,
+    ev.TOOL_FINISHED: _tool_finished,
+    ev.RETRY_SCHEDULED: _retry_scheduled,
+    ev.APPROVAL_REQUESTED: _approval_requested,
+    ev.APPROVAL_DECIDED: _approval_decided,
+    ev.RESULTS_RETURNED: _results_returned,
+    ev.TRANSITION: _transition,
+    ev.RUN_FINISHED: _run_finished,
+    ev.WARNING: _warning,
+    ev.BUDGET_EXHAUSTED: _budget_exhausted,
+}

@@ -1,0 +1,367 @@
+"""Tools: plain Python functions the host runs on the model's behalf.
+
+``@tool`` reads the function's type hints once, at decoration time, into a pydantic input
+model; each call validates the model's arguments against it before anything runs. The
+model never executes anything: the engine calls :meth:`Tool.execute` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import json
+import re
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import pydantic
+
+from tether.errors import ToolDefinitionError
+from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+CALL_ID_PARAMETER = "tool_use_id"
+"""A tool parameter with this name receives the call's id (an idempotency key)."""
+
+
+class RetryLater(Exception):
+    """Raised by a tool to ask for another attempt; the message is kept for the model."""
+
+
+class ToolTimeout(TimeoutError):
+    """The tool did not finish within its timeout."""
+
+
+class ModelRetry(Exception):
+    """Raised by a tool to tell the model what to change; the host does not retry it.
+
+    The message reaches the model verbatim in an ``is_error`` result, e.g.
+    ``raise ModelRetry("no customer with that email; ask the user for their id")``.
+    """
+
+
+class UnserializableResult(TypeError):
+    """The tool returned something that is neither text, JSON-able, nor a pydantic model."""
+
+
+_SCHEMAS: weakref.WeakKeyDictionary[type[pydantic.BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Input schemas by input model, computed once (see :meth:`Tool.input_schema`)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may ask for, with its schema and policies."""
+
+    name: str
+    """Unique name the model uses (``^[a-zA-Z0-9_-]{1,64}$``)."""
+    description: str
+    """What the model reads to decide when to call it (the docstring)."""
+    function: Callable[..., Any]
+    """The Python function itself, sync or async."""
+    input_model: type[pydantic.BaseModel]
+    """Validates the model's arguments; built from the type hints."""
+    approval: ApprovalSetting = False
+    """True: always ask a person; a callable decides per call."""
+    retry: RetryPolicy = NO_RETRY
+    """How a raising call is retried."""
+    timeout: float | None = None
+    """Seconds one attempt may take; None = no limit."""
+    final: bool = False
+    """Its validated input is the run's result and the run ends."""
+    idempotent: bool = False
+    """Safe to run again after a crash left its outcome unknown."""
+    wants_call_id: bool = False
+    """Whether the function takes ``tool_use_id``."""
+    tags: frozenset[str] = frozenset()
+    """Free-form labels (``mutates``, ``network``...) that policy rules match on."""
+    cache_ttl: float | None = None
+    """Seconds a successful result is reused for the same input, across processes sharing
+    the store (see :mod:`tether.cache`); None = never cached. Only for tools without side effects."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (tools stay ordinary functions)."""
+        return self.function(*args, **kwargs)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is a coroutine function."""
+        return inspect.iscoroutinefunction(self.function)
+
+    def definition(self) -> dict[str, Any]:
+        """The Messages API ``tools`` entry."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema(),
+        }
+
+    def input_schema(self) -> dict[str, Any]:
+        """JSON schema of the input, as the model sees it (a fresh copy each call)."""
+        schema = _SCHEMAS.get(self.input_model)
+        if schema is None:  # pydantic rebuilds it on every call (~1 ms); runs ask per create and resume
+            schema = self.input_model.model_json_schema()
+            schema.pop("title", None)
+            _SCHEMAS[self.input_model] = schema
+        return copy.deepcopy(schema)
+
+    def validate(self, arguments: Any) -> pydantic.BaseModel:
+        """Validate the model's arguments; raises :class:`pydantic.ValidationError`."""
+        return self.input_model.model_validate(arguments)
+
+    def _kwargs(self, validated: pydantic.BaseModel, call_id: str) -> dict[str, Any]:
+        kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
+        if self.wants_call_id:
+            kwargs[CALL_ID_PARAMETER] = call_id
+        return kwargs
+
+    def execute(self, validated: pydantic.BaseModel, call_id: str) -> str:
+        """Run one attempt synchronously and serialise the result.
+
+        Raises whatever the tool raises, :class:`ToolTimeout` past the timeout, or
+        :class:`UnserializableResult`.
+        """
+        kwargs = self._kwargs(validated, call_id)
+        if self.is_async:
+            coroutine = self.function(**kwargs)
+            value = asyncio.run(_with_timeout(coroutine, self.timeout))
+        else:
+            value = _run_in_thread(self.function, kwargs, self.timeout)
+        return serialize_result(value)
+
+    async def aexecute(self, validated: pydantic.BaseModel, call_id: str) -> str:
+        """Run one attempt inside an event loop and serialise the result."""
+        kwargs = self._kwargs(validated, call_id)
+        if self.is_async:
+            value = await _with_timeout(self.function(**kwargs), self.timeout)
+        else:
+            value = await _run_in_thread_async(self.function, kwargs, self.timeout)
+        return serialize_result(value)
+
+
+async def _with_timeout(awaitable: Awaitable[Any], timeout: float | None) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except TimeoutError:
+        raise ToolTimeout(f"timed out after {timeout:g}s") from None
+
+
+def _run_in_thread(function: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """Run a sync tool, abandoning it past ``timeout``.
+
+    A daemon thread is used because Python cannot kill a thread: a hung tool is left
+    behind (it cannot block interpreter exit) and the run moves on.
+    """
+    if timeout is None:
+        return function(**kwargs)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function(**kwargs)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=target, name="tether-tool", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise ToolTimeout(f"timed out after {timeout:g}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+async def _run_in_thread_async(function: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any = None, error: BaseException | None = None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        value: Any = None
+        failure: BaseException | None = None
+        try:
+            value = function(**kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the event loop
+            failure = error
+        with contextlib.suppress(RuntimeError):  # the loop closed: the caller gave up on this call
+            loop.call_soon_threadsafe(settle, value, failure)
+
+    threading.Thread(target=target, name="tether-tool", daemon=True).start()
+    return await _with_timeout(asyncio.shield(future), timeout)
+
+
+def serialize_result(value: Any) -> str:
+    """Text for the ``tool_result``: str as is, pydantic models and JSON-able values as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        raise UnserializableResult(
+            f"the tool returned a {type(value).__name__}, which is not str, JSON-serialisable or a pydantic model"
+        ) from None
+
+
+def _input_model(function: Callable[..., Any], name: str) -> tuple[type[pydantic.BaseModel], bool]:
+    signature = inspect.signature(function)
+    try:
+        hints = inspect.get_annotations(function, eval_str=True)
+    except Exception as error:
+        raise ToolDefinitionError(f"tool {name!r}: cannot read type hints: {error}", tool=name) from error
+    fields: dict[str, Any] = {}
+    wants_call_id = False
+    for parameter in signature.parameters.values():
+        if parameter.name == CALL_ID_PARAMETER:
+            wants_call_id = True
+            continue
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {name!r}: *args/**kwargs cannot be described", tool=name)
+        if parameter.name not in hints:
+            raise ToolDefinitionError(f"tool {name!r}: parameter {parameter.name!r} needs a type hint", tool=name)
+        if parameter.name.startswith("model_"):
+            raise ToolDefinitionError(
+                f"tool {name!r}: parameter {parameter.name!r} clashes with pydantic's reserved 'model_' prefix; "
+                "rename it",
+                tool=name,
+            )
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints[parameter.name], default)
+    try:
+        model = pydantic.create_model(
+            f"{name}_input",
+            __config__=pydantic.ConfigDict(extra="forbid"),
+            **fields,
+        )
+    except (TypeError, ValueError, pydantic.PydanticUserError) as error:
+        raise ToolDefinitionError(f"tool {name!r}: cannot build an input schema: {error}", tool=name) from error
+    return model, wants_call_id
+
+
+def _description(function: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(function) or ""
+    return doc.strip() or f"Call {function.__name__}."
+
+
+def make_tool(
+    function: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: ApprovalSetting = False,
+    retry: RetryPolicy | None = None,
+    timeout: float | None = None,
+    final: bool = False,
+    idempotent: bool = False,
+    tags: Iterable[str] = (),
+    cache_ttl: float | None = None,
+) -> Tool:
+    """Build a :class:`Tool` from a function (what ``@tool`` does)."""
+    tool_name = name or function.__name__
+    if not TOOL_NAME.match(tool_name):
+        raise ToolDefinitionError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}", tool=tool_name)
+    if timeout is not None and timeout <= 0:
+        raise ToolDefinitionError(f"tool {tool_name!r}: timeout must be positive", tool=tool_name)
+    if cache_ttl is not None and not cache_ttl > 0:
+        raise ToolDefinitionError(f"tool {tool_name!r}: cache_ttl must be positive seconds", tool=tool_name)
+    labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
+    if not all(isinstance(tag, str) and tag for tag in labels):
+        raise ToolDefinitionError(f"tool {tool_name!r}: tags must be non-empty strings", tool=tool_name)
+    model, wants_call_id = _input_model(function, tool_name)
+    return Tool(
+        name=tool_name,
+        description=description or _description(function),
+        function=function,
+        input_model=model,
+        approval=approval,
+        retry=retry or NO_RETRY,
+        timeout=timeout,
+        final=final,
+        idempotent=idempotent,
+        wants_call_id=wants_call_id,
+        tags=labels,
+        cache_ttl=cache_ttl,
+    )
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: ApprovalSetting = False,
+    retry: RetryPolicy | None = None,
+    timeout: float | None = None,
+    final: bool = False,
+    idempotent: bool = False,
+    tags: Iterable[str] = (),
+    cache_ttl: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: ApprovalSetting = False,
+    retry: RetryPolicy | None = None,
+    timeout: float | None = None,
+    final: bool = False,
+    idempotent: bool = False,
+    tags: Iterable[str] = (),
+    cache_ttl: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a function into a tool: ``@tool`` or ``@tool(approval=True, ...)``.
+
+    The input schema comes from the type hints, the description from the docstring. A
+    parameter named ``tool_use_id`` receives the call's id, for idempotency keys.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Tool:
+        return make_tool(
+            fn,
+            name=name,
+            description=description,
+            approval=approval,
+            retry=retry,
+            timeout=timeout,
+            final=final,
+            idempotent=idempotent,
+            tags=tags,
+            cache_ttl=cache_ttl,
+        )
+
+    if function is not None:
+        return decorate(function)
+    return decorate
+
+
+def tools_by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
+    """Index tools by name, refusing duplicates."""
+    index: dict[str, Tool] = {}
+    for item in tools:
+        if not isinstance(item, Tool):
+            raise ToolDefinitionError(f"{item!r} is not a tool; decorate it with @tool")
+        if item.name in index:
+            raise ToolDefinitionError(f"two tools are named {item.name!r}", tool=item.name)
+        index[item.name] = item
+    return index
