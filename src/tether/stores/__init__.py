@@ -1,0 +1,107 @@
+"""Where runs live: a protocol, with in-memory and SQL (sqlmodel) implementations.
+
+A store keeps two things per run: a small row (status, version, summary) rewritten on each
+step, and the append-only event log. Each step's events and the row's new version are
+written in ONE transaction, guarded by the version the writer loaded (optimistic
+concurrency): a writer that lost the race gets :class:`tether.errors.StaleRun`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tether.events import Event
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The run's row: what listing and status queries need, without the log."""
+
+    id: str
+    status: str
+    version: int
+    tenant: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Counters and outcome: steps, tool_calls, usage, output, result, error, pending."""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class Store(Protocol):
+    """Persistence for runs and their events."""
+
+    def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
+        """Insert a new run with its first events."""
+        ...
+
+    def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
+        """Atomically add ``events`` and replace the row, if its version is still ``expected_version``.
+
+        Raises:
+            StaleRun: another writer advanced the run first; nothing was written.
+            StoreError: the database failed; nothing was written.
+        """
+        ...
+
+    def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
+        """The run's row; :class:`tether.errors.RunNotFound` if absent or another tenant's."""
+        ...
+
+    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """The run's whole log, oldest first."""
+        ...
+
+    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Newest runs first, optionally filtered."""
+        ...
+
+    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
+        """Delete finished runs (and their events) last updated before a Unix time; return how many.
+
+        Only final statuses may be given (see :func:`check_deletable`): a parked or running
+        run is never deleted.
+        """
+        ...
+
+    def cache_get(self, key: str, now: float) -> str | None:
+        """The tool result cached under ``key``, or None if absent or expired at Unix time ``now``."""
+        ...
+
+    def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """Cache a successful tool result until ``expires_at``, replacing any entry for ``key``.
+
+        Shared by every run and process using the store (see :mod:`tether.cache`).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+FINAL_STATUSES = frozenset({"done", "failed", "cancelled"})
+
+
+def check_deletable(statuses: Collection[str]) -> None:
+    """Refuse to delete anything but finished runs."""
+    unsafe = set(statuses) - FINAL_STATUSES
+    if unsafe or not statuses:
+        finals = ", ".join(sorted(FINAL_STATUSES))
+        raise ValueError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+
+
+def open_store(url: str | None) -> Store:
+    """A store for a URL: ``memory://`` or any SQLAlchemy URL (SQLite, PostgreSQL)."""
+    if url == "memory://":
+        from tether.stores.memory import MemoryStore
+
+        return MemoryStore()
+    from tether.stores.sql import SQLStore
+
+    return SQLStore(url or "sqlite:///tether.db")
+
+
+__all__ = ["FINAL_STATUSES", "RunRecord", "Store", "check_deletable", "open_store"]

@@ -1,0 +1,169 @@
+"""An in-memory store: same contract as the SQL one, for tests and ephemeral runs."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tether.errors import RunNotFound, StaleRun, StoreError
+from tether.events import Event
+from tether.stores import RunRecord, check_deletable
+
+
+@dataclass(frozen=True)
+class _StoredEvent:
+    seq: int
+    type: str
+    data: str
+    at: float
+
+    def load(self) -> Event:
+        return Event(seq=self.seq, type=self.type, data=json.loads(self.data), at=self.at)
+
+
+@dataclass(frozen=True)
+class _StoredRun:
+    record: RunRecord
+    spec: str
+    summary: str
+
+    def load(self) -> RunRecord:
+        return replace(self.record, spec=json.loads(self.spec), summary=json.loads(self.summary))
+
+
+def _dump(run_id: str, value: Any) -> str:
+    """JSON text, as a SQL store would keep it: callers' later mutations cannot reach it."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"cannot store run {run_id!r}: {error}") from error
+
+
+def _dump_events(run_id: str, events: Sequence[Event]) -> list[_StoredEvent]:
+    return [_StoredEvent(e.seq, e.type, _dump(run_id, e.data), e.at) for e in events]
+
+
+class MemoryStore:
+    """Keeps runs in dictionaries; thread-safe; gone when the process ends.
+
+    Content is kept as JSON text, so what comes back is what a SQL store would return
+    (tuples become lists, and mutating a loaded or written object changes nothing stored).
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, _StoredRun] = {}
+        self._events: dict[str, dict[int, _StoredEvent]] = {}
+        self._cache: dict[str, tuple[str, float]] = {}
+        """Tool-result cache: key -> (value, expires_at)."""
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Nothing to release; for symmetry with the SQL store."""
+
+    def cache_get(self, key: str, now: float) -> str | None:
+        """The cached value, if present and not expired at ``now``."""
+        with self._lock:
+            entry = self._cache.get(key)
+        if entry is None or entry[1] <= now:
+            return None
+        return entry[0]
+
+    def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """Store (or replace) a cached tool result."""
+        with self._lock:
+            self._cache[key] = (value, expires_at)
+
+    def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
+        """Insert a new run."""
+        stored = _StoredRun(
+            replace(record, spec={}, summary={}),
+            _dump(record.id, record.spec),
+            _dump(record.id, record.summary),
+        )
+        log = _dump_events(record.id, events)
+        by_seq = {e.seq: e for e in log}
+        with self._lock:
+            if record.id in self._rows:
+                raise StoreError(f"run {record.id!r} already exists")
+            if len(by_seq) != len(log):
+                raise StoreError(f"run {record.id!r}: duplicate event seq in its first events")
+            self._rows[record.id] = stored
+            self._events[record.id] = by_seq
+
+    def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
+        """Add events and replace the row if nobody else advanced it."""
+        summary = _dump(record.id, record.summary)
+        log = _dump_events(record.id, events)
+        with self._lock:
+            current = self._rows.get(record.id)
+            if current is None:
+                raise RunNotFound(record.id)
+            if current.record.version != expected_version:
+                raise StaleRun(record.id, expected_version)
+            existing = self._events[record.id]
+            seqs = {e.seq for e in log}
+            # keys().isdisjoint iterates the (small) new set; set.isdisjoint(dict) walks the whole log.
+            if len(seqs) != len(log) or not existing.keys().isdisjoint(seqs):
+                raise StaleRun(record.id, expected_version)  # as SQL: the unique (run, seq)
+            # A step never rewrites what cannot change (id, tenant, spec, creation time).
+            row = replace(
+                current.record,
+                status=record.status,
+                version=record.version,
+                updated_at=record.updated_at,
+            )
+            self._rows[record.id] = _StoredRun(row, current.spec, summary)
+            existing.update((e.seq, e) for e in log)
+
+    def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
+        """The row, if visible to ``tenant``."""
+        with self._lock:
+            stored = self._rows.get(run_id)
+        if stored is None or (tenant is not None and stored.record.tenant != tenant):
+            raise RunNotFound(run_id)
+        return stored.load()
+
+    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """The whole log, oldest first."""
+        with self._lock:
+            stored = self._rows.get(run_id)
+            if stored is None or (tenant is not None and stored.record.tenant != tenant):
+                raise RunNotFound(run_id)
+            log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
+        return [e.load() for e in log]
+
+    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
+        """Delete finished runs last updated before ``finished_before``."""
+        check_deletable(statuses)
+        with self._lock:
+            doomed = [
+                run_id
+                for run_id, stored in self._rows.items()
+                if stored.record.status in statuses
+                and stored.record.updated_at < finished_before
+                and (tenant is None or stored.record.tenant == tenant)
+            ]
+            for run_id in doomed:
+                del self._rows[run_id]
+                del self._events[run_id]
+        return len(doomed)
+
+    def list_runs(
+        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Newest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        with self._lock:
+            rows = list(self._rows.values())
+        rows = [
+            r
+            for r in rows
+            if (status is None or r.record.status == status)
+            and (tenant is None or r.record.tenant == tenant)
+        ]
+        rows.sort(key=lambda r: (r.record.created_at, r.record.id), reverse=True)
+        return [r.load() for r in rows[:limit]]

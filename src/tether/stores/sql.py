@@ -1,0 +1,367 @@
+"""The SQL store on sqlmodel: SQLite (WAL) by default, PostgreSQL for many processes.
+
+The only module that imports sqlmodel/SQLAlchemy. Content is JSON on SQLite and JSONB on
+PostgreSQL. Tables are created on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
+from tether.events import Event
+from tether.stores import RunRecord, check_deletable
+
+SCHEMA_VERSION = 1
+JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+class RunRow(SQLModel, table=True):
+    """One run: its status, version (optimistic concurrency) and summary."""
+
+    __tablename__ = "tether_run"
+
+    id: str = Field(primary_key=True, max_length=64)
+    tenant: str | None = Field(default=None, index=True, max_length=200)
+    status: str = Field(index=True, max_length=32)
+    version: int
+    spec: dict[str, Any] = Field(default_factory=dict, sa_type=JSONColumn)
+    summary: dict[str, Any] = Field(default_factory=dict, sa_type=JSONColumn)
+    created_at: float = Field(index=True)
+    updated_at: float
+
+
+class EventRow(SQLModel, table=True):
+    """One event of one run; (run_id, seq) is unique, so a duplicate write fails."""
+
+    __tablename__ = "tether_event"
+
+    run_id: str = Field(primary_key=True, foreign_key="tether_run.id", max_length=64)
+    seq: int = Field(primary_key=True)
+    type: str = Field(max_length=40)
+    data: dict[str, Any] = Field(default_factory=dict, sa_type=JSONColumn)
+    at: float
+
+
+class MetaRow(SQLModel, table=True):
+    """Facts about the database itself (its tether schema version)."""
+
+    __tablename__ = "tether_meta"
+
+    key: str = Field(primary_key=True, max_length=64)
+    value: str
+
+
+_RUN = RunRow.__table__  # type: ignore[attr-defined]
+_EVENT = EventRow.__table__  # type: ignore[attr-defined]
+_META = MetaRow.__table__  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _step_update(columns: tuple[str, ...]) -> Any:
+    """A step's guarded row update, built once per column set (building it cost more than running it)."""
+    return (
+        sa.update(_RUN)
+        .where(_RUN.c.id == sa.bindparam("b_id"), _RUN.c.version == sa.bindparam("b_expected"))
+        .values(**{c: sa.bindparam(f"b_{c}", type_=_RUN.c[c].type) for c in columns})
+    )
+
+
+class ToolCacheRow(SQLModel, table=True):
+    """One cached tool result, shared by every process using the database (see tether.cache)."""
+
+    __tablename__ = "tether_tool_cache"
+
+    key: str = Field(primary_key=True, max_length=200)
+    tool: str = Field(max_length=64)
+    value: str = Field(sa_type=sa.Text)
+    created_at: float
+    expires_at: float = Field(index=True)
+
+
+_CACHE = ToolCacheRow.__table__  # type: ignore[attr-defined]
+
+
+def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+    def on_connect(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        cursor.close()
+
+    return on_connect
+
+
+def _dump_json(value: Any) -> str:
+    """Content to JSON text; what JSON cannot hold is a :class:`StoreError`, on every driver."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"cannot store content that is not JSON: {error}") from error
+
+
+def _check_sqlite_path(url: sa.engine.URL) -> None:
+    """A missing directory is a configuration mistake: say so now, not at the first write."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    directory = Path(database).parent
+    if not directory.is_dir():
+        shown = url.render_as_string(hide_password=True)
+        raise ConfigError(
+            f"cannot use database {shown!r}: directory {str(directory)!r} does not exist "
+            "(create it first)"
+        )
+
+
+class SQLStore:
+    """Runs and events in a relational database reached by a SQLAlchemy URL.
+
+    Args:
+        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://...``).
+        busy_timeout: SQLite only: seconds to wait for another connection's write lock
+            before failing with :class:`tether.errors.StoreError`.
+        connect_timeout: PostgreSQL only: seconds to wait for the server to accept a
+            connection (a ``connect_timeout`` in the URL's query wins).
+
+    Call :meth:`close` when done, to release the connection pool.
+    """
+
+    def __init__(self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10) -> None:
+        self.url = url
+        self.busy_timeout = busy_timeout
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError as error:
+            raise ConfigError(f"invalid database URL {url!r}: {error}") from error
+        self._sqlite = parsed.get_backend_name() == "sqlite"
+        options: dict[str, Any] = {"json_serializer": _dump_json}
+        if self._sqlite:
+            _check_sqlite_path(parsed)
+            options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
+        else:
+            options["pool_pre_ping"] = True
+            libpq = parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in {
+                "psycopg",
+                "psycopg2",
+            }
+            if libpq and "connect_timeout" not in parsed.query:
+                options["connect_args"] = {"connect_timeout": connect_timeout}
+        try:
+            self.engine = sa.create_engine(parsed, **options)
+        except (sa.exc.ArgumentError, ImportError) as error:
+            hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else ""
+            raise ConfigError(f"cannot use database {self._where()!r}: {error}{hint}") from error
+        if self._sqlite:
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas(round(busy_timeout * 1000)))
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the pooled connections (the store reconnects if used again)."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sa.Connection]:
+        self._ensure_schema()
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except sa.exc.IntegrityError:
+            raise  # the caller knows what a constraint violation means for its write
+        except sa.exc.DBAPIError as error:
+            raise StoreError(self._describe(error.orig)) from error
+        except sa.exc.StatementError as error:  # parameters failed before reaching the database
+            raise StoreError(f"cannot write to database ({self._where()}): {error.orig}") from error
+
+    def _describe(self, cause: BaseException | None, doing: str = "database error") -> str:
+        text = str(cause).strip()
+        if self._sqlite and ("locked" in text or "busy" in text):
+            return (
+                f"database {self._where()!r} is locked: another connection kept it busy longer "
+                f"than the busy timeout ({self.busy_timeout:g} s); nothing was changed, try again"
+            )
+        return f"{doing} ({self._where()}): {text}"
+
+    def _where(self) -> str:
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    def _ensure_schema(self) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            try:
+                SQLModel.metadata.create_all(self.engine, tables=[_RUN, _EVENT, _META, _CACHE])
+                with self.engine.begin() as connection:
+                    found = connection.execute(
+                        sa.select(_META.c.value).where(_META.c.key == "schema_version")
+                    ).scalar()
+                    if found is None:
+                        connection.execute(
+                            sa.insert(_META).values(key="schema_version", value=str(SCHEMA_VERSION))
+                        )
+                    elif int(found) > SCHEMA_VERSION:
+                        raise StoreError(
+                            f"the database uses tether schema {found}, newer than this tether "
+                            f"({SCHEMA_VERSION}); upgrade tether"
+                        )
+            except sa.exc.IntegrityError:
+                pass  # another process created the row at the same time
+            except sa.exc.DBAPIError as error:
+                raise StoreError(self._describe(error.orig, "cannot open database")) from error
+            self._ready = True
+
+    def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
+        """Insert a new run with its first events."""
+        try:
+            with self._transaction() as connection:
+                connection.execute(sa.insert(_RUN).values(**_row(record)))
+                _insert_events(connection, record.id, events)
+        except sa.exc.IntegrityError as error:
+            raise StoreError(f"run {record.id!r} already exists") from error
+
+    def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
+        """Add events and replace the row in one transaction, if the version still matches."""
+        try:
+            with self._transaction() as connection:
+                changing = _row(record, changing_only=True)
+                updated = connection.execute(
+                    _step_update(tuple(changing)),
+                    {"b_id": record.id, "b_expected": expected_version, **{f"b_{k}": v for k, v in changing.items()}},
+                )
+                if updated.rowcount != 1:
+                    exists = connection.execute(sa.select(_RUN.c.id).where(_RUN.c.id == record.id)).first()
+                    raise RunNotFound(record.id) if exists is None else StaleRun(record.id, expected_version)
+                _insert_events(connection, record.id, events)
+        except sa.exc.IntegrityError as error:
+            raise StaleRun(record.id, expected_version) from error
+
+    def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
+        """The row, if visible to ``tenant``."""
+        query = sa.select(_RUN).where(_RUN.c.id == run_id)
+        if tenant is not None:
+            query = query.where(_RUN.c.tenant == tenant)
+        with self._transaction() as connection:
+            row = connection.execute(query).mappings().first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return _record(row)
+
+    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """The whole log, oldest first."""
+        visible = sa.select(_RUN.c.id).where(_RUN.c.id == run_id)
+        if tenant is not None:
+            visible = visible.where(_RUN.c.tenant == tenant)
+        query = sa.select(_EVENT).where(_EVENT.c.run_id == run_id).order_by(_EVENT.c.seq)
+        with self._transaction() as connection:  # one transaction for the check and the log
+            if connection.execute(visible).first() is None:
+                raise RunNotFound(run_id)
+            rows = connection.execute(query).mappings().all()
+        return [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows]
+
+    def list_runs(
+        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """Newest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        query = (
+            sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
+        )
+        if status is not None:
+            query = query.where(_RUN.c.status == status)
+        if tenant is not None:
+            query = query.where(_RUN.c.tenant == tenant)
+        with self._transaction() as connection:
+            rows = connection.execute(query).mappings().all()
+        return [_record(r) for r in rows]
+
+
+    def cache_get(self, key: str, now: float) -> str | None:
+        """The cached value, if present and not expired at ``now``."""
+        query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
+        with self._transaction() as connection:
+            value = connection.execute(query).scalar()
+        return None if value is None else str(value)
+
+    def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """Store (or replace) a cached tool result, in one transaction."""
+        row = {"key": key, "tool": tool, "value": value, "created_at": time.time(), "expires_at": expires_at}
+        try:
+            with self._transaction() as connection:
+                connection.execute(sa.delete(_CACHE).where(_CACHE.c.key == key))
+                connection.execute(sa.insert(_CACHE).values(**row))
+        except sa.exc.IntegrityError:
+            pass  # another process cached the same call at the same moment: its value is as good
+
+    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
+        """Delete finished runs last updated before ``finished_before``, with their events."""
+        check_deletable(statuses)
+        finished = sorted(statuses)
+        doomed = sa.select(_RUN.c.id).where(_RUN.c.status.in_(finished), _RUN.c.updated_at < finished_before)
+        if tenant is not None:
+            doomed = doomed.where(_RUN.c.tenant == tenant)
+        # A finished run never changes again (its states are final), so nothing can race this.
+        with self._transaction() as connection:
+            ids = [row[0] for row in connection.execute(doomed)]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(chunk)))
+                connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk)))
+        return len(ids)
+
+
+def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
+    if changing_only:  # a step never rewrites what cannot change (spec, tenant, creation)
+        return {
+            "status": record.status,
+            "version": record.version,
+            "summary": record.summary,
+            "updated_at": record.updated_at,
+        }
+    return {
+        "id": record.id,
+        "tenant": record.tenant,
+        "status": record.status,
+        "version": record.version,
+        "spec": record.spec,
+        "summary": record.summary,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+def _record(row: Any) -> RunRecord:
+    return RunRecord(
+        id=row["id"],
+        status=row["status"],
+        version=row["version"],
+        tenant=row["tenant"],
+        spec=row["spec"] or {},
+        summary=row["summary"] or {},
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:
+    if events:
+        connection.execute(
+            sa.insert(_EVENT),
+            [{"run_id": run_id, "seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events],
+        )
