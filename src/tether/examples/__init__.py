@@ -1,0 +1,1 @@
+"""Runnable examples of embedding tether; each may need an optional extra (see its docstring)."""

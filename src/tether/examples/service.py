@@ -1,0 +1,302 @@
+"""An example web service: agents park at approval gates; people decide over HTTP.
+
+Needs the ``service`` extra (``pip install 'tether[service]'``: Starlette and uvicorn)::
+
+    python -m tether.examples.service --db sqlite:///service.db --port 8000
+
+Every request names its tenant in the ``X-Tenant`` header; another tenant's run answers
+404, exactly like a missing one, so ids reveal nothing.
+
+=======  ======================================  =================================================
+POST     /runs                                   ``{"prompt": str, "wait": bool = true}`` → 201 run
+                                                 (driven until done or parked); ``wait: false`` →
+                                                 202 and the run is driven in the background
+GET      /runs/{run_id}                          → 200 run (read from the run's row, no replay)
+GET      /approvals?run_id=                      → 200 ``{"pending": [...]}`` (the tenant's calls)
+POST     /runs/{run_id}/approvals/{call_id}      ``{"approve": bool, "reason": str, "input": {...},
+                                                 "actor": str, "fingerprint": str}`` → the
+                                                 decision is recorded, the run driven on: 200 run
+=======  ======================================  =================================================
+
+A run is its row: the keys ``tether run --json`` prints (``run_id, status, output, result,
+error, steps, tool_calls, usage, pending_approvals``) and any the row adds. Errors are
+``{"error": {"code": str, "message": str}}`` with: 400 no ``X-Tenant`` or a body that is
+not a JSON object; 403 a ``?tenant=`` other than the header's; 404 unknown run, call or
+route; 409 a decision that cannot apply (already decided, decided concurrently, the
+fingerprint does not match the arguments, the run is not parked); 422 a body field of the
+wrong type, or edited input the tool's schema rejects.
+
+Decisions are safe from any number of processes: the store's optimistic concurrency
+lets exactly one of two racing decisions through; the other gets 409.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+try:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("tether.examples.service needs Starlette and uvicorn: pip install 'tether[service]'") from error
+
+import pydantic
+
+from tether.agent import Agent
+from tether.approvals import Approve, Decision, Deny
+from tether.errors import ApprovalError, RunNotFound, StaleRun, TetherError
+from tether.history import tool_uses
+from tether.machine import STATUS_VALUES
+from tether.pending import pending_approvals
+from tether.runner import Runner
+from tether.state import RunState
+from tether.stores import RunRecord, Store, open_store
+
+TENANT_HEADER = "X-Tenant"
+AgentFactory = Callable[[str], Agent]
+"""Builds the agent for a tenant; called per request, so cache it if it is costly."""
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An HTTP error answered as ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def demo_agent(tenant: str) -> Agent:
+    """The demo's tools (one gated) on the offline scripted model: runs with no API key."""
+    from tether import demo
+    from tether.loader import DEMO_MODEL, agent_from_spec
+
+    spec = {
+        "tools": ["tether.demo:TOOLS"],
+        "system": demo.SYSTEM,
+        "model": DEMO_MODEL,
+        "max_steps": 10,
+        "env": {demo.WORKSPACE_ENV: str(demo.workspace())},
+    }
+    return agent_from_spec(spec)
+
+
+def run_json(record: RunRecord) -> dict[str, Any]:
+    """A run's row: :meth:`tether.RunResult.to_dict`'s keys plus whatever else the row keeps."""
+    return {"run_id": record.id, "status": STATUS_VALUES.get(record.status, record.status), **record.summary}
+
+
+class _Service:
+    """The endpoints; blocking store and model work runs in Starlette's thread pool."""
+
+    def __init__(self, agent_factory: AgentFactory, store: Store) -> None:
+        self.agent_factory = agent_factory
+        self.store = store
+
+    def runner(self, tenant: str) -> Runner:
+        # No approver: a gated call parks the run until a decision arrives over HTTP.
+        return Runner(self.agent_factory(tenant), self.store)
+
+    # Endpoints ----------------------------------------------------------------------
+    async def start_run(self, request: Request) -> Response:
+        tenant = _tenant(request)
+        body = await _body(request)
+        prompt = _field(body, "prompt", str, required=True)
+        wait = _field(body, "wait", bool, default=True)
+        if not prompt.strip():
+            raise ServiceError(422, "invalid_body", "prompt must not be empty")
+        runner = self.runner(tenant)
+        state = await run_in_threadpool(runner.create, prompt, tenant=tenant)
+        headers = {"Location": f"/runs/{state.id}"}
+        if not wait:
+            record = await run_in_threadpool(self.store.load_run, state.id, tenant=tenant)
+            task = BackgroundTask(self._drive_quietly, runner, state.id, tenant)
+            return JSONResponse(run_json(record), status_code=202, headers=headers, background=task)
+        record = await run_in_threadpool(self._drive, runner, state.id, tenant)
+        return JSONResponse(run_json(record), status_code=201, headers=headers)
+
+    async def get_run(self, request: Request) -> Response:
+        tenant = _tenant(request)
+        record = await run_in_threadpool(self.store.load_run, request.path_params["run_id"], tenant=tenant)
+        return JSONResponse(run_json(record))
+
+    async def list_approvals(self, request: Request) -> Response:
+        tenant = _tenant(request)
+        asked = request.query_params.get("tenant")
+        if asked is not None and asked != tenant:
+            raise ServiceError(403, "tenant_mismatch", f"?tenant={asked} differs from the {TENANT_HEADER} header")
+        run_id = request.query_params.get("run_id")
+        pending = await run_in_threadpool(pending_approvals, self.store, tenant=tenant, run_id=run_id)
+        return JSONResponse({"pending": [p.to_dict() for p in pending]})
+
+    async def decide(self, request: Request) -> Response:
+        tenant = _tenant(request)
+        body = await _body(request)
+        approve = _field(body, "approve", bool, required=True)
+        reason = _field(body, "reason", str, default="")
+        edited = _field(body, "input", dict, default=None)
+        actor = _field(body, "actor", str, default="") or f"api ({tenant})"
+        fingerprint = _field(body, "fingerprint", str, default=None)
+        if edited is not None and not approve:
+            raise ServiceError(422, "invalid_body", "input (edited arguments) goes with an approval only")
+        decision: Decision = Approve(input=edited, actor=actor) if approve else Deny(reason, actor=actor)
+        run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
+        payload = await run_in_threadpool(self._decide_and_drive, tenant, run_id, call_id, decision, fingerprint)
+        return JSONResponse(payload)
+
+    # Blocking work (in a worker thread) -----------------------------------------------
+    def _decide_and_drive(
+        self, tenant: str, run_id: str, call_id: str, decision: Decision, fingerprint: str | None
+    ) -> dict[str, Any]:
+        runner = self.runner(tenant)
+        state = runner.load(run_id, tenant=tenant)
+        call = next((c for c in state.pending_approvals() if c.call_id == call_id), None)
+        if call is None or state.status != "awaitingApproval":
+            if not _requested(state, call_id):
+                raise ServiceError(404, "call_not_found", f"run {run_id} has no tool call {call_id!r}")
+            raise ServiceError(
+                409, "not_pending", f"call {call_id!r} is not waiting for a decision (run status {state.status})"
+            )
+        if isinstance(decision, Approve) and decision.input is not None:
+            tool = runner.agent.tool_index.get(call.tool)
+            try:
+                if tool is not None:
+                    tool.validate(decision.input)
+            except pydantic.ValidationError as error:
+                raise ServiceError(422, "invalid_input", f"input is invalid for {call.tool}: {error}") from error
+        runner.decide(run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
+        try:
+            return run_json(self._drive(runner, run_id, tenant))
+        except StaleRun:  # the decision stands; another request is driving the run on
+            return run_json(self.store.load_run(run_id, tenant=tenant))
+
+    def _drive(self, runner: Runner, run_id: str, tenant: str) -> RunRecord:
+        """Drive until done or parked; answer from the row, so every response has one shape."""
+        runner.drive(run_id, tenant=tenant)
+        return self.store.load_run(run_id, tenant=tenant)
+
+    def _drive_quietly(self, runner: Runner, run_id: str, tenant: str) -> None:
+        try:
+            runner.drive(run_id, tenant=tenant)
+        except TetherError:  # after the response: log it; the run's row tells its status
+            log.exception("background drive of %s failed", run_id)
+
+
+def create_app(agent_factory: AgentFactory = demo_agent, store: Store | None = None) -> Starlette:
+    """The service's ASGI app.
+
+    Args:
+        agent_factory: builds a tenant's agent (its tools must stay compatible with the
+            runs it already has). Default: the demo's tools on the offline scripted model.
+        store: where runs live; default ``$TETHER_DB`` or ``sqlite:///tether.db``. Use a SQL
+            store to decide from several processes.
+    """
+    service = _Service(agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")))
+    routes = [
+        Route("/runs", service.start_run, methods=["POST"]),
+        Route("/runs/{run_id}", service.get_run, methods=["GET"]),
+        Route("/approvals", service.list_approvals, methods=["GET"]),
+        Route("/runs/{run_id}/approvals/{call_id}", service.decide, methods=["POST"]),
+    ]
+    handlers: dict[Any, Any] = {
+        ServiceError: _service_error,
+        TetherError: _tether_error,
+        HTTPException: _http_error,
+    }
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+# Requests and errors ---------------------------------------------------------------
+def _tenant(request: Request) -> str:
+    tenant = request.headers.get(TENANT_HEADER, "").strip()
+    if not tenant:
+        raise ServiceError(400, "tenant_required", f"send the {TENANT_HEADER} header")
+    return tenant
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as error:
+        raise ServiceError(400, "invalid_json", f"the body is not JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise ServiceError(400, "invalid_json", "the body must be a JSON object")
+    return body
+
+
+def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = False, default: Any = None) -> Any:
+    if name not in body or body[name] is None:
+        if required:
+            raise ServiceError(422, "invalid_body", f"{name!r} is required")
+        return default
+    value = body[name]
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ServiceError(422, "invalid_body", f"{name!r} must be a {_JSON_NAMES.get(kind, kind.__name__)}")
+    return value
+
+
+_JSON_NAMES = {str: "string", bool: "boolean", dict: "JSON object"}
+
+
+def _requested(state: RunState, call_id: str) -> bool:
+    """Whether the model ever asked for this call in the run (then it is decided or done)."""
+    return any(
+        block.get("id") == call_id
+        for message in state.messages
+        if message["role"] == "assistant"
+        for block in tool_uses(message)
+    )
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return _error(exc.status, exc.code, exc.message)
+
+
+def _tether_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, RunNotFound):
+        return _error(404, "run_not_found", str(exc))
+    if isinstance(exc, ApprovalError):
+        if isinstance(exc.__cause__, pydantic.ValidationError):
+            return _error(422, "invalid_input", str(exc))
+        return _error(409, "decision_refused", str(exc))
+    if isinstance(exc, StaleRun):
+        return _error(409, "stale_run", str(exc))
+    log.error("request failed: %s", exc, exc_info=exc)
+    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve the demo agent: ``python -m tether.examples.service``."""
+    parser = argparse.ArgumentParser(prog="python -m tether.examples.service", description="Serve the demo over HTTP.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--db", help="SQLAlchemy URL (default $TETHER_DB, else sqlite:///tether.db)")
+    args = parser.parse_args(argv)
+    uvicorn.run(create_app(store=open_store(args.db or os.environ.get("TETHER_DB"))), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

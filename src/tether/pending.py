@@ -1,0 +1,90 @@
+"""Pending approvals across runs, read from the stores' rows alone.
+
+A parked run's row already carries its undecided calls (``summary["pending_approvals"]``,
+written in the same transaction as the events), so listing what waits for a person costs
+one indexed query and never replays an event log. Decide with
+:meth:`tether.Runner.decide` from any process; the run resumes on its next drive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tether.stores import RunRecord, Store
+
+AWAITING = "awaitingApproval"
+"""The persisted status of a parked run (see :data:`tether.machine.STATUS_VALUES`)."""
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """One tool call waiting for a decision, with what an approver needs to see."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    input: Any
+    """The arguments the model gave, exactly as the fingerprint covers them."""
+    reason: str
+    """Why the call needs approval (the tool's setting or a rule)."""
+    fingerprint: str
+    """Pass it back with the decision so it applies only to the arguments shown."""
+    tenant: str | None
+    waiting_since: float
+    """Unix time the run last changed (when it parked, or a sibling call was decided)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of ``tether pending --json`` and the service's ``GET /approvals``."""
+        return {
+            "run_id": self.run_id,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "input": self.input,
+            "reason": self.reason,
+            "fingerprint": self.fingerprint,
+            "tenant": self.tenant,
+            "waiting_since": self.waiting_since,
+        }
+
+
+def pending_approvals(
+    store: Store, *, tenant: str | None = None, run_id: str | None = None, limit: int = 1000
+) -> list[PendingApproval]:
+    """Calls waiting for a person, oldest parked run first.
+
+    Args:
+        store: where the runs live.
+        tenant: only this tenant's runs (None: every tenant's, for operators).
+        run_id: only this run; :class:`~tether.errors.RunNotFound` if it is not visible to
+            ``tenant``. A run that is not parked has none.
+        limit: at most this many parked runs are read.
+    """
+    if run_id is not None:
+        records = [store.load_run(run_id, tenant=tenant)]
+    else:
+        records = store.list_runs(status=AWAITING, tenant=tenant, limit=limit)
+    found: list[PendingApproval] = []
+    for record in sorted(records, key=lambda r: (r.updated_at, r.id)):
+        if record.status == AWAITING:
+            found.extend(_of(record))
+    return found
+
+
+def _of(record: RunRecord) -> list[PendingApproval]:
+    return [
+        PendingApproval(
+            run_id=record.id,
+            call_id=str(call["call_id"]),
+            tool=str(call["tool"]),
+            input=call.get("input"),
+            reason=str(call.get("reason") or ""),
+            fingerprint=str(call.get("fingerprint") or ""),
+            tenant=record.tenant,
+            waiting_since=record.updated_at,
+        )
+        for call in record.summary.get("pending_approvals") or []
+    ]
+
+
+__all__ = ["PendingApproval", "pending_approvals"]
