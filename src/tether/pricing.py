@@ -1,0 +1,57 @@
+"""What model calls cost: a price table for Claude models, overridable per agent.
+
+Prices are USD per million tokens, by kind: input, output, cache writes (5-minute TTL) and
+cache reads. A model is matched by the longest known name prefix, so dated snapshots
+(``claude-sonnet-4-5-20250929``) find their family. Unknown models have no price: their
+cost is reported as unknown (None) rather than guessed, and cost budgets cannot apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tether.models import Usage
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens."""
+
+    input: float
+    output: float
+    cache_write: float
+    cache_read: float
+
+    def cost(self, usage: Usage) -> float:
+        """The USD cost of ``usage``."""
+        return (
+            usage.input_tokens * self.input
+            + usage.output_tokens * self.output
+            + usage.cache_creation_input_tokens * self.cache_write
+            + usage.cache_read_input_tokens * self.cache_read
+        ) / 1_000_000
+
+
+PRICES: Mapping[str, Price] = {
+    "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-1": Price(15.0, 75.0, 18.75, 1.50),
+    "claude-opus-4": Price(15.0, 75.0, 18.75, 1.50),
+    "claude-sonnet-4-5": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-sonnet-4": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-3-7-sonnet": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
+    "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
+}
+"""Published list prices of current Claude models; pass ``prices=`` to an Agent to add or change."""
+
+
+def price_for(model: str, overrides: Mapping[str, Price] | None = None) -> Price | None:
+    """The price of ``model``: an exact or longest-prefix match, overrides first."""
+    for table in (overrides or {}, PRICES):
+        if model in table:
+            return table[model]
+        matches = [name for name in table if model.startswith(name)]
+        if matches:
+            return table[max(matches, key=len)]
+    return None
