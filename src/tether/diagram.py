@@ -1,0 +1,636 @@
+"""Pictures of the run graph, drawn from the machine class itself so they cannot drift.
+
+The pipeline is python-statemachine's own (``statemachine.contrib.diagram``): ``extract()``
+turns the machine into the library's small IR (a ``DiagramGraph``); :func:`build` adjusts
+that IR for a run (counts in the labels, the current state active) and adds what the IR has
+no words for (the agent's tools, a run's footprint) in a :class:`Diagram`. The library's
+Mermaid and DOT renderers draw it; :func:`render_mermaid` and :func:`render_dot` post-process
+only what they cannot express: classes of visited states, edge colours and widths, the tools
+note, and node names that do not depend on memory addresses. Each renderer takes a
+:class:`Diagram` alone, so it is tested without a machine or a run.
+
+A run's timeline is built the same way: :func:`timeline` folds its events into a small
+:class:`Timeline` of arrows and notes, and :func:`render_sequence` writes a Mermaid
+``sequenceDiagram``.
+
+``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd`` and ``agent-machine.svg``
+(what ``scripts/diagrams`` runs to refresh ``diagrams/``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from html import escape as html_escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from statemachine import StateChart
+from statemachine.contrib.diagram.extract import extract
+from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError, run_graphviz
+from statemachine.contrib.diagram.model import DiagramGraph, DiagramState
+from statemachine.contrib.diagram.renderers.mermaid import MermaidRenderer, MermaidRendererConfig
+
+from tether import events as ev
+from tether.agent import Agent
+from tether.errors import TetherError
+from tether.events import Event
+from tether.history import text_of
+from tether.machine import AgentMachine
+from tether.tools import Tool
+
+if TYPE_CHECKING:
+    import pydot
+
+MachineRef = type[StateChart[Any]] | StateChart[Any]
+"""A machine class (or an instance, whose active state is then highlighted)."""
+ImageFormat = Literal["svg", "png"]
+IMAGE_FORMATS: tuple[ImageFormat, ...] = ("svg", "png")
+GRAPHVIZ_HINT = (
+    "Graphviz's `dot` program was not found on PATH; SVG and PNG output need it. "
+    "Install the Debian package `graphviz` (apt-get install graphviz), "
+    "or see https://graphviz.org/download/ elsewhere."
+)
+TOOLS_STATE = "executing_tool"
+"""The state the tools note is attached to (when the machine has it)."""
+COUNT_MARK = "\N{MULTIPLICATION SIGN}"
+"""Between a label and how many times the run took it."""
+
+# Colours of a run overlay, shared by both renderers so the two pictures agree.
+ACTIVE_FILL, ACTIVE_STROKE = "#40E0D0", "#333333"
+VISITED_FILL, VISITED_STROKE = "#DBEAFE", "#1D4ED8"
+UNVISITED_FILL, UNVISITED_STROKE, UNVISITED_TEXT = "#F5F5F5", "#BDBDBD", "#9E9E9E"
+NOTE_FILL = "#FFF8DC"
+
+
+class DiagramError(TetherError):
+    """A diagram cannot be drawn: the events do not fit the machine, or pydot is missing."""
+
+
+# The IR tether adds to the library's -----------------------------------------------------
+@dataclass(frozen=True)
+class ToolNote:
+    """What the graph says about one tool: the traits that change the run's path."""
+
+    name: str
+    approval: Literal["always", "per call"] | None = None
+    """``always`` for ``approval=True``; ``per call`` when a callable decides."""
+    max_attempts: int = 1
+    """Above 1, the tool has a retry policy."""
+    final: bool = False
+    """Its input is the run's result and the run ends."""
+    timeout: float | None = None
+    """Seconds one attempt may take."""
+
+    @classmethod
+    def of(cls, tool: Tool) -> ToolNote:
+        """Read the traits off a tool."""
+        approval: Literal["always", "per call"] | None = None
+        if tool.approval is True:
+            approval = "always"
+        elif tool.approval is not False:
+            approval = "per call"
+        return cls(tool.name, approval, tool.retry.max_attempts, tool.final, tool.timeout)
+
+    def traits(self) -> list[str]:
+        """Plain words, one per trait (``runs directly`` when it has none)."""
+        words = []
+        if self.approval == "always":
+            words.append("needs approval")
+        elif self.approval == "per call":
+            words.append("approval decided per call")
+        if self.max_attempts > 1:
+            words.append(f"retries, up to {self.max_attempts} attempts")
+        if self.final:
+            words.append("final, ends the run")
+        if self.timeout is not None:
+            words.append(f"timeout {self.timeout:g}s")
+        return words or ["runs directly"]
+
+    def describe(self) -> str:
+        """One line: ``name: trait, trait``."""
+        return f"{self.name}: {', '.join(self.traits())}"
+
+
+@dataclass
+class Footprint:
+    """Where one run went: counts keyed by the IR's own state ids and transitions."""
+
+    visits: dict[str, int] = field(default_factory=dict)
+    """State id → times entered (the entry into the initial state included)."""
+    taken: dict[int, int] = field(default_factory=dict)
+    """Index in ``DiagramGraph.transitions`` → times taken."""
+    current: str | None = None
+    """The state id the run is in now."""
+
+
+@dataclass
+class Diagram:
+    """The library's IR plus tether's additions; what the renderers take."""
+
+    graph: DiagramGraph
+    """The machine's graph, already adjusted for a run (labels with counts, active state)."""
+    tools: list[ToolNote] = field(default_factory=list)
+    note_on: str | None = None
+    """State id the tools note is attached to; None: free-standing in DOT, by the initial state in Mermaid."""
+    run: Footprint | None = None
+    """A run's footprint, to highlight; None draws the bare graph."""
+
+
+# Building ----------------------------------------------------------------------------------
+def build(
+    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+) -> Diagram:
+    """Extract the machine's graph and adjust it for an agent and a run."""
+    graph = extract(machine)
+    diagram = Diagram(graph)
+    if agent is not None:
+        diagram.tools = [ToolNote.of(tool) for tool in agent.tools]
+        ids = {state.id for state in _states(graph.states)}
+        diagram.note_on = TOOLS_STATE if TOOLS_STATE in ids else None
+    if events is not None:
+        diagram.run = footprint(machine, graph, events)
+        _mark(graph, diagram.run)
+    return diagram
+
+
+def footprint(machine: MachineRef, graph: DiagramGraph, events: Sequence[Event]) -> Footprint:
+    """Count the run's ``transition`` events against the graph's states and transitions.
+
+    Raises:
+        DiagramError: a recorded state or move is not in this machine (another version?).
+    """
+    ids = {str(value): state.id for value, state in machine.states_map.items()}
+    names = {
+        event.id: str(event.name) if event.name else event.id
+        for state in machine.states_map.values()
+        for transition in state.transitions
+        for event in transition.events
+    }
+    run = Footprint()
+    for event in events:
+        if event.type != ev.TRANSITION:
+            continue
+        data = event.data
+        target = _state_id(ids, data.get("target"), graph, event)
+        run.visits[target] = run.visits.get(target, 0) + 1
+        run.current = target
+        if data.get("source") is None:  # entering the initial state: no edge to count
+            continue
+        source = _state_id(ids, data["source"], graph, event)
+        name = str(data.get("event"))
+        index = _transition_index(graph, source, target, names.get(name, name))
+        if index is None:
+            raise DiagramError(
+                f"event #{event.seq}: {graph.name} has no transition {source} -> {target} on {name!r} "
+                "(were these events recorded by another version of the machine?)"
+            )
+        run.taken[index] = run.taken.get(index, 0) + 1
+    return run
+
+
+def _state_id(ids: dict[str, str], value: Any, graph: DiagramGraph, event: Event) -> str:
+    if value not in ids:
+        raise DiagramError(f"event #{event.seq}: {graph.name} has no state {value!r}; known: {', '.join(sorted(ids))}")
+    return ids[value]
+
+
+def _transition_index(graph: DiagramGraph, source: str, target: str, label: str) -> int | None:
+    """The first transition drawn for this move (a log does not say which guard held)."""
+    for index, transition in enumerate(graph.transitions):
+        if transition.is_initial or transition.source != source:
+            continue
+        if target in (transition.targets or [source]) and _names(transition.event, label):
+            return index
+    return None
+
+
+def _names(event_text: str, label: str) -> bool:
+    """Whether the IR's event text (display names joined by spaces) includes ``label``."""
+    return f" {label} " in f" {event_text} "
+
+
+def _mark(graph: DiagramGraph, run: Footprint) -> None:
+    """Adjust the IR for a run: counts in state and edge labels, the current state active."""
+    for state in _states(graph.states):
+        state.is_active = state.id == run.current
+        if run.visits.get(state.id):
+            state.name = f"{state.name} {COUNT_MARK}{run.visits[state.id]}"
+    for index, count in run.taken.items():
+        transition = graph.transitions[index]
+        transition.event = f"{transition.event} {COUNT_MARK}{count}"
+
+
+def _states(states: Sequence[DiagramState]) -> Iterator[DiagramState]:
+    for state in states:
+        yield state
+        yield from _states(state.children)
+
+
+# Mermaid ------------------------------------------------------------------------------------
+def render_mermaid(diagram: Diagram) -> str:
+    """Mermaid ``stateDiagram-v2``: the library's text plus the tools note and run classes."""
+    config = MermaidRendererConfig(active_fill=ACTIVE_FILL, active_stroke=ACTIVE_STROKE)
+    lines = MermaidRenderer(config).render(diagram.graph).rstrip("\n").split("\n")
+    if diagram.tools:
+        anchor = diagram.note_on or _first_state(diagram.graph)
+        lines.append(f"    note right of {anchor}")
+        lines.append("        Tools")
+        lines.extend(f"        {note.describe()}" for note in diagram.tools)
+        lines.append("    end note")
+    if diagram.run is not None:
+        lines.extend(_mermaid_run_classes(diagram.graph, diagram.run))
+    return "\n".join(lines) + "\n"
+
+
+def _first_state(graph: DiagramGraph) -> str:
+    initial = next((s for s in graph.states if s.is_initial), None)
+    return (initial or graph.states[0]).id
+
+
+def _mermaid_run_classes(graph: DiagramGraph, run: Footprint) -> list[str]:
+    """Mermaid's stateDiagram cannot style edges, so the run shows as state classes (and label counts)."""
+    ids = [state.id for state in _states(graph.states) if state.id != run.current]
+    visited = [sid for sid in ids if run.visits.get(sid)]
+    unvisited = [sid for sid in ids if not run.visits.get(sid)]
+    lines = [
+        "",
+        f"    classDef visited fill:{VISITED_FILL},stroke:{VISITED_STROKE}",
+        f"    classDef unvisited fill:{UNVISITED_FILL},stroke:{UNVISITED_STROKE},color:{UNVISITED_TEXT}",
+    ]
+    if visited:
+        lines.append(f"    class {','.join(visited)} visited")
+    if unvisited:
+        lines.append(f"    class {','.join(unvisited)} unvisited")
+    return lines
+
+
+# DOT ----------------------------------------------------------------------------------------
+def render_dot(diagram: Diagram) -> str:
+    """Graphviz DOT: the library's graph, restyled for a run, with the tools note added."""
+    try:
+        from statemachine.contrib.diagram.renderers.dot import DotRenderer, DotRendererConfig
+    except ImportError as error:  # pragma: no cover - pydot is a dependency
+        raise DiagramError(f"DOT output needs pydot ({error}): pip install pydot") from error
+    config = DotRendererConfig(state_active_fillcolor=ACTIVE_FILL, state_active_penwidth=3)
+    dot = DotRenderer(config).render(diagram.graph)
+    if diagram.run is not None:
+        _style_run(dot, diagram.graph, diagram.run)
+    if diagram.tools:
+        _add_tools_note(dot, diagram)
+    return _stable_names(dot.to_string())
+
+
+def _graphs(graph: pydot.Graph) -> Iterator[pydot.Graph]:
+    yield graph
+    for subgraph in graph.get_subgraph_list():
+        yield from _graphs(subgraph)
+
+
+def _name(node_id: str) -> str:
+    return node_id.strip('"')
+
+
+def _style_run(dot: pydot.Dot, graph: DiagramGraph, run: Footprint) -> None:
+    """Colour visited states and taken edges (pen width grows with the count); grey the rest."""
+    state_ids = {state.id for state in _states(graph.states)}
+    for part in _graphs(dot):
+        for node in part.get_node_list():
+            sid = _name(node.get_name())
+            if sid not in state_ids or sid == run.current:
+                continue  # pseudo-nodes, and the current state the library already styled
+            if run.visits.get(sid):
+                node.set("fillcolor", VISITED_FILL)
+                node.set("color", VISITED_STROKE)
+            else:
+                node.set("fillcolor", UNVISITED_FILL)
+                node.set("color", UNVISITED_STROKE)
+                node.set("fontcolor", UNVISITED_TEXT)
+        for edge in part.get_edge_list():
+            index = _edge_index(edge, graph)
+            if index is None:
+                continue  # the initial arrow
+            count = run.taken.get(index, 0)
+            if count:
+                edge.set("color", VISITED_STROKE)
+                edge.set("fontcolor", VISITED_STROKE)
+                edge.set("penwidth", str(min(1 + count, 5)))
+            else:
+                edge.set("color", UNVISITED_STROKE)
+                edge.set("fontcolor", UNVISITED_TEXT)
+
+
+def _edge_index(edge: pydot.Edge, graph: DiagramGraph) -> int | None:
+    """Which IR transition the library drew as this edge: same ends, and its text in the label."""
+    source, target = (_state_of(_name(str(end)), graph) for end in (edge.get_source(), edge.get_destination()))
+    label = str(edge.get("label") or "")
+    candidates: list[tuple[int, int]] = []
+    for index, transition in enumerate(graph.transitions):
+        if transition.is_initial or transition.source != source:
+            continue
+        if target not in (transition.targets or [transition.source]):
+            continue
+        texts = [html_escape(transition.event, quote=False), html_escape(", ".join(transition.guards), quote=False)]
+        if all(text in label for text in texts):
+            candidates.append((sum(map(len, texts)), index))
+    return max(candidates)[1] if candidates else None
+
+
+def _state_of(node_id: str, graph: DiagramGraph) -> str:
+    """The state a node stands for (compound states are drawn through anchor nodes)."""
+    for suffix in ("_anchor_in", "_anchor_out", "_anchor"):
+        if node_id.endswith(suffix) and node_id[: -len(suffix)] in graph.compound_state_ids:
+            return node_id[: -len(suffix)]
+    return node_id
+
+
+def _add_tools_note(dot: pydot.Dot, diagram: Diagram) -> None:
+    import pydot
+
+    rows = "".join(
+        f'<tr><td align="left"><b>{html_escape(note.name)}</b>: {html_escape(", ".join(note.traits()))}</td></tr>'
+        for note in diagram.tools
+    )
+    title = '<tr><td align="left"><b>Tools</b></td></tr>'
+    label = f'<<table border="0" cellspacing="0" cellpadding="2">{title}{rows}</table>>'
+    dot.add_node(pydot.Node("__tools", label=label, shape="note", style="filled", fillcolor=NOTE_FILL, fontsize="10"))
+    if diagram.note_on is not None:
+        dot.add_edge(pydot.Edge("__tools", diagram.note_on, style="dashed", arrowhead="none", color="gray50"))
+
+
+_ADDRESS = re.compile(r"(?<=__initial_)\d+|(?<=cluster___atomic_)\d+")
+
+
+def _stable_names(source: str) -> str:
+    """Replace the ``id()`` numbers the library puts in pseudo-node names with ordinals."""
+    ordinals: dict[str, str] = {}
+
+    def ordinal(match: re.Match[str]) -> str:
+        return ordinals.setdefault(match.group(), str(len(ordinals)))
+
+    return _ADDRESS.sub(ordinal, source)
+
+
+# Public API: the machine graph -----------------------------------------------------------
+def to_mermaid(
+    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+) -> str:
+    """Mermaid ``stateDiagram-v2`` of the machine, optionally with the agent's tools and a run."""
+    return render_mermaid(build(machine, events=events, agent=agent))
+
+
+def to_dot(
+    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+) -> str:
+    """Graphviz DOT of the machine, optionally with the agent's tools and a run."""
+    return render_dot(build(machine, events=events, agent=agent))
+
+
+def render(
+    machine: MachineRef = AgentMachine,
+    *,
+    events: Sequence[Event] | None = None,
+    agent: Agent | None = None,
+    format: ImageFormat = "svg",
+) -> bytes:
+    """SVG or PNG bytes, drawn by Graphviz's ``dot`` from :func:`to_dot`.
+
+    Raises:
+        GraphvizNotFoundError: ``dot`` is not installed (the message names the package).
+        DiagramError: an unknown format.
+    """
+    if format not in IMAGE_FORMATS:
+        raise DiagramError(f"unknown image format {format!r}; one of {', '.join(IMAGE_FORMATS)}")
+    return graphviz(to_dot(machine, events=events, agent=agent), format)
+
+
+def graphviz(source: str, format: ImageFormat) -> bytes:
+    """Run ``dot``, turning the library's not-found error into one that says what to install."""
+    try:
+        return run_graphviz(source, format)
+    except GraphvizNotFoundError as error:
+        raise GraphvizNotFoundError(GRAPHVIZ_HINT) from error
+
+
+# The run timeline ---------------------------------------------------------------------------
+USER, MODEL, APPROVER = "User", "Model", "Approver"
+PREVIEW = 80
+"""Characters of text kept in an arrow or note."""
+Arrow = Literal["call", "reply", "failed"]
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One lifeline."""
+
+    id: str
+    """Safe as a Mermaid id (letters, digits, underscores)."""
+    label: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """An arrow: a request (``call``), an answer (``reply``) or one that failed."""
+
+    sender: str
+    receiver: str
+    text: str
+    kind: Arrow = "call"
+
+
+@dataclass(frozen=True)
+class Note:
+    """A note over one or two participants."""
+
+    over: tuple[str, ...]
+    text: str
+
+
+@dataclass
+class Timeline:
+    """A run's events as lifelines, arrows and notes, in order; plain text, not yet Mermaid."""
+
+    participants: list[Participant] = field(default_factory=list)
+    steps: list[Message | Note] = field(default_factory=list)
+
+
+def timeline(events: Sequence[Event]) -> Timeline:
+    """Fold a run's events into a timeline: prompt, responses, tool runs, approvals, the end."""
+    folder = _TimelineFolder()
+    for event in events:
+        handler = _TIMELINE_HANDLERS.get(event.type)
+        if handler is not None:  # transitions and results_returned add nothing to read here
+            handler(folder, event.data, event.at)
+    return folder.result()
+
+
+class _TimelineFolder:
+    """Collects steps and names one lifeline per tool, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.tools: dict[str, str] = {}
+        self.steps: list[Message | Note] = []
+
+    def tool(self, name: str) -> str:
+        if name not in self.tools:
+            base = pid = "tool_" + re.sub(r"\W", "_", name)
+            suffix = 1
+            while pid in self.tools.values():  # "a-b" and "a_b" would share an id
+                suffix += 1
+                pid = f"{base}_{suffix}"
+            self.tools[name] = pid
+        return self.tools[name]
+
+    def result(self) -> Timeline:
+        participants = [Participant(USER, USER), Participant(MODEL, MODEL)]
+        participants += [Participant(pid, name) for name, pid in self.tools.items()]
+        if any(isinstance(s, Message) and APPROVER in (s.sender, s.receiver) for s in self.steps):
+            participants.append(Participant(APPROVER, APPROVER))
+        return Timeline(participants, self.steps)
+
+    def run_started(self, data: dict[str, Any], at: float) -> None:
+        messages = data.get("messages") or []
+        prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+        if len(messages) > 1:
+            self.steps.append(Note((USER, MODEL), f"continues a conversation of {len(messages) - 1} earlier messages"))
+        self.steps.append(Message(USER, MODEL, preview(prompt) or "(no text)"))
+
+    def model_responded(self, data: dict[str, Any], at: float) -> None:
+        content = data.get("content") or []
+        reason = data.get("stop_reason")
+        if data.get("discarded"):
+            self.steps.append(Message(MODEL, USER, f"response discarded (stop_reason {reason})", "failed"))
+            return
+        text = preview(text_of({"content": content}))
+        uses = [block for block in content if block.get("type") == "tool_use"]
+        if text or not uses:
+            suffix = "" if reason in ("end_turn", "tool_use") else f" [{reason}]"
+            self.steps.append(Message(MODEL, USER, (text or "(no text)") + suffix, "reply"))
+        for block in uses:
+            call = f"{block.get('id')}: {block['name']}({_json_preview(block.get('input'))})"
+            self.steps.append(Message(MODEL, self.tool(block["name"]), preview(call)))
+
+    def tool_started(self, data: dict[str, Any], at: float) -> None:
+        text = f"runs {data['call_id']} (attempt {data.get('attempt', 1)})"
+        self.steps.append(Note((self.tool(data["tool"]),), text))
+
+    def tool_finished(self, data: dict[str, Any], at: float) -> None:
+        kind: Arrow = "failed" if data.get("is_error") else "reply"
+        text = preview(str(data.get("content", ""))) or "(empty)"
+        self.steps.append(Message(self.tool(data["tool"]), MODEL, text, kind))
+
+    def retry_scheduled(self, data: dict[str, Any], at: float) -> None:
+        delay = max(0.0, float(data.get("due_at", at)) - at)
+        text = f"attempt {data.get('attempt')} failed, retry in {delay:.3g}s: {data.get('error', '')}"
+        self.steps.append(Note((self.tool(data["tool"]),), preview(text)))
+
+    def approval_requested(self, data: dict[str, Any], at: float) -> None:
+        for call in data.get("calls", []):
+            why = f" ({call['reason']})" if call.get("reason") else ""
+            request = f"approve {call['call_id']}? {_json_preview(call.get('input'))}{why}"
+            self.steps.append(Message(self.tool(call["tool"]), APPROVER, preview(request)))
+
+    def approval_decided(self, data: dict[str, Any], at: float) -> None:
+        who = data.get("actor") or "unknown"
+        if data.get("approved"):
+            edited = ", with edited input" if data.get("input") is not None else ""
+            text = f"{data['call_id']} approved by {who}{edited}"
+            self.steps.append(Message(APPROVER, self.tool(data["tool"]), preview(text), "reply"))
+        else:
+            why = f": {data['reason']}" if data.get("reason") else ""
+            text = f"{data['call_id']} denied by {who}{why}"
+            self.steps.append(Message(APPROVER, self.tool(data["tool"]), preview(text), "failed"))
+
+    def warning(self, data: dict[str, Any], at: float) -> None:
+        self.steps.append(Note((MODEL,), preview(f"warning: {data.get('message', '')}")))
+
+    def run_finished(self, data: dict[str, Any], at: float) -> None:
+        text = f"run {data.get('status')}"
+        if data.get("error"):
+            text += f": {data['error']}"
+        elif data.get("result") is not None:
+            text += f", result {_json_preview(data['result'])}"
+        self.steps.append(Note((USER, MODEL), preview(text)))
+
+
+_TIMELINE_HANDLERS: dict[str, Callable[[_TimelineFolder, dict[str, Any], float], None]] = {
+    ev.RUN_STARTED: _TimelineFolder.run_started,
+    ev.MODEL_RESPONDED: _TimelineFolder.model_responded,
+    ev.TOOL_STARTED: _TimelineFolder.tool_started,
+    ev.TOOL_FINISHED: _TimelineFolder.tool_finished,
+    ev.RETRY_SCHEDULED: _TimelineFolder.retry_scheduled,
+    ev.APPROVAL_REQUESTED: _TimelineFolder.approval_requested,
+    ev.APPROVAL_DECIDED: _TimelineFolder.approval_decided,
+    ev.WARNING: _TimelineFolder.warning,
+    ev.RUN_FINISHED: _TimelineFolder.run_finished,
+}
+
+
+def _json_preview(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def preview(text: str, limit: int = PREVIEW) -> str:
+    """One line of at most ``limit`` characters, whitespace collapsed."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+_ARROWS: dict[Arrow, str] = {"call": "->>", "reply": "-->>", "failed": "--x"}
+_ENTITIES = str.maketrans({"#": "#35;", ";": "#59;", "<": "#lt;", ">": "#gt;"})
+"""Characters Mermaid would read as syntax in message text, as its own entity codes."""
+
+
+def render_sequence(line: Timeline) -> str:
+    """Mermaid ``sequenceDiagram`` of a timeline."""
+    lines = ["sequenceDiagram"]
+    for participant in line.participants:
+        if participant.id == participant.label:
+            lines.append(f"    participant {participant.id}")
+        else:
+            lines.append(f"    participant {participant.id} as {participant.label}")
+    for step in line.steps:
+        if isinstance(step, Message):
+            lines.append(f"    {step.sender}{_ARROWS[step.kind]}{step.receiver}: {_sequence_text(step.text)}")
+        else:
+            lines.append(f"    Note over {','.join(step.over)}: {_sequence_text(step.text)}")
+    return "\n".join(lines) + "\n"
+
+
+def _sequence_text(text: str) -> str:
+    return " ".join(text.split()).translate(_ENTITIES)
+
+
+def to_sequence(events: Sequence[Event]) -> str:
+    """Mermaid ``sequenceDiagram`` of one run, from its events (``store.load_events``)."""
+    return render_sequence(timeline(events))
+
+
+# Generated files ----------------------------------------------------------------------------
+MERMAID_FILE, SVG_FILE = "agent-machine.mmd", "agent-machine.svg"
+
+
+def generated() -> dict[str, bytes]:
+    """The files ``diagrams/`` holds, freshly drawn from :class:`AgentMachine`."""
+    return {MERMAID_FILE: to_mermaid().encode(), SVG_FILE: render(format="svg")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tether.diagram [DIR]``: (re)write the generated diagrams into DIR."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: python -m tether.diagram [DIR]  (default: diagrams)", file=sys.stderr)
+        return 2
+    directory = Path(args[0] if args else "diagrams")
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in generated().items():
+        (directory / name).write_bytes(content)
+        print(directory / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
