@@ -1,0 +1,55 @@
+"""Fixtures shared by the test modules (the plain helpers behind them are in support.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fake_messages_api import FakeMessagesAPI
+from support import PG_URL, PgSchema, fresh_pg_schema, libpq_dsn
+
+
+# PostgreSQL -----------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """The server URL, after checking it answers (skip the PostgreSQL tests otherwise)."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed")
+    try:
+        with psycopg.connect(libpq_dsn(PG_URL), connect_timeout=3) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error as error:
+        pytest.skip(f"PostgreSQL unreachable at {PG_URL} (set TETHER_TEST_PG_URL): {error}")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[PgSchema]:
+    """A fresh schema for this test alone (dropped afterwards): its name and URL."""
+    with fresh_pg_schema(pg_url) as schema:
+        yield schema
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database, once per backend: SQLite in tmp_path, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}"
+    schema: PgSchema = request.getfixturevalue("pg_schema")
+    return schema.url
+
+
+# FakeMessagesAPI ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fake_api_server() -> Iterator[FakeMessagesAPI]:
+    """One FakeMessagesAPI server per test module (starting one per test is slow)."""
+    with FakeMessagesAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def api(fake_api_server: FakeMessagesAPI) -> FakeMessagesAPI:
+    """The module's FakeMessagesAPI, reset: no queued replies, no recorded requests."""
+    fake_api_server.reset()
+    return fake_api_server

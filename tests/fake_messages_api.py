@@ -1,0 +1,845 @@
+"""A local stand-in for the Anthropic Messages API, for tests.
+
+Why: tests must exercise the real ``anthropic`` client (request building, error
+mapping, retries) without network access, and must fail when tether sends a
+request the real API would reject (most importantly broken ``tool_use`` /
+``tool_result`` pairing). A mock at the Python level would hide both.
+
+Usage::
+
+    with FakeMessagesAPI() as api:
+        api.reply({"content": [{"type": "text", "text": "hi"}]})
+        client = anthropic.Anthropic(base_url=api.url, api_key="k", max_retries=0)
+        client.messages.create(model="m", max_tokens=10, messages=[...])
+        assert api.requests[0]["model"] == "m"
+
+Only ``POST /v1/messages`` without streaming is served. The server uses nothing but
+the standard library, so it cannot drift with the client it is testing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import json
+import re
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, NoReturn, Self, cast
+from urllib.parse import urlsplit
+
+__all__ = [
+    "DEFAULT_ERROR_TYPES",
+    "FakeMessagesAPI",
+    "Responder",
+    "validate_messages_request",
+]
+
+Responder = Callable[[dict[str, Any]], dict[str, Any]]
+"""Builds a response dict from the parsed request body (see `FakeMessagesAPI.reply_with`)."""
+
+DEFAULT_ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""The ``error.type`` the real API uses for each HTTP status."""
+
+_DEFAULT_USAGE: Mapping[str, int] = {
+    "input_tokens": 10,
+    "output_tokens": 5,
+    "cache_creation_input_tokens": 0,
+    "cache_read_input_tokens": 0,
+}
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_MAX_CACHE_BREAKPOINTS = 4
+_MIN_THINKING_BUDGET = 1024
+_POLL_INTERVAL = 0.01  # seconds
+
+# Top-level request fields the client may send (the GA and beta `MessageCreateParams`,
+# plus sampling knobs older API versions accepted). Anything else is a typo that the
+# real API rejects with "Extra inputs are not permitted".
+_KNOWN_FIELDS = frozenset(
+    {
+        "betas",
+        "billing_policy",
+        "cache_control",
+        "compaction",
+        "container",
+        "context_management",
+        "diagnostics",
+        "fallback_credit_token",
+        "fallbacks",
+        "inference_geo",
+        "max_tokens",
+        "mcp_servers",
+        "messages",
+        "metadata",
+        "model",
+        "output_config",
+        "service_tier",
+        "speed",
+        "stop_sequences",
+        "stream",
+        "system",
+        "temperature",
+        "thinking",
+        "thread",
+        "tool_choice",
+        "tools",
+        "top_k",
+        "top_p",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
+
+# Blocks that only the model produces, so they may appear only in assistant turns.
+_ASSISTANT_ONLY = frozenset(
+    {
+        "tool_use",
+        "server_tool_use",
+        "thinking",
+        "redacted_thinking",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+    }
+)
+_MESSAGE_BLOCK_TYPES = frozenset(
+    {"text", "image", "document", "search_result", "tool_result", "container_upload"} | _ASSISTANT_ONLY
+)
+_TOOL_RESULT_CONTENT_TYPES = frozenset(
+    {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
+)
+_TOOL_CHOICE_TYPES = ("auto", "any", "tool", "none")
+# This API version also accepts `system`-role messages (text only) inside `messages`.
+_ROLES = ("user", "assistant", "system")
+
+_PAIRING_HINT_MISSING = "Each `tool_use` block must have a corresponding `tool_result` block in the next message."
+_PAIRING_HINT_UNEXPECTED = (
+    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Invalid(Exception):
+    """Carries the first validation error up to `validate_messages_request`."""
+
+
+def _reject(message: str) -> NoReturn:
+    raise _Invalid(message)
+
+
+def _as_dict(value: object, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _reject(f"{path}: Input should be a valid dictionary")
+    return cast(dict[str, Any], value)
+
+
+def _as_list(value: object, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        _reject(f"{path}: Input should be a valid list")
+    return value
+
+
+def _required_str(obj: Mapping[str, Any], key: str, path: str) -> str:
+    if key not in obj:
+        _reject(f"{path}.{key}: Field required")
+    value = obj[key]
+    if not isinstance(value, str):
+        _reject(f"{path}.{key}: Input should be a valid string")
+    return value
+
+
+def _required_dict(obj: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+    if key not in obj:
+        _reject(f"{path}.{key}: Field required")
+    return _as_dict(obj[key], f"{path}.{key}")
+
+
+def _check_extra(obj: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            _reject(f"{prefix}{key}: Extra inputs are not permitted")
+
+
+class _Validator:
+    """One pass over a request body; remembers what later rules need (ids, counts)."""
+
+    def __init__(self) -> None:
+        self.cache_breakpoints = 0
+        self.tool_use_ids: set[str] = set()
+
+    # -- shared pieces
+
+    def cache_control(self, block: Mapping[str, Any], path: str) -> None:
+        """Validate and count a ``cache_control`` marker; ``null`` means none."""
+        value = block.get("cache_control")
+        if value is None:
+            return
+        cc = _as_dict(value, f"{path}.cache_control")
+        if cc.get("type") != "ephemeral":
+            _reject(f"{path}.cache_control.type: Input should be 'ephemeral'")
+        if "ttl" in cc and cc["ttl"] not in ("5m", "1h"):
+            _reject(f"{path}.cache_control.ttl: Input should be '5m' or '1h'")
+        _check_extra(cc, frozenset({"type", "ttl"}), f"{path}.cache_control.")
+        self.cache_breakpoints += 1
+
+    def text_block(self, block: Mapping[str, Any], path: str) -> None:
+        text = _required_str(block, "text", path)
+        if text == "":
+            _reject(f"{path}: text content blocks must be non-empty")
+        if not text.strip():
+            _reject(f"{path}: text content blocks must contain non-whitespace text")
+
+    # -- request sections
+
+    def system(self, value: object) -> None:
+        if isinstance(value, str):
+            return
+        for k, item in enumerate(_as_list(value, "system")):
+            path = f"system.{k}"
+            block = _as_dict(item, path)
+            if block.get("type") != "text":
+                _reject(f"{path}.type: Input should be 'text'")
+            self.text_block(block, path)
+            self.cache_control(block, path)
+
+    def tools(self, value: object) -> set[str]:
+        names: set[str] = set()
+        for k, item in enumerate(_as_list(value, "tools")):
+            path = f"tools.{k}"
+            tool = _as_dict(item, path)
+            name = _required_str(tool, "name", path)
+            if not _TOOL_NAME.match(name):
+                _reject(f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")
+            if tool.get("type") in (None, "custom"):
+                schema = _required_dict(tool, "input_schema", path)
+                if schema.get("type") != "object":
+                    _reject(f"{path}.input_schema.type: Input should be 'object'")
+            if name in names:
+                _reject(f"tools: Tool names must be unique. Duplicate name: {name}")
+            names.add(name)
+            self.cache_control(tool, path)
+        return names
+
+    def tool_choice(self, value: object, tool_names: set[str]) -> str:
+        choice = _as_dict(value, "tool_choice")
+        kind = choice.get("type")
+        if kind not in _TOOL_CHOICE_TYPES:
+            _reject("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
+        if kind == "tool":
+            name = _required_str(choice, "name", "tool_choice")
+            if name not in tool_names:
+                _reject(f"tool_choice.name: Tool '{name}' not found in provided tools")
+        if "disable_parallel_tool_use" in choice and not isinstance(choice["disable_parallel_tool_use"], bool):
+            _reject("tool_choice.disable_parallel_tool_use: Input should be a valid boolean")
+        return cast(str, kind)
+
+    def thinking(self, value: object, max_tokens: int, tool_choice: str | None) -> None:
+        config = _as_dict(value, "thinking")
+        kind = config.get("type")
+        if kind not in ("enabled", "disabled", "adaptive"):
+            _reject("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'")
+        if kind == "disabled":
+            return
+        if kind == "enabled":
+            budget = config.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool):
+                _reject("thinking.enabled.budget_tokens: Input should be a valid integer")
+            if budget < _MIN_THINKING_BUDGET:
+                _reject(
+                    f"thinking.enabled.budget_tokens: Input should be greater than or equal to {_MIN_THINKING_BUDGET}"
+                )
+            if max_tokens <= budget:
+                _reject("`max_tokens` must be greater than `thinking.budget_tokens`.")
+        if tool_choice in ("any", "tool"):
+            _reject("Thinking may not be enabled when tool_choice forces tool use.")
+
+    def block(self, value: object, path: str, role: str) -> dict[str, Any]:
+        block = _as_dict(value, path)
+        if "type" not in block:
+            _reject(f"{path}.type: Field required")
+        kind = block["type"]
+        if kind not in _MESSAGE_BLOCK_TYPES:
+            expected = ", ".join(f"'{t}'" for t in sorted(_MESSAGE_BLOCK_TYPES))
+            _reject(
+                f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: {expected}"
+            )
+        if role == "system" and kind != "text":
+            _reject(f"{path}.type: Input should be 'text' (system messages hold only text)")
+        if kind in _ASSISTANT_ONLY and role != "assistant":
+            _reject(f"{path}: `{kind}` blocks can only be in `assistant` messages")
+        if kind == "tool_result" and role != "user":
+            _reject(f"{path}: `tool_result` blocks can only be in `user` messages")
+        self.cache_control(block, path)
+
+        if kind == "text":
+            self.text_block(block, path)
+        elif kind in ("image", "document"):
+            source = _required_dict(block, "source", path)
+            if "type" not in source:
+                _reject(f"{path}.source.type: Field required")
+        elif kind in ("tool_use", "server_tool_use"):
+            tool_id = _required_str(block, "id", path)
+            _required_str(block, "name", path)
+            _required_dict(block, "input", path)
+            if not tool_id:
+                _reject(f"{path}.id: String should have at least 1 character")
+            if tool_id in self.tool_use_ids:
+                _reject(f"{path}: `tool_use` ids must be unique. Found duplicate id: {tool_id}")
+            self.tool_use_ids.add(tool_id)
+        elif kind == "tool_result":
+            self.tool_result(block, path)
+        elif kind == "thinking":
+            _required_str(block, "thinking", path)
+            _required_str(block, "signature", path)
+        elif kind == "redacted_thinking":
+            _required_str(block, "data", path)
+        elif kind == "search_result":
+            _required_str(block, "source", path)
+            _required_str(block, "title", path)
+            for k, item in enumerate(_as_list(block.get("content"), f"{path}.content")):
+                inner = _as_dict(item, f"{path}.content.{k}")
+                self.text_block(inner, f"{path}.content.{k}")
+        elif kind == "container_upload":
+            _required_str(block, "file_id", path)
+        else:  # server tool results
+            _required_str(block, "tool_use_id", path)
+        return block
+
+    def tool_result(self, block: Mapping[str, Any], path: str) -> None:
+        _required_str(block, "tool_use_id", path)
+        if "is_error" in block and not isinstance(block["is_error"], bool):
+            _reject(f"{path}.is_error: Input should be a valid boolean")
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return
+        for k, item in enumerate(_as_list(content, f"{path}.content")):
+            inner_path = f"{path}.content.{k}"
+            inner = _as_dict(item, inner_path)
+            kind = inner.get("type")
+            if kind not in _TOOL_RESULT_CONTENT_TYPES:
+                allowed = ", ".join(f"'{t}'" for t in sorted(_TOOL_RESULT_CONTENT_TYPES))
+                _reject(
+                    f"{inner_path}: Input tag '{kind}' found using 'type' does not match any "
+                    f"of the expected tags: {allowed}"
+                )
+            if kind == "text":
+                self.text_block(inner, inner_path)
+            self.cache_control(inner, inner_path)
+
+    def messages(self, value: object) -> None:
+        raw = _as_list(value, "messages")
+        if not raw:
+            _reject("messages: at least one message is required")
+        parsed: list[tuple[str, list[dict[str, Any]]]] = []
+        last = len(raw) - 1
+        for i, item in enumerate(raw):
+            parsed.append(self.message(item, i, is_last=i == last))
+        conversation = [role for role, _ in parsed if role != "system"]
+        if not conversation or conversation[0] != "user":
+            _reject('messages: first message must use the "user" role')
+        self.pairing(parsed)
+
+    def message(self, value: object, i: int, *, is_last: bool) -> tuple[str, list[dict[str, Any]]]:
+        path = f"messages.{i}"
+        msg = _as_dict(value, path)
+        role = msg.get("role")
+        if "role" not in msg:
+            _reject(f"{path}.role: Field required")
+        if role not in _ROLES:
+            _reject(f"{path}.role: Input should be 'user', 'assistant' or 'system'")
+        if "content" not in msg:
+            _reject(f"{path}.content: Field required")
+        _check_extra(msg, frozenset({"role", "content"}), f"{path}.")
+        content = msg["content"]
+        final_assistant = is_last and role == "assistant"
+        empty_msg = f"{path}: all messages must have non-empty content except for the optional final assistant message"
+        if isinstance(content, str):
+            if content == "" and not final_assistant:
+                _reject(empty_msg)
+            if final_assistant and content != content.rstrip():
+                _reject("messages: final assistant content cannot end with trailing whitespace")
+            return role, []
+        items = _as_list(content, f"{path}.content")
+        if not items and not final_assistant:
+            _reject(empty_msg)
+        blocks = [self.block(b, f"{path}.content.{j}", role) for j, b in enumerate(items)]
+        if final_assistant and blocks and blocks[-1]["type"] == "text":
+            text = cast(str, blocks[-1]["text"])
+            if text != text.rstrip():
+                _reject("messages: final assistant content cannot end with trailing whitespace")
+        return role, blocks
+
+    def pairing(self, parsed: list[tuple[str, list[dict[str, Any]]]]) -> None:
+        """Enforce the tool_use -> tool_result handshake between adjacent turns."""
+        for i, (role, blocks) in enumerate(parsed):
+            if role == "user":
+                self.user_results(parsed, i)
+                continue
+            use_ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            if not use_ids:
+                continue
+            answered: set[str] = set()
+            if i + 1 < len(parsed) and parsed[i + 1][0] == "user":
+                answered = {b["tool_use_id"] for b in parsed[i + 1][1] if b["type"] == "tool_result"}
+            missing = [tool_id for tool_id in use_ids if tool_id not in answered]
+            if missing:
+                _reject(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(missing)}. {_PAIRING_HINT_MISSING}"
+                )
+
+    def user_results(self, parsed: list[tuple[str, list[dict[str, Any]]]], i: int) -> None:
+        expected: set[str] = set()
+        if i > 0 and parsed[i - 1][0] == "assistant":
+            expected = {b["id"] for b in parsed[i - 1][1] if b["type"] == "tool_use"}
+        seen: set[str] = set()
+        other_before: int | None = None
+        for j, block in enumerate(parsed[i][1]):
+            if block["type"] != "tool_result":
+                if other_before is None:
+                    other_before = j
+                continue
+            path = f"messages.{i}.content.{j}"
+            tool_id = cast(str, block["tool_use_id"])
+            if tool_id not in expected:
+                _reject(
+                    f"{path}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{tool_id}. {_PAIRING_HINT_UNEXPECTED}"
+                )
+            if tool_id in seen:
+                _reject(
+                    f"{path}: each `tool_use` must have a single result. Found multiple "
+                    f"`tool_result` blocks with id: {tool_id}"
+                )
+            seen.add(tool_id)
+            if other_before is not None:
+                _reject(
+                    f"{path}: `tool_result` blocks must come first in the user message: "
+                    f"found after a non-`tool_result` block at content.{other_before}"
+                )
+
+
+def validate_messages_request(body: object) -> str | None:
+    """Check a Messages API request body the way the real API would.
+
+    Why: lets tests assert offline that tether builds valid requests, and is the
+    same check the fake server applies before answering.
+
+    Returns:
+        The error message the API would answer with (HTTP 400
+        ``invalid_request_error``), or ``None`` if the request is acceptable.
+    """
+    try:
+        _validate(body)
+    except _Invalid as exc:
+        return str(exc)
+    return None
+
+
+def _validate(value: object) -> None:
+    if not isinstance(value, dict):
+        _reject("Request body must be a JSON object")
+    body = cast(dict[str, Any], value)
+    for key in ("model", "max_tokens", "messages"):
+        if key not in body:
+            _reject(f"{key}: Field required")
+    _check_extra(body, _KNOWN_FIELDS, "")
+    if body.get("stream"):
+        _reject("stream: FakeMessagesAPI does not support streaming; use non-streaming calls")
+
+    model = body["model"]
+    if not isinstance(model, str):
+        _reject("model: Input should be a valid string")
+    if not model:
+        _reject("model: String should have at least 1 character")
+    max_tokens = body["max_tokens"]
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        _reject("max_tokens: Input should be a valid integer")
+    if max_tokens < 0:  # 0 is valid: it only warms the prompt cache
+        _reject("max_tokens: Input should be greater than or equal to 0")
+
+    v = _Validator()
+    if body.get("system") is not None:
+        v.system(body["system"])
+    tool_names = v.tools(body["tools"]) if body.get("tools") is not None else set()
+    choice = v.tool_choice(body["tool_choice"], tool_names) if body.get("tool_choice") is not None else None
+    if "stop_sequences" in body:
+        for k, seq in enumerate(_as_list(body["stop_sequences"], "stop_sequences")):
+            if not isinstance(seq, str):
+                _reject(f"stop_sequences.{k}: Input should be a valid string")
+    if body.get("metadata") is not None:
+        _as_dict(body["metadata"], "metadata")
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 1
+    ):
+        _reject("temperature: Input should be a number between 0 and 1")
+    if body.get("thinking") is not None:
+        v.thinking(body["thinking"], max_tokens, choice)
+    v.messages(body["messages"])
+    v.cache_control(body, "")  # top-level automatic caching counts as a breakpoint too
+    if v.cache_breakpoints > _MAX_CACHE_BREAKPOINTS:
+        _reject(
+            f"A maximum of {_MAX_CACHE_BREAKPOINTS} blocks with cache_control may be "
+            f"provided. Found {v.cache_breakpoints}."
+        )
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass(frozen=True)
+class _Reply:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Dynamic:
+    responder: Responder
+
+
+@dataclass(frozen=True)
+class _Failure:
+    status: int
+    message: str
+    error_type: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+_Scripted = _Reply | _Dynamic | _Failure
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def _default_error_type(status: int) -> str:
+    if status in DEFAULT_ERROR_TYPES:
+        return DEFAULT_ERROR_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    api: FakeMessagesAPI
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Thin HTTP shell; all behaviour lives in `FakeMessagesAPI.answer`."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
+    disable_nagle_algorithm = True  # headers and body go out in two writes; avoid a 40 ms stall
+
+    def setup(self) -> None:
+        super().setup()
+        self._api().track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self._api().track(self.connection, open_=False)
+
+    def _api(self) -> FakeMessagesAPI:
+        return cast(_Server, self.server).api
+
+    def do_POST(self) -> None:
+        """Serve an API call."""
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self._send(self._api().answer(urlsplit(self.path).path, headers, raw))
+
+    def do_GET(self) -> None:
+        """Nothing is served over GET; answer like the API does for unknown routes."""
+        self._send(_Answer(404, _error_body("not_found_error", f"Not found: {self.path}")))
+
+    def _send(self, answer: _Answer) -> None:
+        payload = json.dumps(answer.body).encode()
+        self.send_response(answer.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        for name, value in answer.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Keep test output quiet."""
+
+
+class FakeMessagesAPI:
+    """A scripted Anthropic Messages API on ``127.0.0.1`` for the real client to call.
+
+    Why: scripted replies make agent runs deterministic, while validation of every
+    request catches message histories that the real API would refuse.
+
+    Each valid ``POST /v1/messages`` consumes the next scripted item (FIFO). Invalid
+    requests get HTTP 400 ``invalid_request_error`` and consume nothing. With the
+    queue empty, a valid request gets 500 ``api_error`` so the test fails loudly.
+
+    Attributes:
+        requests: Parsed JSON bodies received, in order, including rejected ones.
+        headers: Request headers (lower-cased names), parallel to ``requests``.
+        paths: Request paths, parallel to ``requests``.
+    """
+
+    def __init__(self, *, fast_retries: bool = True) -> None:
+        """Start serving on a free port.
+
+        Args:
+            fast_retries: Add ``retry-after-ms: 1`` to retryable errors so the client's
+                retry loop does not sleep its default 0.5-8 s back-off. The real API
+                does not send this header; it changes only timing, never behaviour.
+        """
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
+        self._fast_retries = fast_retries
+        self._queue: deque[_Scripted] = deque()
+        self._lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+        self._message_ids = itertools.count(1)
+        self._tool_use_ids = itertools.count(1)
+        self._connections: set[socket.socket] = set()
+        self._closed = False
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.api = self
+        # A short poll interval keeps `close` (which waits for the loop to notice) near-instant.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": _POLL_INTERVAL},
+            name="FakeMessagesAPI",
+            daemon=True,
+        )
+        self._thread.start()
+
+    # -- lifecycle
+
+    @property
+    def url(self) -> str:
+        """Base URL to pass as ``base_url`` to ``anthropic.Anthropic``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the server and drop kept-alive connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+
+    def track(self, conn: socket.socket, *, open_: bool) -> None:
+        """Record live connections so `close` can end kept-alive ones (server internal)."""
+        with self._lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    # -- scripting
+
+    def reply(self, response: Mapping[str, Any]) -> None:
+        """Queue a successful response; missing Message fields get defaults.
+
+        Defaults: ``id`` ``msg_fake_N``, ``type`` ``message``, ``role`` ``assistant``,
+        ``model`` from the request, ``content`` ``[]``, ``stop_reason`` ``tool_use`` if
+        the content holds a ``tool_use`` block else ``end_turn``, ``stop_sequence``
+        ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
+        """
+        with self._lock:
+            self._queue.append(_Reply(copy.deepcopy(dict(response))))
+
+    def reply_text(self, text: str, **fields: Any) -> None:
+        """Queue an ``end_turn`` reply holding one text block."""
+        self.reply({"content": [{"type": "text", "text": text}], **fields})
+
+    def reply_tool_use(
+        self,
+        name: str,
+        tool_input: Mapping[str, Any],
+        *,
+        tool_use_id: str | None = None,
+        text: str | None = None,
+        **fields: Any,
+    ) -> str:
+        """Queue a ``tool_use`` reply (optionally preceded by text); returns the tool_use id."""
+        tool_id = tool_use_id or f"toolu_fake_{next(self._tool_use_ids)}"
+        content: list[dict[str, Any]] = []
+        if text is not None:
+            content.append({"type": "text", "text": text})
+        content.append({"type": "tool_use", "id": tool_id, "name": name, "input": dict(tool_input)})
+        self.reply({"content": content, **fields})
+        return tool_id
+
+    def reply_with(self, responder: Responder) -> None:
+        """Queue a dynamic reply: ``responder(request_body)`` returns the response dict.
+
+        Defaults are filled as for `reply`. If the responder raises, the client gets
+        500 ``api_error`` naming the exception.
+        """
+        with self._lock:
+            self._queue.append(_Dynamic(responder))
+
+    def fail(
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue an API error in the real ``{"type": "error", "error": {...}}`` shape.
+
+        ``error_type`` defaults from the status (see `DEFAULT_ERROR_TYPES`). The answer
+        carries a ``request-id`` header, ``retry-after: 0`` for 429, and ``headers``
+        on top (which may override those).
+        """
+        failure = _Failure(status, message, error_type or _default_error_type(status), headers or {})
+        with self._lock:
+            self._queue.append(failure)
+
+    def reset(self) -> None:
+        """Forget the script, the recorded requests and the id counters.
+
+        Why: lets one server (and one client, whose construction is the slow part)
+        serve a whole test module; call it between tests.
+        """
+        with self._lock:
+            self._queue.clear()
+            self.requests.clear()
+            self.headers.clear()
+            self.paths.clear()
+            self._request_ids = itertools.count(1)
+            self._message_ids = itertools.count(1)
+            self._tool_use_ids = itertools.count(1)
+
+    @property
+    def pending(self) -> int:
+        """Number of scripted items not yet consumed."""
+        with self._lock:
+            return len(self._queue)
+
+    # -- serving
+
+    def answer(self, path: str, headers: dict[str, str], raw: bytes) -> _Answer:
+        """Decide the response to one POST (server internal; runs on handler threads)."""
+        try:
+            parsed: object = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = None
+            body: dict[str, Any] = {"_unparsed": raw.decode("utf-8", "replace")}
+        else:
+            body = cast(dict[str, Any], parsed) if isinstance(parsed, dict) else {"_body": parsed}
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(dict(headers))
+            self.paths.append(path)
+            request_id = f"req_fake_{next(self._request_ids)}"
+
+        answer = self._check_request(path, headers, parsed)
+        if answer is None:
+            answer = self._scripted(body)
+        return _Answer(answer.status, answer.body, {"request-id": request_id, **answer.headers})
+
+    def _check_request(self, path: str, headers: Mapping[str, str], parsed: object) -> _Answer | None:
+        if path.rstrip("/") != "/v1/messages":
+            return _Answer(404, _error_body("not_found_error", f"Not found: {path}"))
+        auth = headers.get("authorization", "")
+        if not headers.get("x-api-key") and not auth.lower().startswith("bearer "):
+            # This client version sends the key as a Bearer token; older ones used x-api-key.
+            return _Answer(401, _error_body("authentication_error", "x-api-key header is required"))
+        if not headers.get("anthropic-version"):
+            return _Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
+        if parsed is None:
+            return _Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
+        error = validate_messages_request(parsed)
+        if error is not None:
+            return _Answer(400, _error_body("invalid_request_error", error))
+        return None
+
+    def _scripted(self, request: dict[str, Any]) -> _Answer:
+        with self._lock:
+            item = self._queue.popleft() if self._queue else None
+        if item is None:
+            return _Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
+        if isinstance(item, _Failure):
+            return self._failure(item)
+        if isinstance(item, _Dynamic):
+            try:
+                response = item.responder(copy.deepcopy(request))
+            except Exception as exc:
+                message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
+                return _Answer(500, _error_body("api_error", message))
+            return _Answer(200, self._complete(dict(response), request))
+        return _Answer(200, self._complete(copy.deepcopy(item.body), request))
+
+    def _failure(self, item: _Failure) -> _Answer:
+        headers: dict[str, str] = {}
+        if item.status == 429:
+            headers["retry-after"] = "0"
+        if self._fast_retries and (item.status in (408, 409, 429) or item.status >= 500):
+            headers["retry-after-ms"] = "1"
+        headers.update(item.headers)
+        return _Answer(item.status, _error_body(item.error_type, item.message), headers)
+
+    def _complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            n = next(self._message_ids)
+        response.setdefault("id", f"msg_fake_{n}")
+        response.setdefault("type", "message")
+        response.setdefault("role", "assistant")
+        response.setdefault("model", request.get("model", "fake-model"))
+        content = response.setdefault("content", [])
+        has_tool_use = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
+        response.setdefault("stop_reason", "tool_use" if has_tool_use else "end_turn")
+        response.setdefault("stop_sequence", None)
+        response["usage"] = {**_DEFAULT_USAGE, **dict(response.get("usage") or {})}
+        return response

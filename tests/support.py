@@ -1,0 +1,286 @@
+"""Helpers shared by the test modules: the ``tether`` command in a subprocess or a
+pseudo-terminal, PostgreSQL schemas, and the Anthropic client pointed at FakeMessagesAPI.
+
+Imported as ``from support import ...`` (tests/ is on sys.path, like ``fake_messages_api``);
+the fixtures built on these live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pexpect
+
+from fake_messages_api import FakeMessagesAPI
+
+if TYPE_CHECKING:
+    from tether.models.anthropic import AnthropicModel
+
+# The demo --------------------------------------------------------------------------------
+FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
+"""What the demo's fib.py prints once its run_python call is approved."""
+
+DEMO_PROMPT = r"run_python: [^\n]*approve[^\n]*> "
+"""The terminal approval prompt for the demo's gated run_python call (a pexpect pattern)."""
+
+
+def demo_db_url(workspace: Path) -> str:
+    """The database the demo keeps in its workspace (``tether-demo`` in the cwd by default)."""
+    return f"sqlite:///{workspace / 'tether.db'}"
+
+
+# Scripted model replies (ScriptedModel / FakeMessagesAPI shapes) -------------------------
+def tool_use(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` content block: the model asks to call ``name`` with ``arguments``."""
+    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+
+def tool_use_turn(*uses: dict[str, Any]) -> dict[str, Any]:
+    """A model reply asking for these :func:`tool_use` calls (one token each way)."""
+    return {"content": list(uses), "stop_reason": "tool_use", "usage": {"input_tokens": 1, "output_tokens": 1}}
+
+
+def model_reply(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
+    """A model reply with this content and stop reason (10 tokens in, 5 out)."""
+    return {"content": content, "stop_reason": stop_reason, "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+
+def token_usage(inp: int, out: int, created: int = 0, read: int = 0) -> dict[str, int]:
+    """A reply's ``usage``: input and output tokens, cache writes (``created``) and reads."""
+    return {
+        "input_tokens": inp,
+        "output_tokens": out,
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": read,
+    }
+
+
+# Environment and text ---------------------------------------------------------------------
+CLEAN_ENV_PREFIXES = ("ANTHROPIC", "TETHER")
+ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
+    r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child: no ANTHROPIC_* or TETHER_* settings (no API
+    key, database, model or demo workspace leaks in), rich at 200 columns, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES)}
+    env["COLUMNS"] = "200"  # rich wraps at 80 columns without a terminal; keep messages on one line
+    env.update(extra)
+    return env
+
+
+def flat(text: str) -> str:
+    """Whitespace-normalised text (rich may wrap long messages)."""
+    return " ".join(text.split())
+
+
+def screen_text(text: str) -> str:
+    """What a terminal showed: escape codes removed, whitespace normalised."""
+    return flat(ANSI.sub("", text))
+
+
+# The tether command in a subprocess -------------------------------------------------------
+@dataclass(repr=False)
+class CliResult:
+    """A finished ``tether`` command; its repr shows the command, exit status and output."""
+
+    args: Sequence[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """Stdout as exactly one JSON object (fails on anything else on stdout)."""
+        try:
+            value = json.loads(self.stdout)
+        except ValueError as error:
+            raise AssertionError(f"stdout is not one JSON object: {error}\n{self}") from error
+        assert isinstance(value, dict), self
+        return value
+
+    @property
+    def err(self) -> str:
+        """Stderr, whitespace-normalised."""
+        return flat(self.stderr)
+
+    def __repr__(self) -> str:
+        command = " ".join(self.args)
+        return f"$ tether {command}\n[exit {self.returncode}]\n--stdout--\n{self.stdout}\n--stderr--\n{self.stderr}"
+
+
+def start_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m tether ARGS`` in ``cwd``: stdin not a terminal, :func:`clean_env`
+    plus ``env``, output captured. Pair with :func:`finish_tether`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tether", *args],
+        cwd=cwd,
+        env=clean_env(**(env or {})),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish_tether(process: subprocess.Popen[str]) -> CliResult:
+    """Wait (60 s at most) for a command from :func:`start_tether`."""
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"tether timed out: {process.args}\n{out}\n{err}") from None
+    args = [str(a) for a in process.args[3:]]  # type: ignore[index]
+    return CliResult(args, process.returncode, out, err)
+
+
+def finish_all(*processes: subprocess.Popen[str]) -> list[CliResult]:
+    """Wait for commands already started together (to keep the suite fast)."""
+    return [finish_tether(process) for process in processes]
+
+
+def run_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
+    """Run ``python -m tether ARGS`` in ``cwd`` to the end (see :func:`start_tether`)."""
+    return finish_tether(start_tether(cwd, *args, env=env))
+
+
+@dataclass
+class Cli:
+    """Runs ``python -m tether`` in ``cwd`` (see :func:`start_tether`): ``cli("runs", "--json")``."""
+
+    cwd: Path
+
+    def start(self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start a command in the background (in ``cwd`` if given); see :func:`finish_tether`."""
+        return start_tether(cwd or self.cwd, *args, env=env)
+
+    def __call__(self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> CliResult:
+        return finish_tether(self.start(*args, cwd=cwd, env=env))
+
+    def parallel(self, *commands: Sequence[str]) -> list[CliResult]:
+        """Independent commands at once (only readers, or writers of different databases)."""
+        return finish_all(*(self.start(*command) for command in commands))
+
+
+@dataclass
+class Scenario:
+    """A directory of its own, and the first command started there; started early (many at
+    once, to keep the suite fast) and waited for when a test first reads ``first``."""
+
+    cli: Cli
+    process: subprocess.Popen[str]
+    done: CliResult | None = None
+
+    @property
+    def cwd(self) -> Path:
+        return self.cli.cwd
+
+    @property
+    def first(self) -> CliResult:
+        """The first command's result (waits for it once)."""
+        if self.done is None:
+            self.done = finish_tether(self.process)
+        return self.done
+
+
+def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` (a driver script) in :func:`clean_env`, output captured as text."""
+    return subprocess.run(
+        [sys.executable, *args], env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+# The tether command in a pseudo-terminal --------------------------------------------------
+def spawn_tether(cwd: Path, *args: str, timeout: float = 20) -> pexpect.spawn:
+    """``python -m tether ARGS`` in ``cwd`` on a 50x200 xterm (pexpect), :func:`clean_env`."""
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "tether", *args],
+        cwd=str(cwd),
+        env=clean_env(TERM="xterm"),
+        encoding="utf-8",
+        codec_errors="replace",
+        timeout=timeout,
+        dimensions=(50, 200),
+    )
+
+
+def finish_terminal(child: pexpect.spawn) -> tuple[int | None, str]:
+    """Wait for the end of a spawned command: (its exit status, its :func:`screen_text`)."""
+    child.expect(pexpect.EOF)
+    output = screen_text(child.before or "")
+    child.close()
+    return child.exitstatus, output
+
+
+# PostgreSQL -----------------------------------------------------------------------------
+PG_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+"""The test server (TETHER_TEST_PG_URL, default: the local one); see the pg_url fixture."""
+
+
+class PgSchema(NamedTuple):
+    """A schema of its own: its name, and a SQLAlchemy URL whose search_path is that schema."""
+
+    name: str
+    url: str
+
+
+def libpq_dsn(url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL as psycopg takes it (no ``+driver`` in the scheme)."""
+    scheme, rest = url.split("://", 1)
+    return "postgresql://" + rest if scheme.startswith("postgresql") else url
+
+
+@contextmanager
+def fresh_pg_schema(url: str) -> Iterator[PgSchema]:
+    """A new, empty schema on the server at ``url``, dropped (with its tables) afterwards."""
+    import psycopg
+
+    name = f"tether_test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(libpq_dsn(url), autocommit=True, connect_timeout=3) as connection:
+        connection.execute(f'CREATE SCHEMA "{name}"')
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query), ("options", f"-csearch_path={name}")]
+    try:
+        yield PgSchema(name, urlunsplit(parts._replace(query=urlencode(query))))
+    finally:
+        with psycopg.connect(libpq_dsn(url), autocommit=True, connect_timeout=3) as connection:
+            connection.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+# Anthropic against FakeMessagesAPI --------------------------------------------------------
+def fake_api_model(api: FakeMessagesAPI, model: str = "claude-test", **options: Any) -> AnthropicModel:
+    """An AnthropicModel talking to ``api`` with a test key; no retries unless ``options`` say."""
+    from tether.models.anthropic import AnthropicModel
+
+    options.setdefault("api_key", "test-key")
+    options.setdefault("base_url", api.url)
+    options.setdefault("max_retries", 0)
+    return AnthropicModel(model=model, **options)
+
+
+def fake_api_env(api: FakeMessagesAPI, api_key: str = "test-key", **extra: str) -> dict[str, str]:
+    """Extra environment that points a ``tether`` subprocess's Anthropic client at ``api``."""
+    return {"ANTHROPIC_API_KEY": api_key, "ANTHROPIC_BASE_URL": api.url, **extra}
+
+
+def closed_port() -> int:
+    """A local TCP port that nothing listens on (connections to it are refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

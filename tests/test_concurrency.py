@@ -1,0 +1,98 @@
+"""Real processes racing on the same run and on different runs, on SQLite and PostgreSQL.
+
+Optimistic concurrency on the run's version means exactly one writer wins each step: a tool
+call is started (and so executed) by one process only, a decision applies once, and the
+losers get StaleRun / ApprovalError instead of corrupting the log. Each test gets an empty
+database per backend (the db_url fixture, conftest.py: PostgreSQL in a fresh schema).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from concurrency_driver import agent
+from support import clean_env
+from tether import Runner
+from tether.stores.sql import SQLStore
+
+DRIVER = Path(__file__).with_name("concurrency_driver.py")
+PROCESSES = 4
+
+
+def race(mode: str, workdir: Path, db_url: str, run_ids: list[str]) -> list[str]:
+    processes = [
+        subprocess.Popen([sys.executable, str(DRIVER), mode, str(workdir), db_url, run_id],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        for run_id in run_ids
+    ]
+    (workdir / "go").touch()
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        outputs.append(out.strip())
+    return outputs
+
+
+def new_run(db_url: str, prompt: str) -> str:
+    store = SQLStore(db_url)
+    try:
+        return Runner(agent(), store).create(prompt, run_id=f"run_{uuid.uuid4().hex[:16]}").id
+    finally:
+        store.close()
+
+
+def events_of(db_url: str, run_id: str) -> list[str]:
+    store = SQLStore(db_url)
+    try:
+        events = store.load_events(run_id)
+    finally:
+        store.close()
+    assert [e.seq for e in events] == list(range(len(events)))
+    return [e.type for e in events]
+
+
+def test_many_processes_one_run_each_tool_runs_once(db_url: str, tmp_path: Path) -> None:
+    run_id = new_run(db_url, "record three notes")
+    outputs = race("drive", tmp_path, db_url, [run_id] * PROCESSES)
+    assert set(outputs) <= {"done", "stale"}
+    effects = Counter((tmp_path / "effects.log").read_text().split())
+    assert effects == Counter({"toolu_0": 1, "toolu_1": 1, "toolu_2": 1}), "a tool ran twice"
+    # whoever lost a race left the run for the winner; one more drive finishes it if needed
+    store = SQLStore(db_url)
+    try:
+        result = Runner(agent(), store).drive(run_id)
+    finally:
+        store.close()
+    assert result.status == "done"
+    assert events_of(db_url, run_id).count("run_finished") == 1
+
+
+def test_many_processes_many_runs_all_finish(db_url: str, tmp_path: Path) -> None:
+    run_ids = [new_run(db_url, f"record notes #{n}") for n in range(PROCESSES)]
+    outputs = race("drive", tmp_path, db_url, run_ids)
+    assert outputs == ["done"] * PROCESSES
+    assert len((tmp_path / "effects.log").read_text().split()) == 3 * PROCESSES
+
+
+def test_concurrent_decisions_exactly_one_applies(db_url: str, tmp_path: Path) -> None:
+    from tether.testing import ScriptedModel
+
+    gated = {"content": [{"type": "tool_use", "id": "toolu_pub", "name": "publish", "input": {"text": "hi"}}],
+             "stop_reason": "tool_use"}
+    store = SQLStore(db_url)
+    try:
+        base = agent()
+        runner = Runner(type(base)(model=ScriptedModel([gated]), tools=base.tools, model_name="claude-test"), store)
+        parked = runner.run("publish hi")
+    finally:
+        store.close()
+    assert parked.status == "awaiting_approval"
+    outputs = race("approve", tmp_path, db_url, [parked.run_id] * PROCESSES)
+    assert sorted(outputs).count("ok") == 1, outputs
+    assert set(outputs) <= {"ok", "refused", "stale"}
+    assert events_of(db_url, parked.run_id).count("approval_decided") == 1

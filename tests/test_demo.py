@@ -1,0 +1,180 @@
+"""End-to-end tests of ``tether demo``: offline scripted model, real tools, a real gate.
+
+The JSON tests run with stdin not a terminal; the pseudo-terminal tests (pexpect) answer
+the approval prompt the way a person would: approve, deny with a reason, edit, or Ctrl-D.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from support import (
+    DEMO_PROMPT,
+    FIBONACCI,
+    Cli,
+    Scenario,
+    demo_db_url,
+    finish_terminal,
+    run_tether,
+    spawn_tether,
+)
+
+TIMEOUT = 20
+
+
+# The first command of each JSON scenario, all started at once in their own directories --
+FIRST = {
+    "approve_all": ["demo", "--approve-all", "--json"],
+    "deny_all": ["demo", "--deny-all", "--json"],
+    "parked": ["demo", "--json"],
+    "custom_workspace": ["demo", "--workspace", "ws", "--json"],
+}
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Scenario]]:
+    root = tmp_path_factory.mktemp("demo")
+    started = {}
+    for name, command in FIRST.items():
+        (root / name).mkdir()
+        cli = Cli(root / name)
+        started[name] = Scenario(cli, cli.start(*command))
+    yield started
+    for scenario in started.values():
+        _ = scenario.first  # reap every process, used or not
+
+
+def test_demo_approve_all(scenarios: dict[str, Scenario]) -> None:
+    scenario = scenarios["approve_all"]
+    done = scenario.first
+    assert done.returncode == 0, done
+    data = done.data
+    assert data["status"] == "done"
+    assert FIBONACCI in data["output"]
+    assert data["steps"] == 3
+    assert data["tool_calls"] == 2
+    assert data["pending_approvals"] == []
+    workspace = scenario.cwd / "tether-demo"
+    assert (workspace / "fib.py").is_file()
+    assert (workspace / "tether.db").is_file()
+    assert not (scenario.cwd / "tether.db").exists()
+
+
+def test_demo_deny_all_never_runs_the_program(scenarios: dict[str, Scenario]) -> None:
+    scenario = scenarios["deny_all"]
+    done = scenario.first
+    assert done.returncode == 0, done
+    data = done.data
+    assert data["status"] == "done"
+    assert "did not" in data["output"]
+    assert "denied" in data["output"]
+    assert FIBONACCI not in data["output"]
+    assert (scenario.cwd / "tether-demo" / "fib.py").is_file()  # written...
+    assert data["tool_calls"] == 1  # ...but run_python never executed
+
+
+def test_demo_parks_then_approve_and_resume_from_elsewhere(scenarios: dict[str, Scenario], tmp_path: Path) -> None:
+    scenario = scenarios["parked"]
+    parked = scenario.first
+    assert parked.returncode == 3, parked
+    data = parked.data
+    assert data["status"] == "awaiting_approval"
+    [pending] = data["pending_approvals"]
+    assert pending["tool"] == "run_python"
+    assert pending["input"] == {"path": "fib.py"}
+    workspace = scenario.cwd / "tether-demo"
+    assert (workspace / "fib.py").is_file()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"TETHER_DEMO_WORKSPACE": str(workspace)}
+    approved = run_tether(
+        elsewhere, "approve", data["run_id"], pending["call_id"], "--db", demo_db_url(workspace), env=env
+    )
+    assert approved.returncode == 0, approved
+    resumed = run_tether(elsewhere, "resume", data["run_id"], "--db", demo_db_url(workspace), "--json", env=env)
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["status"] == "done"
+    assert FIBONACCI in resumed.data["output"]
+    assert resumed.data["tool_calls"] == 2
+
+
+def test_demo_resume_uses_the_runs_own_workspace(scenarios: dict[str, Scenario]) -> None:
+    scenario = scenarios["custom_workspace"]
+    parked = scenario.first
+    assert parked.returncode == 3, parked
+    workspace = scenario.cwd / "ws"
+    assert (workspace / "fib.py").is_file()
+    resumed = run_tether(
+        scenario.cwd, "resume", parked.data["run_id"], "--approve-all", "--json", "--db", demo_db_url(workspace)
+    )
+    assert resumed.returncode == 0, resumed
+    assert FIBONACCI in resumed.data["output"], resumed
+
+
+# A real terminal -----------------------------------------------------------------------
+@pytest.fixture
+def terminal(tmp_path: Path) -> Iterator[pexpect.spawn]:
+    child = spawn_tether(tmp_path, "demo", timeout=TIMEOUT)
+    try:
+        yield child
+    finally:
+        child.close(force=True)
+
+
+def ask(child: pexpect.spawn, answer: str, expect: str = DEMO_PROMPT) -> None:
+    child.expect(expect)
+    child.sendline(answer)
+
+
+def test_terminal_approve(terminal: pexpect.spawn) -> None:
+    ask(terminal, "a")
+    status, output = finish_terminal(terminal)
+    assert status == 0, output
+    assert "status: done" in output
+    assert f"printed: {FIBONACCI}" in output
+
+
+def test_terminal_deny_with_a_reason(terminal: pexpect.spawn, tmp_path: Path) -> None:
+    ask(terminal, "d")
+    ask(terminal, "not today", expect=r"reason[^\n]*> ")
+    status, output = finish_terminal(terminal)
+    assert status == 0, output
+    assert "status: done" in output
+    assert "not today" in output
+    assert FIBONACCI not in output
+    assert (tmp_path / "tether-demo" / "fib.py").is_file()
+
+
+def test_terminal_edit_reasks_until_the_json_is_valid(terminal: pexpect.spawn) -> None:
+    ask(terminal, "e")
+    ask(terminal, "{not json", expect=r"JSON[^\n]*> ")
+    terminal.expect("Not valid")
+    ask(terminal, '{"path": "fib.py"}', expect=r"JSON[^\n]*> ")
+    status, output = finish_terminal(terminal)
+    assert status == 0, output
+    assert "status: done" in output
+    assert FIBONACCI in output
+
+
+def test_terminal_eof_parks_the_run(terminal: pexpect.spawn, tmp_path: Path) -> None:
+    terminal.expect(DEMO_PROMPT)
+    terminal.sendeof()
+    status, output = finish_terminal(terminal)
+    assert status == 3, output
+    assert "awaiting_approval" in output
+
+    url = demo_db_url(tmp_path / "tether-demo")
+    runs = run_tether(tmp_path, "runs", "--json", "--db", url)
+    assert runs.returncode == 0, runs
+    [row] = runs.data["runs"]
+    assert row["status"] == "awaiting_approval"
+    shown = run_tether(tmp_path, "show", row["run_id"], "--json", "--db", url)
+    assert shown.returncode == 0, shown
+    assert shown.data["status"] == "awaiting_approval"
+    assert [p["tool"] for p in shown.data["pending_approvals"]] == ["run_python"]
+    assert not [e for e in shown.data["events"] if e["type"] == "approval_decided"]

@@ -1,0 +1,592 @@
+"""Diagrams: each renderer on the IR alone, then the real machine, a real run, and diagrams/.
+
+Mermaid syntax is checked by a small line grammar of our own (:func:`check_state_diagram`,
+:func:`check_sequence_diagram`): no offline Mermaid parser is available in the venv. Mermaid's
+own parser does run offline under node 20 with jsdom (no browser); where one is installed
+(``npm install --prefix DIR mermaid@11 jsdom`` and ``TETHER_MERMAID_DIR=DIR``), the last test
+also feeds every generated diagram to it, and skips otherwise. DOT is checked by the real
+Graphviz ``dot`` (``apt-get install graphviz``) and the SVG read back with ``xml.etree``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
+from statemachine.contrib.diagram.model import DiagramGraph, DiagramState, DiagramTransition, StateType
+
+from tether import AutoApprover, RetryLater, RetryPolicy, Runner, tool
+from tether import diagram as dg
+from tether.agent import Agent
+from tether.events import Event
+from tether.machine import STATUS_VALUES, AgentMachine
+from tether.policies import ApprovalVerdict
+from tether.stores.memory import MemoryStore
+from tether.testing import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE_IDS = {"thinking", "executing_tool", "awaiting_approval", "done", "failed", "cancelled"}
+SVG = "{http://www.w3.org/2000/svg}"
+X = dg.COUNT_MARK
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz is not installed (apt-get install graphviz)"
+)
+
+
+# A small Mermaid grammar of our own --------------------------------------------------------
+ID = r"[A-Za-z_][A-Za-z0-9_]*"
+CSS = r"[a-z-]+:[#A-Za-z0-9.%-]+(,[a-z-]+:[#A-Za-z0-9.%-]+)*"
+STATE_LINE = {
+    "direction": re.compile(r"direction (LR|RL|TB|BT)"),
+    "state": re.compile(rf'state "(?P<label>[^"]+)" as (?P<id>{ID})'),
+    "edge": re.compile(rf"(?P<src>{ID}|\[\*\]) --> (?P<dst>{ID}|\[\*\])( : (?P<label>[^:;\"]+))?"),
+    "classDef": re.compile(rf"classDef (?P<name>{ID}) {CSS}"),
+    "styled": re.compile(rf"(?P<id>{ID}):::(?P<cls>{ID})"),
+    "class": re.compile(rf"class (?P<ids>{ID}(,{ID})*) (?P<cls>{ID})"),
+    "note": re.compile(rf"note (left|right) of (?P<id>{ID})"),
+}
+
+
+def check_state_diagram(text: str) -> None:
+    """Every line is one we know how Mermaid reads; every id and class used is declared."""
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == "stateDiagram-v2"
+    declared: set[str] = set()
+    used: set[str] = set()
+    classes_defined: set[str] = set()
+    classes_used: set[str] = set()
+    in_note = False
+    for raw in lines[1:]:
+        line = raw.strip()
+        if in_note:
+            assert line, "an empty line inside a note"
+            in_note = line != "end note"
+            continue
+        if not line:
+            continue
+        kind, match = next(((k, p.fullmatch(line)) for k, p in STATE_LINE.items() if p.fullmatch(line)), (None, None))
+        assert match is not None, f"not Mermaid stateDiagram-v2 as we write it: {raw!r}"
+        if kind == "state":
+            declared.add(match["id"])
+        elif kind == "edge":
+            used.update(x for x in (match["src"], match["dst"]) if x != "[*]")
+        elif kind == "classDef":
+            classes_defined.add(match["name"])
+        elif kind in ("styled", "note"):
+            used.add(match["id"])
+            if kind == "styled":
+                classes_used.add(match["cls"])
+            in_note = kind == "note"
+        elif kind == "class":
+            used.update(match["ids"].split(","))
+            classes_used.add(match["cls"])
+    assert not in_note, "a note is not closed with 'end note'"
+    assert used <= declared, f"undeclared states: {used - declared}"
+    assert classes_used <= classes_defined, f"classes without classDef: {classes_used - classes_defined}"
+
+
+TEXT = r"(?:[^;#<>\n]|#(?:\d+|[a-z]+);)+"  # Mermaid reads ; # < > as syntax: they must be entity codes
+SEQUENCE_LINE = {
+    "participant": re.compile(rf"participant (?P<id>{ID})( as [^;#<>:\n]+)?"),
+    "message": re.compile(rf"(?P<src>{ID})(->>|-->>|--x|-x)(?P<dst>{ID}): {TEXT}"),
+    "note": re.compile(rf"Note over (?P<ids>{ID}(,{ID})?): {TEXT}"),
+}
+
+
+def check_sequence_diagram(text: str) -> None:
+    """Participants are declared before use; message text cannot be read as syntax."""
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == "sequenceDiagram"
+    declared: set[str] = set()
+    for raw in lines[1:]:
+        line = raw.strip()
+        kind, match = next(
+            ((k, p.fullmatch(line)) for k, p in SEQUENCE_LINE.items() if p.fullmatch(line)), (None, None)
+        )
+        assert match is not None, f"not Mermaid sequenceDiagram as we write it: {raw!r}"
+        if kind == "participant":
+            declared.add(match["id"])
+        elif kind == "message":
+            assert {match["src"], match["dst"]} <= declared, raw
+        else:
+            assert set(match["ids"].split(",")) <= declared, raw
+
+
+def test_the_grammar_rejects_what_mermaid_rejects() -> None:
+    with pytest.raises(AssertionError):
+        check_state_diagram("stateDiagram-v2\n    a --> : broken\n")
+    with pytest.raises(AssertionError):
+        check_state_diagram('stateDiagram-v2\n    state "A" as a\n    a --> b\n')  # b undeclared
+    with pytest.raises(AssertionError):
+        check_state_diagram('stateDiagram-v2\n    state "A" as a\n    note right of a\n        x\n')
+    with pytest.raises(AssertionError):
+        check_sequence_diagram("sequenceDiagram\n    participant A\n    A->>A: semi; colon\n")
+    with pytest.raises(AssertionError):
+        check_sequence_diagram("sequenceDiagram\n    participant A\n    A->>B: to nobody\n")
+
+
+# Renderers on the IR alone ----------------------------------------------------------------
+def small_diagram(*, run: bool = True, tools: bool = True) -> dg.Diagram:
+    """Three states written by hand: no machine involved."""
+    graph = DiagramGraph(
+        name="Small",
+        states=[
+            DiagramState("idle", f"Idle {X}1", StateType.REGULAR, is_initial=True),
+            DiagramState("busy", f"Busy {X}2", StateType.REGULAR),
+            DiagramState("stopped", f"Stopped {X}1", StateType.FINAL, is_active=run),
+            DiagramState("broken", "Broken", StateType.FINAL),
+        ],
+        transitions=[
+            DiagramTransition("idle", ["busy"], f"Go {X}1"),
+            DiagramTransition("busy", ["busy"], f"Again {X}1", guards=["more"]),
+            DiagramTransition("busy", ["busy"], "Again", guards=["other"]),
+            DiagramTransition("busy", ["stopped"], f"Stop {X}1"),
+            DiagramTransition("busy", ["broken"], "Break"),
+        ],
+    )
+    footprint = dg.Footprint(visits={"idle": 1, "busy": 2, "stopped": 1}, taken={0: 1, 1: 1, 3: 1}, current="stopped")
+    notes = [dg.ToolNote("fetch", max_attempts=3, timeout=2.5), dg.ToolNote("send", approval="always")]
+    return dg.Diagram(graph, tools=notes if tools else [], note_on="busy", run=footprint if run else None)
+
+
+def test_mermaid_renderer_adds_run_classes_and_the_tools_note() -> None:
+    text = dg.render_mermaid(small_diagram())
+    check_state_diagram(text)
+    assert f"    idle --> busy : Go {X}1\n" in text
+    assert f"    busy --> busy : Again {X}1 [more]\n" in text
+    assert "    stopped --> [*]\n" in text  # finals drawn as final
+    assert "    broken --> [*]\n" in text
+    assert "    stopped:::active\n" in text
+    assert "    class idle,busy visited\n" in text
+    assert "    class broken unvisited\n" in text
+    assert "note right of busy\n        Tools\n        fetch: retries, up to 3 attempts, timeout 2.5s\n" in text
+    assert "        send: needs approval\n    end note\n" in text
+
+
+def test_mermaid_renderer_without_a_run_or_tools_is_the_librarys_text() -> None:
+    text = dg.render_mermaid(small_diagram(run=False, tools=False))
+    check_state_diagram(text)
+    assert "classDef" not in text
+    assert "note" not in text
+
+
+def test_dot_renderer_styles_taken_edges_and_visited_states() -> None:
+    source = dg.render_dot(small_diagram())
+    edges = dot_edges(source)
+    assert edges[("idle", "busy", f"Go {X}1")]["penwidth"] == "2"
+    assert edges[("busy", "busy", f"Again {X}1")]["color"] == dg.VISITED_STROKE
+    assert edges[("busy", "busy", "Again")]["color"] == dg.UNVISITED_STROKE  # same ends, not taken
+    assert edges[("busy", "broken", "Break")]["color"] == dg.UNVISITED_STROKE
+    nodes = dot_nodes(source)
+    assert nodes["busy"]["fillcolor"] == dg.VISITED_FILL
+    assert nodes["broken"]["fillcolor"] == dg.UNVISITED_FILL
+    assert nodes["stopped"]["fillcolor"] == dg.ACTIVE_FILL
+    assert nodes["stopped"]["peripheries"] == "2"  # final
+    assert "shape=note" in source
+    assert "__tools -> busy" in source
+    assert not re.search(r"\d{6,}", source), "a memory address leaked into a node name"
+
+
+def test_dot_renderer_is_deterministic() -> None:
+    assert dg.render_dot(small_diagram()) == dg.render_dot(small_diagram())
+    assert "__initial_0 -> idle" in dg.render_dot(small_diagram())
+
+
+def test_sequence_renderer_escapes_what_mermaid_would_read_as_syntax() -> None:
+    line = dg.Timeline(
+        [dg.Participant("User", "User"), dg.Participant("tool_a_b", "a-b")],
+        [
+            dg.Message("User", "tool_a_b", "x; y #1 <b>"),
+            dg.Message("tool_a_b", "User", "ok", "reply"),
+            dg.Message("tool_a_b", "User", "boom", "failed"),
+            dg.Note(("User", "tool_a_b"), "end"),
+        ],
+    )
+    text = dg.render_sequence(line)
+    check_sequence_diagram(text)
+    assert text.split("\n")[1:7] == [
+        "    participant User",
+        "    participant tool_a_b as a-b",
+        "    User->>tool_a_b: x#59; y #35;1 #lt;b#gt;",
+        "    tool_a_b-->>User: ok",
+        "    tool_a_b--xUser: boom",
+        "    Note over User,tool_a_b: end",
+    ]
+
+
+def ev(seq: int, kind: str, **data: object) -> Event:
+    return Event(seq, kind, dict(data), at=100.0)
+
+
+def test_timeline_reads_every_kind_of_event() -> None:
+    events = [
+        ev(0, "run_started", spec={}, messages=[{"role": "user", "content": "hello\nthere"}]),
+        ev(1, "transition", event="start", source=None, target="thinking"),
+        ev(2, "model_responded", content=[{"type": "tool_use", "id": "c1", "name": "a-b", "input": {"q": 1}}]),
+        ev(3, "tool_started", call_id="c1", tool="a-b", attempt=1),
+        ev(4, "retry_scheduled", call_id="c1", tool="a-b", attempt=1, due_at=102.5, error="Error: flaky"),
+        ev(5, "tool_finished", call_id="c1", tool="a-b", content="Error: broke", is_error=True, attempt=2),
+        ev(6, "approval_requested", calls=[{"call_id": "c2", "tool": "a_b", "input": {}, "reason": "risky"}]),
+        ev(7, "approval_decided", call_id="c2", tool="a_b", approved=False, actor="ann", reason="no", input=None),
+        ev(8, "warning", message="cut off"),
+        ev(9, "model_responded", content=[], stop_reason="max_tokens", discarded=True),
+        ev(10, "run_finished", status="failed", error="max_steps limit reached", output=None, result=None),
+    ]
+    line = dg.timeline(events)
+    assert [p.label for p in line.participants] == ["User", "Model", "a-b", "a_b", "Approver"]
+    assert [p.id for p in line.participants][2:4] == ["tool_a_b", "tool_a_b_2"]  # distinct ids
+    assert line.steps == [
+        dg.Message("User", "Model", "hello there"),
+        dg.Message("Model", "tool_a_b", 'c1: a-b({"q": 1})'),
+        dg.Note(("tool_a_b",), "runs c1 (attempt 1)"),
+        dg.Note(("tool_a_b",), "attempt 1 failed, retry in 2.5s: Error: flaky"),
+        dg.Message("tool_a_b", "Model", "Error: broke", "failed"),
+        dg.Message("tool_a_b_2", "Approver", "approve c2? {} (risky)"),
+        dg.Message("Approver", "tool_a_b_2", "c2 denied by ann: no", "failed"),
+        dg.Note(("Model",), "warning: cut off"),
+        dg.Message("Model", "User", "response discarded (stop_reason max_tokens)", "failed"),
+        dg.Note(("User", "Model"), "run failed: max_steps limit reached"),
+    ]
+    check_sequence_diagram(dg.render_sequence(line))
+
+
+def test_preview_keeps_one_short_line() -> None:
+    assert dg.preview("a\n b   c") == "a b c"
+    assert dg.preview("x" * 100, limit=10) == "x" * 9 + "…"
+
+
+# The real machine -----------------------------------------------------------------------
+def test_mermaid_of_the_machine_names_events_guards_and_finals() -> None:
+    text = dg.to_mermaid()
+    check_state_diagram(text)
+    assert text == dg.to_mermaid(AgentMachine)  # deterministic
+    assert "    [*] --> thinking\n" in text
+    for final in ("done", "cancelled"):
+        assert f"    {final} --> [*]\n" in text
+    assert "executing_tool --> done : Tool finished [has_final_result, !has_pending_calls]" in text
+    assert "awaiting_approval --> awaiting_approval : Decided [has_undecided_approvals]" in text
+    edges = [line for line in text.split("\n") if " --> " in line and "[*]" not in line]
+    assert len(edges) == sum(len(s.transitions) for s in AgentMachine.states)
+
+
+def test_dot_of_the_machine_is_deterministic_without_addresses() -> None:
+    source = dg.to_dot()
+    assert source == dg.to_dot()
+    assert not re.search(r"\d{6,}|0x[0-9a-f]", source)
+    assert {name for name in dot_nodes(source)} >= STATE_IDS
+
+
+def svg_titles(svg: bytes) -> tuple[list[str], list[str]]:
+    """Sorted node titles and edge titles of a Graphviz SVG."""
+    root = ET.fromstring(svg)
+    titles: dict[str, list[str]] = {"node": [], "edge": []}
+    for group in root.iter(f"{SVG}g"):
+        kind = group.get("class")
+        if kind in titles:
+            titles[kind].append(group.findtext(f"{SVG}title") or "")
+    return sorted(titles["node"]), sorted(titles["edge"])
+
+
+def svg_texts(svg: bytes) -> list[str]:
+    return sorted(t.text or "" for t in ET.fromstring(svg).iter(f"{SVG}text"))
+
+
+@needs_dot
+def test_dot_renders_with_graphviz_to_an_svg_holding_every_state_and_edge() -> None:
+    completed = subprocess.run(["dot", "-Tsvg"], input=dg.to_dot().encode(), capture_output=True, check=True)
+    nodes, edges = svg_titles(completed.stdout)
+    assert set(nodes) == STATE_IDS | {"__initial_0"}
+    assert len(edges) == 17 + 1  # every transition, and the initial arrow
+    assert "thinking->executing_tool" in edges
+    assert Counter(edges)["executing_tool->executing_tool"] == 2  # tool_finished and retry_scheduled
+    assert "Retry scheduled" in svg_texts(completed.stdout)
+
+
+@needs_dot
+def test_render_gives_svg_and_png_bytes() -> None:
+    svg = dg.render(format="svg")
+    assert svg == dg.render(format="svg")
+    assert set(svg_titles(svg)[0]) == STATE_IDS | {"__initial_0"}
+    assert dg.render(format="png").startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_missing_graphviz_is_a_clear_error_naming_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(GraphvizNotFoundError, match=r"Debian package `graphviz` \(apt-get install graphviz\)"):
+        dg.render(format="png")
+
+
+def test_an_unknown_image_format_is_refused() -> None:
+    with pytest.raises(dg.DiagramError, match="unknown image format 'gif'"):
+        dg.render(format="gif")  # type: ignore[arg-type]
+
+
+def test_agent_tools_are_annotated() -> None:
+    @tool(approval=True)
+    def send(to: str) -> str:
+        """Send."""
+        return to
+
+    @tool(approval=lambda args, context: ApprovalVerdict("allow"), retry=RetryPolicy(max_attempts=4), timeout=3)
+    def fetch(url: str) -> str:
+        """Fetch."""
+        return url
+
+    @tool(final=True)
+    def answer(text: str) -> str:
+        """Answer."""
+        return text
+
+    agent = Agent(model=ScriptedModel([]), tools=[send, fetch, answer])
+    text = dg.to_mermaid(agent=agent)
+    check_state_diagram(text)
+    assert "note right of executing_tool" in text
+    assert "        send: needs approval\n" in text
+    assert "        fetch: approval decided per call, retries, up to 4 attempts, timeout 3s\n" in text
+    assert "        answer: final, ends the run\n" in text
+    source = dg.to_dot(agent=agent)
+    assert "<b>answer</b>: final, ends the run" in source
+    assert "__tools -> executing_tool" in source
+
+
+def test_events_from_another_machine_are_refused() -> None:
+    events = [ev(0, "transition", event="start", source=None, target="sleeping")]
+    with pytest.raises(dg.DiagramError, match="no state 'sleeping'"):
+        dg.to_mermaid(events=events)
+    events = [
+        ev(0, "transition", event="start", source=None, target="thinking"),
+        ev(1, "transition", event="decided", source="thinking", target="done"),
+    ]
+    with pytest.raises(dg.DiagramError, match="no transition thinking -> done on 'decided'"):
+        dg.to_dot(events=events)
+
+
+# A real run -------------------------------------------------------------------------------
+def drive_a_run() -> tuple[list[Event], Agent]:
+    """Tool calls with a retry, an error and one approval (approved), then an answer."""
+    failures = iter([RetryLater("busy")])
+
+    @tool(retry=RetryPolicy(max_attempts=3, initial_delay=0))
+    def search(query: str) -> str:
+        """Search."""
+        for failure in failures:
+            raise failure
+        return f"results for {query}"
+
+    @tool(approval=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return f"sent to {to}"
+
+    @tool
+    def broken(x: int) -> str:
+        """Always fails."""
+        raise ValueError("nope")
+
+    def use(call_id: str, name: str, arguments: dict[str, object]) -> dict[str, object]:
+        return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+    script = [
+        {
+            "content": [
+                {"type": "text", "text": "Searching; then mailing <you>."},
+                use("c1", "search", {"query": "cats"}),
+                use("c2", "send_email", {"to": "a@b.c"}),
+                use("c3", "broken", {"x": 1}),
+            ],
+            "stop_reason": "tool_use",
+        },
+        {"content": [use("c4", "search", {"query": "dogs"})], "stop_reason": "tool_use"},
+        {"content": [{"type": "text", "text": "Done #1."}], "stop_reason": "end_turn"},
+    ]
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(script), tools=[search, send_email, broken])
+    result = Runner(agent, store, approver=AutoApprover(approve=True)).run("Find cats, mail a@b.c")
+    assert result.status == "done"
+    return store.load_events(result.run_id), agent
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[list[Event], Agent]:
+    return drive_a_run()
+
+
+def recorded_counts(events: list[Event]) -> tuple[Counter[tuple[str, str, str]], Counter[str]]:
+    """What the run's transition events say: moves by (source id, target id, event name), entries by state."""
+    names = {event.id: event.name for event in AgentMachine.events}
+    moves: Counter[tuple[str, str, str]] = Counter()
+    entries: Counter[str] = Counter()
+    for event in events:
+        if event.type != "transition":
+            continue
+        entries[STATUS_VALUES[event.data["target"]]] += 1
+        if event.data["source"] is not None:
+            key = (STATUS_VALUES[event.data["source"]], STATUS_VALUES[event.data["target"]], names[event.data["event"]])
+            moves[key] += 1
+    return moves, entries
+
+
+COUNTED = re.compile(rf"(?P<label>.+?) {X}(?P<n>\d+)(?: \[.*\])?")
+
+
+def test_mermaid_overlay_counts_equal_the_runs_transition_events(run: tuple[list[Event], Agent]) -> None:
+    events, agent = run
+    moves, entries = recorded_counts(events)
+    text = dg.to_mermaid(events=events, agent=agent)
+    check_state_diagram(text)
+    assert text == dg.to_mermaid(events=events, agent=agent)
+    drawn: Counter[tuple[str, str, str]] = Counter()
+    visits: Counter[str] = Counter()
+    for line in text.split("\n"):
+        edge = STATE_LINE["edge"].fullmatch(line.strip())
+        if edge and edge["label"] and (counted := COUNTED.fullmatch(edge["label"])):
+            drawn[(edge["src"], edge["dst"], counted["label"])] += int(counted["n"])
+        state = STATE_LINE["state"].fullmatch(line.strip())
+        if state and (counted := COUNTED.fullmatch(state["label"])):
+            visits[state["id"]] = int(counted["n"])
+    assert drawn == moves
+    assert visits == entries
+    assert moves[("executing_tool", "executing_tool", "Retry scheduled")] == 1
+    assert moves[("awaiting_approval", "executing_tool", "Decided")] == 1
+    assert "    done:::active\n" in text
+    assert "    class thinking,executing_tool,awaiting_approval visited\n" in text
+    assert "    class failed,cancelled unvisited\n" in text
+
+
+def test_dot_overlay_counts_and_colours_equal_the_runs_transition_events(run: tuple[list[Event], Agent]) -> None:
+    events, agent = run
+    moves, _ = recorded_counts(events)
+    source = dg.to_dot(events=events, agent=agent)
+    assert source == dg.to_dot(events=events, agent=agent)
+    drawn: Counter[tuple[str, str, str]] = Counter()
+    for (src, dst, label), attributes in dot_edges(source).items():
+        counted = COUNTED.fullmatch(label)
+        assert (attributes.get("color") == dg.VISITED_STROKE) == bool(counted), (src, dst, label)
+        if counted:
+            drawn[(src, dst, counted["label"])] += int(counted["n"])
+            assert attributes["penwidth"] == str(min(1 + int(counted["n"]), 5))
+    assert drawn == moves
+    assert dot_nodes(source)["done"]["fillcolor"] == dg.ACTIVE_FILL
+
+
+@needs_dot
+def test_overlay_renders_with_graphviz(run: tuple[list[Event], Agent]) -> None:
+    events, agent = run
+    nodes, _ = svg_titles(dg.render(events=events, agent=agent))
+    assert set(nodes) == STATE_IDS | {"__initial_0", "__tools"}
+
+
+def test_sequence_diagram_of_a_real_run(run: tuple[list[Event], Agent]) -> None:
+    events, _ = run
+    text = dg.to_sequence(events)
+    check_sequence_diagram(text)
+    assert text == dg.to_sequence(events)
+    assert "    participant tool_search as search\n" in text
+    assert "    participant tool_send_email as send_email\n" in text
+    assert "    participant Approver\n" in text
+    assert "    User->>Model: Find cats, mail a@b.c\n" in text
+    assert "    Model-->>User: Searching#59; then mailing #lt;you#gt;.\n" in text
+    assert '    Model->>tool_search: c1: search({"query": "cats"})\n' in text
+    retry = "attempt 1 failed, retry in 0s: Error (retryable): tool 'search' raised RetryLat…"
+    assert f"    Note over tool_search: {retry}\n" in text
+    assert '    tool_send_email->>Approver: approve c2? {"to": "a@b.c"} (the tool is marked approval=True)\n' in text
+    assert "    Approver-->>tool_send_email: c2 approved by approve-all\n" in text
+    assert "    tool_broken--xModel: Error (retryable): tool 'broken' raised ValueError: nope\n" in text
+    assert text.endswith("    Model-->>User: Done #35;1.\n    Note over User,Model: run done\n")
+
+
+# diagrams/ --------------------------------------------------------------------------------
+def test_generated_mermaid_file_is_fresh() -> None:
+    committed = (ROOT / "diagrams" / dg.MERMAID_FILE).read_text(encoding="utf-8")
+    assert committed == dg.to_mermaid(), "diagrams/ is stale: run scripts/diagrams"
+
+
+@needs_dot
+def test_generated_svg_file_is_fresh() -> None:
+    """Compared by structure and text, so another Graphviz version does not count as stale."""
+    committed = (ROOT / "diagrams" / dg.SVG_FILE).read_bytes()
+    fresh = dg.render(format="svg")
+    assert svg_titles(committed) == svg_titles(fresh), "diagrams/ is stale: run scripts/diagrams"
+    assert svg_texts(committed) == svg_texts(fresh), "diagrams/ is stale: run scripts/diagrams"
+
+
+def test_the_entry_point_writes_both_files(tmp_path: Path) -> None:
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed (apt-get install graphviz)")
+    assert dg.main([str(tmp_path)]) == 0
+    assert (tmp_path / dg.MERMAID_FILE).read_text(encoding="utf-8") == dg.to_mermaid()
+    assert svg_titles((tmp_path / dg.SVG_FILE).read_bytes()) == svg_titles(dg.render())
+
+
+# Mermaid's own parser, where it is installed -------------------------------------------------
+MERMAID_CHECK = r"""
+import { JSDOM } from "jsdom";
+import { readFileSync } from "node:fs";
+const dom = new JSDOM("<!doctype html><html><body></body></html>");
+globalThis.window = dom.window;
+globalThis.document = dom.window.document;
+const { default: mermaid } = await import("mermaid");
+mermaid.initialize({ startOnLoad: false });
+let failed = 0;
+for (const path of process.argv.slice(1)) {
+  try { await mermaid.parse(readFileSync(path, "utf8")); }
+  catch (error) { failed++; console.log(`${path}\t${error.message.split("\n")[0]}`); }
+}
+process.exit(failed ? 1 : 0);
+"""
+
+
+def test_mermaids_own_parser_accepts_every_diagram(run: tuple[list[Event], Agent], tmp_path: Path) -> None:
+    where = os.environ.get("TETHER_MERMAID_DIR")
+    if not where or shutil.which("node") is None or not (Path(where) / "node_modules" / "mermaid").is_dir():
+        pytest.skip("set TETHER_MERMAID_DIR to a directory with `npm install mermaid@11 jsdom` done in it")
+    events, agent = run
+    texts = {
+        "plain.mmd": dg.to_mermaid(),
+        "overlay.mmd": dg.to_mermaid(events=events, agent=agent),
+        "small.mmd": dg.render_mermaid(small_diagram()),
+        "sequence.mmd": dg.to_sequence(events),
+        "bad.mmd": "stateDiagram-v2\n    a --> : broken\n",
+    }
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    paths = [str(tmp_path / name) for name in texts]
+    command = ["node", "--input-type=module", "-e", MERMAID_CHECK, *paths]
+    completed = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60, check=False)
+    failures = dict(line.split("\t", 1) for line in completed.stdout.strip().split("\n") if line)
+    assert list(failures) == [paths[-1]], completed.stdout + completed.stderr  # only the broken one
+    assert failures[paths[-1]].startswith("Parse error")  # so the parser does reject bad input
+
+
+# Reading DOT back ------------------------------------------------------------------------
+DOT_ATTRIBUTE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|<(?:[^<>]|<[^>]*>)*>|[^,\]\s]+)')
+
+
+def _attributes(text: str) -> dict[str, str]:
+    return {key: value.strip('"') for key, value in DOT_ATTRIBUTE.findall(text)}
+
+
+def dot_nodes(source: str) -> dict[str, dict[str, str]]:
+    """Node name → attributes, for the node statements of a DOT text."""
+    found = {}
+    for match in re.finditer(r"^(\w+) \[(.*)\];$", source, re.MULTILINE):
+        found[match[1]] = _attributes(match[2])
+    return found
+
+
+def dot_edges(source: str) -> dict[tuple[str, str, str], dict[str, str]]:
+    """(source, target, label text) → attributes, for the edge statements of a DOT text."""
+    found = {}
+    for match in re.finditer(r"^(\w+) -> (\w+) \[(.*)\];$", source, re.MULTILINE):
+        label = re.search(r'<font point-size="\d+">(.*?)(?:<br/>.*?)?</font>', match[3])
+        text = label[1] if label else ""
+        attributes = _attributes(re.sub(r"label=<.*>>,", "", match[3]))
+        found[(match[1], match[2], text)] = attributes
+    return found

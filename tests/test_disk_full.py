@@ -1,0 +1,61 @@
+"""A write that finds the disk full: a clear StoreError, the run left at its last committed step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa  # noqa: TID251 - the test limits the database file like a full disk would
+
+from tether import Agent, Runner, tool
+from tether.errors import StoreError
+from tether.stores.sql import SQLStore
+from tether.testing import ScriptedModel
+
+
+@tool
+def dump() -> str:
+    """Return a large result."""
+    return "x" * 400_000
+
+
+SCRIPT = [
+    {"content": [{"type": "tool_use", "id": "t1", "name": "dump", "input": {}}], "stop_reason": "tool_use"},
+    {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"},
+]
+
+
+def test_a_full_disk_fails_the_write_cleanly_and_the_run_resumes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    full = SQLStore(url)
+    runner = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[dump], limits=_no_truncation()), full)
+    state = runner.create("dump it")
+    runner.step(state, owner="test:1:a")  # the model asks for the tool: committed
+
+    def cap(connection: Any, _record: Any) -> None:
+        connection.execute("PRAGMA max_page_count = 40")  # about 160 KB: like a full disk
+
+    full.engine.dispose()
+    sa.event.listen(full.engine, "connect", cap)
+    with pytest.raises(StoreError, match="full"):
+        runner.drive(state.id)
+    full.close()
+
+    roomy = SQLStore(url)
+    try:
+        again = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[dump], limits=_no_truncation()), roomy)
+        committed = roomy.load_events(state.id)
+        assert committed[-1].type == "tool_started"  # the failed write left nothing half-written
+        result = again.drive(state.id)
+    finally:
+        roomy.close()
+    # the tool ran but its result could not be stored: it is in doubt, so a person decides
+    assert result.status == "awaiting_approval"
+    assert "interrupted" in result.pending_approvals[0]["reason"]
+
+
+def _no_truncation() -> Any:
+    from tether import Limits
+
+    return Limits(max_result_chars=None)

@@ -1,0 +1,202 @@
+"""The full transition table of AgentMachine, one (state, event) pair at a time.
+
+Every pair is sent under every combination of the four guard attributes, so each guard
+branch is exercised and no pair can silently gain or lose a transition.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from statemachine.exceptions import TransitionNotAllowed
+
+from tether.machine import FINAL_VALUES, STATUS_VALUES, AgentMachine, bind
+
+STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
+EVENTS = [
+    "tools_requested",
+    "answered",
+    "reinvoked",
+    "tool_finished",
+    "retry_scheduled",
+    "approval_needed",
+    "decided",
+    "fail",
+    "cancel",
+    "retried",
+]
+
+
+@dataclass
+class Run:
+    """A minimal model object: the persisted status plus the four guard attributes."""
+
+    status: str | None
+    has_pending_calls: bool = False
+    has_final_result: bool = False
+    has_undecided_approvals: bool = False
+    can_retry: bool = False
+
+
+Guards = tuple[bool, bool, bool, bool]  # (pending calls, final result, undecided approvals, can retry)
+Target = str | Callable[[Guards], str | None]  # None: refused under these guards
+GUARD_COMBINATIONS: list[Guards] = list(itertools.product([False, True], repeat=4))
+
+
+def _tool_finished(guards: Guards) -> str:
+    pending, final, _, _ = guards
+    if final and not pending:
+        return "done"
+    if pending:
+        return "executingTool"
+    return "thinking"
+
+
+def _decided(guards: Guards) -> str:
+    _, _, undecided, _ = guards
+    return "awaitingApproval" if undecided else "executingTool"
+
+
+def _retried(guards: Guards) -> str | None:
+    return "thinking" if guards[3] else None
+
+
+# The whole table: a (state, event) pair missing here must be refused by the machine.
+LEGAL: dict[tuple[str, str], Target] = {
+    ("thinking", "tools_requested"): "executingTool",
+    ("thinking", "answered"): "done",
+    ("thinking", "reinvoked"): "thinking",
+    ("thinking", "fail"): "failed",
+    ("thinking", "cancel"): "cancelled",
+    ("executingTool", "tool_finished"): _tool_finished,
+    ("executingTool", "retry_scheduled"): "executingTool",
+    ("executingTool", "approval_needed"): "awaitingApproval",
+    ("executingTool", "fail"): "failed",
+    ("executingTool", "cancel"): "cancelled",
+    ("awaitingApproval", "decided"): _decided,
+    ("awaitingApproval", "fail"): "failed",
+    ("awaitingApproval", "cancel"): "cancelled",
+    ("failed", "retried"): _retried,
+}
+
+
+def test_the_table_covers_exactly_the_machine_states_and_events() -> None:
+    assert {state.value for state in AgentMachine.states} == set(STATES)
+    assert {event.id for event in AgentMachine.events} == set(EVENTS)
+    assert {source for source, _ in LEGAL} == {"thinking", "executingTool", "awaitingApproval", "failed"}
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(STATES, EVENTS)))
+def test_transition(state: str, event: str) -> None:
+    expected = LEGAL.get((state, event))
+    for guards in GUARD_COMBINATIONS:
+        run = Run(state, *guards)
+        machine = bind(run)
+        target = expected(guards) if callable(expected) else expected
+        if target is None:
+            with pytest.raises(TransitionNotAllowed):
+                machine.send(event)
+            assert run.status == state, f"a refused {event} moved {state} (guards {guards})"
+        else:
+            machine.send(event)
+            assert run.status == target, f"{state} --{event}--> with guards {guards}"
+
+
+@pytest.mark.parametrize(
+    ("guards", "target"),
+    [
+        pytest.param((False, True, False), "done", id="final-result-and-nothing-pending"),
+        pytest.param((True, True, False), "executingTool", id="final-result-but-calls-pending"),
+        pytest.param((True, False, False), "executingTool", id="calls-pending"),
+        pytest.param((False, False, False), "thinking", id="batch-complete"),
+    ],
+)
+def test_tool_finished_guard_branches(guards: Guards, target: str) -> None:
+    run = Run("executingTool", *guards, False)
+    bind(run).send("tool_finished")
+    assert run.status == target
+
+
+@pytest.mark.parametrize(
+    ("undecided", "target"),
+    [
+        pytest.param(True, "awaitingApproval", id="others-still-undecided"),
+        pytest.param(False, "executingTool", id="all-decided"),
+    ],
+)
+def test_decided_guard_branches(undecided: bool, target: str) -> None:
+    run = Run("awaitingApproval", has_undecided_approvals=undecided)
+    bind(run).send("decided")
+    assert run.status == target
+
+
+@pytest.mark.parametrize("final", sorted(FINAL_VALUES))
+@pytest.mark.parametrize("event", EVENTS)
+def test_final_states_refuse_every_event(final: str, event: str) -> None:
+    run = Run(final, has_pending_calls=True, has_final_result=True, has_undecided_approvals=True)
+    with pytest.raises(TransitionNotAllowed):
+        bind(run).send(event)
+    assert run.status == final
+
+
+def test_final_values_are_done_and_cancelled() -> None:
+    assert frozenset({"done", "cancelled"}) == FINAL_VALUES
+
+
+def test_a_failed_run_moves_only_when_its_failure_was_transient() -> None:
+    stuck = Run("failed")
+    with pytest.raises(TransitionNotAllowed):
+        bind(stuck).send("retried")
+    resumable = Run("failed", can_retry=True)
+    bind(resumable).send("retried")
+    assert resumable.status == "thinking"
+
+
+def test_bind_keeps_the_stored_state() -> None:
+    run = Run("awaitingApproval")
+    machine = bind(run)
+    assert machine.awaiting_approval.is_active
+    assert run.status == "awaitingApproval"
+    assert sorted(event.id for event in machine.allowed_events) == ["cancel", "decided", "fail"]
+
+
+def test_bind_without_a_status_enters_thinking() -> None:
+    run = Run(None)
+    machine = bind(run)
+    assert run.status == "thinking"
+    assert machine.thinking.is_active
+
+
+@pytest.mark.parametrize("bad", ["executing_tool", "awaiting_approval", "Done", "", "bogus"])
+def test_bind_refuses_an_unknown_stored_status(bad: str) -> None:
+    with pytest.raises(ValueError, match="unknown run status"):
+        bind(Run(bad))
+
+
+def test_status_values_map_persisted_values_to_python_ids() -> None:
+    assert STATUS_VALUES == {
+        "thinking": "thinking",
+        "executingTool": "executing_tool",
+        "awaitingApproval": "awaiting_approval",
+        "done": "done",
+        "failed": "failed",
+        "cancelled": "cancelled",
+    }
+
+
+def test_state_is_persisted_as_the_value_not_the_id() -> None:
+    run = Run("thinking")
+    machine = bind(run)
+    machine.send("tools_requested")
+    assert run.status == "executingTool"
+    machine.send("approval_needed")
+    assert run.status == "awaitingApproval"
+    machine.send("decided")
+    assert run.status == "executingTool"
+    machine.send("tool_finished")
+    assert run.status == "thinking"
+    machine.send("answered")
+    assert run.status == "done"

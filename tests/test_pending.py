@@ -1,0 +1,208 @@
+"""Pending approvals across runs: listed per tenant and per run from the rows alone, decided
+from any process (another store on the same database), and ``tether pending`` on the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import model_reply, run_tether, tool_use
+from tether import Agent, Approve, Deny, Runner, tool
+from tether.engine import fingerprint
+from tether.errors import ApprovalError, RunNotFound
+from tether.events import Event
+from tether.models.scripted import ScriptedModel
+from tether.pending import PendingApproval, pending_approvals
+from tether.stores import Store
+from tether.stores.memory import MemoryStore
+from tether.stores.sql import SQLStore
+
+
+@tool(approval=True)
+def refund(invoice: str, amount: float) -> str:
+    """Refund an invoice."""
+    return f"refunded {amount} on {invoice}"
+
+
+@tool
+def lookup(invoice: str) -> str:
+    """Look an invoice up."""
+    return f"{invoice}: 120.0"
+
+
+TWO_REFUNDS = [
+    model_reply(
+        [
+            tool_use("c1", "refund", {"invoice": "INV-1", "amount": 10.0}),
+            tool_use("c2", "refund", {"invoice": "INV-2", "amount": 20.0}),
+        ],
+        "tool_use",
+    ),
+    model_reply([{"type": "text", "text": "Both handled."}], "end_turn"),
+]
+ONE_REFUND = [
+    model_reply([tool_use("c9", "refund", {"invoice": "INV-9", "amount": 90.0})], "tool_use"),
+    model_reply([{"type": "text", "text": "Handled."}], "end_turn"),
+]
+NO_GATE = [
+    model_reply([tool_use("l1", "lookup", {"invoice": "INV-3"})], "tool_use"),
+    model_reply([{"type": "text", "text": "It is 120."}], "end_turn"),
+]
+
+
+class Clock:
+    """Each reading one second later, so runs park in a known order."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def runner(store: Store, script: list[dict[str, Any]], clock: Clock) -> Runner:
+    return Runner(Agent(model=ScriptedModel(script), tools=[refund, lookup]), store, clock=clock)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store = MemoryStore() if request.param == "memory" else SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def runs(store: Store) -> dict[str, str]:
+    """acme parks with two refunds, then globex with one; a third run needs nobody."""
+    clock = Clock()
+    return {
+        "acme": runner(store, TWO_REFUNDS, clock).run("Refund both.", tenant="acme").run_id,
+        "globex": runner(store, ONE_REFUND, clock).run("Refund it.", tenant="globex").run_id,
+        "done": runner(store, NO_GATE, clock).run("How much?", tenant="acme").run_id,
+    }
+
+
+def keys(pending: list[PendingApproval]) -> list[tuple[str, str]]:
+    return [(p.run_id, p.call_id) for p in pending]
+
+
+def test_lists_every_parked_call_oldest_run_first(store: Store, runs: dict[str, str]) -> None:
+    pending = pending_approvals(store)
+    assert keys(pending) == [(runs["acme"], "c1"), (runs["acme"], "c2"), (runs["globex"], "c9")]
+    first = pending[0]
+    assert (first.tool, first.input, first.tenant) == ("refund", {"invoice": "INV-1", "amount": 10.0}, "acme")
+    assert first.fingerprint == fingerprint(first.input)
+    assert first.reason
+    assert first.waiting_since < pending[2].waiting_since
+    assert first.to_dict() == {
+        "run_id": runs["acme"],
+        "call_id": "c1",
+        "tool": "refund",
+        "input": {"invoice": "INV-1", "amount": 10.0},
+        "reason": first.reason,
+        "fingerprint": first.fingerprint,
+        "tenant": "acme",
+        "waiting_since": first.waiting_since,
+    }
+
+
+def test_scoped_to_a_tenant(store: Store, runs: dict[str, str]) -> None:
+    assert keys(pending_approvals(store, tenant="acme")) == [(runs["acme"], "c1"), (runs["acme"], "c2")]
+    assert keys(pending_approvals(store, tenant="globex")) == [(runs["globex"], "c9")]
+    assert pending_approvals(store, tenant="initech") == []
+
+
+def test_scoped_to_a_run(store: Store, runs: dict[str, str]) -> None:
+    assert keys(pending_approvals(store, run_id=runs["globex"])) == [(runs["globex"], "c9")]
+    assert keys(pending_approvals(store, run_id=runs["acme"], tenant="acme")) == [
+        (runs["acme"], "c1"),
+        (runs["acme"], "c2"),
+    ]
+    assert pending_approvals(store, run_id=runs["done"]) == []
+    with pytest.raises(RunNotFound):
+        pending_approvals(store, run_id=runs["acme"], tenant="globex")  # another tenant's run is invisible
+    with pytest.raises(RunNotFound):
+        pending_approvals(store, run_id="run_missing")
+
+
+def test_limit_caps_the_runs_read(store: Store, runs: dict[str, str]) -> None:
+    assert len({p.run_id for p in pending_approvals(store, limit=1)}) == 1
+
+
+class NoReplayStore(MemoryStore):
+    """A memory store whose event log cannot be read: listing must not need it."""
+
+    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        raise AssertionError("pending_approvals replayed an event log")
+
+
+def test_listing_reads_rows_only() -> None:
+    store = NoReplayStore()
+    agent = Agent(model=ScriptedModel(ONE_REFUND), tools=[refund, lookup])
+    Runner(agent, store).drive(Runner(agent, store).create("Refund it."))
+    assert [p.call_id for p in pending_approvals(store)] == ["c9"]
+
+
+def test_decisions_from_another_process_shrink_the_list_and_the_run_resumes_on_the_next_drive(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    service, approver_side = SQLStore(url), SQLStore(url)  # two connections: as two processes
+    try:
+        run_id = runner(service, TWO_REFUNDS, Clock()).run("Refund both.", tenant="acme").run_id
+        deciding = runner(approver_side, TWO_REFUNDS, Clock())
+
+        [c1, c2] = pending_approvals(approver_side, tenant="acme")
+        deciding.decide(run_id, c1.call_id, Approve(actor="alice"), fingerprint=c1.fingerprint, tenant="acme")
+        assert [p.call_id for p in pending_approvals(service)] == ["c2"]  # the batch stays parked
+        with pytest.raises(ApprovalError):
+            deciding.decide(run_id, c1.call_id, Deny("changed my mind"), tenant="acme")
+        deciding.decide(run_id, c2.call_id, Deny("not this one", actor="bob"), fingerprint=c2.fingerprint)
+        assert pending_approvals(service) == []
+        assert service.load_run(run_id).status == "executingTool"  # decided, not driven yet
+
+        result = runner(service, TWO_REFUNDS, Clock()).drive(run_id)
+        assert (result.status, result.output, result.tool_calls) == ("done", "Both handled.", 1)  # c2 was denied
+    finally:
+        service.close()
+        approver_side.close()
+
+
+# The CLI -------------------------------------------------------------------------------------
+def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'tether.db'}"
+    parked = run_tether(tmp_path, "demo", "--workspace", str(tmp_path / "ws"), "--db", db, "--json")
+    assert parked.returncode == 3, parked.stderr
+    run_id = json.loads(parked.stdout)["run_id"]
+
+    listed = run_tether(tmp_path, "pending", "--json", "--db", db)
+    assert listed.returncode == 0, listed.stderr
+    payload = json.loads(listed.stdout)  # exactly one object
+    assert list(payload) == ["pending"]
+    [call] = payload["pending"]
+    assert (call["run_id"], call["call_id"], call["tool"], call["input"]) == (
+        run_id,
+        "toolu_demo_run",
+        "run_python",
+        {"path": "fib.py"},
+    )
+    assert call["fingerprint"] == fingerprint({"path": "fib.py"})
+    assert call["reason"]
+
+    human = run_tether(tmp_path, "pending", "--db", db)
+    assert human.returncode == 0, human.stderr
+    for text in (run_id, "toolu_demo_run", "run_python", "fib.py", call["fingerprint"], "tether approve"):
+        assert text in human.stdout
+    assert "\x1b[" not in human.stdout
+
+    approved = run_tether(tmp_path, "approve", run_id, "toolu_demo_run", "--db", db)
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(run_tether(tmp_path, "pending", "--json", "--db", db).stdout) == {"pending": []}
+    empty = run_tether(tmp_path, "pending", "--db", db)
+    assert "No tool calls are waiting for approval." in empty.stdout

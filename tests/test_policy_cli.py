@@ -1,0 +1,246 @@
+"""``tether run --policy FILE`` end to end: real subprocesses, scripted models, SQLite.
+
+Each command is ``python -m tether ...`` with stdin not a terminal and no API key, so gated
+calls park (exit 3) instead of prompting. Tools leave a line in ``effects.log`` (beside the tools
+module) when they run, so a test can tell whether a denied call ever ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
+
+TOOLS_MODULE = textwrap.dedent(
+    '''
+    """Tools for the policy CLI tests; each run is logged to effects.log beside this file."""
+
+    from pathlib import Path
+
+    from tether import tool
+
+
+    def _effect(line: str) -> None:
+        with (Path(__file__).parent / "effects.log").open("a", encoding="utf-8") as log:
+            log.write(line + "\\n")
+
+
+    @tool(tags={"mutates", "money"})
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        _effect(f"refund {invoice} {amount:g}")
+        return f"refunded {amount:g} on {invoice}"
+
+
+    @tool(tags={"network"})
+    def send(to: str) -> str:
+        """Send a message."""
+        _effect(f"send {to}")
+        return f"sent to {to}"
+
+
+    TOOLS = [refund, send]
+    '''
+)
+
+RULES = """
+[[rules]]
+name = "deny-large-refunds"
+tool = "refund"
+when = { amount = { gt = 100 } }
+action = "deny"
+message = "refunds over 100 need a manager"
+
+[[rules]]
+name = "ask-before-sending"
+tags = ["network"]
+action = "require_approval"
+message = "messages leave the company"
+"""
+
+
+def usage() -> dict[str, int]:
+    return {"input_tokens": 1, "output_tokens": 1}
+
+
+def turn(*calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    content = [{"type": "tool_use", "id": cid, "name": name, "input": args} for cid, name, args in calls]
+    return {"content": content, "stop_reason": "tool_use", "usage": usage()}
+
+
+def answer(text: str = "Done.") -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": usage()}
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        value = json.loads(self.stdout)
+        assert isinstance(value, dict), self
+        return value
+
+    @property
+    def err(self) -> str:
+        return " ".join(self.stderr.split())  # rich may wrap long messages
+
+
+class Cli:
+    """``python -m tether`` in a workspace, against one SQLite file, stdin not a terminal."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.db = f"sqlite:///{root / 'runs.db'}"
+        self.env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+        self.env["COLUMNS"] = "200"
+
+    def __call__(self, *args: str, cwd: Path | None = None) -> Done:
+        done = subprocess.run(
+            [sys.executable, "-m", "tether", *args, "--db", self.db],
+            cwd=cwd or self.root,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return Done(done.returncode, done.stdout, done.stderr)
+
+    def run(self, script: list[dict[str, Any]], *extra: str, policy: str = "rules.toml") -> Done:
+        (self.root / "script.json").write_text(json.dumps(script), encoding="utf-8")
+        return self(
+            "run",
+            "Go.",
+            "--tools",
+            "mytools:TOOLS",
+            "--model",
+            "scripted:script.json",
+            "--json",
+            *(["--policy", policy] if policy else []),
+            *extra,
+        )
+
+    def effects(self) -> list[str]:
+        log = self.root / "effects.log"
+        return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+    def show(self, run_id: str) -> dict[str, Any]:
+        shown = self("show", run_id, "--json")
+        assert shown.returncode == 0, shown
+        return shown.data
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    (tmp_path / "mytools.py").write_text(TOOLS_MODULE, encoding="utf-8")
+    (tmp_path / "rules.toml").write_text(RULES, encoding="utf-8")
+    return Cli(tmp_path)
+
+
+def tool_results(shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        block["tool_use_id"]: block
+        for message in shown["messages"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    }
+
+
+def events_of(shown: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [event for event in shown["events"] if event["type"] == kind]
+
+
+def test_a_deny_rule_gives_the_model_an_error_and_the_tool_never_runs(cli: Cli) -> None:
+    done = cli.run([turn(("toolu_1", "refund", {"invoice": "I-1", "amount": 500})), answer()])
+    assert done.returncode == 0, done
+    assert done.data["status"] == "done"
+    assert cli.effects() == []
+    result = tool_results(cli.show(done.data["run_id"]))["toolu_1"]
+    assert result["is_error"] is True
+    assert "rule 1 (deny-large-refunds): refunds over 100 need a manager" in str(result["content"])
+
+
+def test_a_require_approval_rule_parks_with_exit_3_naming_the_rule(cli: Cli) -> None:
+    done = cli.run([turn(("toolu_1", "send", {"to": "bob"})), answer()])
+    assert done.returncode == 3, done
+    [pending] = done.data["pending_approvals"]
+    assert pending["reason"] == "rule 2 (ask-before-sending): messages leave the company"
+    assert cli.effects() == []
+
+
+def test_the_run_keeps_its_policy_for_approve_and_resume_from_elsewhere(cli: Cli, tmp_path: Path) -> None:
+    script = [
+        turn(("toolu_1", "send", {"to": "bob"})),
+        turn(("toolu_2", "refund", {"invoice": "I-2", "amount": 900})),
+        answer(),
+    ]
+    parked = cli.run(script)
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    [started] = events_of(cli.show(run_id), "run_started")
+    assert started["spec"]["policy"] == str((tmp_path / "rules.toml").resolve())
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    approved = cli("approve", run_id, "toolu_1", "--by", "alice", cwd=elsewhere)
+    assert approved.returncode == 0, approved
+    resumed = cli("resume", run_id, "--json", cwd=elsewhere)
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == ["send bob"]  # the refund was denied by the remembered policy
+    assert "deny-large-refunds" in str(tool_results(cli.show(run_id))["toolu_2"]["content"])
+
+
+def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
+    script = [turn(("toolu_1", "send", {"to": "a"})), turn(("toolu_2", "send", {"to": "b"})), answer()]
+    parked = cli.run(script)
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    approved = cli("approve", run_id, "toolu_1", "--for-run")
+    assert approved.returncode == 0, approved
+    resumed = cli("resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == ["send a", "send b"]
+    shown = cli.show(run_id)
+    [decided] = events_of(shown, "approval_decided")
+    assert decided["remember_for_run"] is True
+    assert len(events_of(shown, "approval_requested")) == 1
+
+
+def test_an_invalid_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('[[rules]]\ntool = "send"\naction = "block"\n', encoding="utf-8")
+    done = cli.run([answer()], policy="bad.toml")
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    assert str(tmp_path / "bad.toml") in done.err
+    assert "rule 1: unknown action 'block'" in done.err
+    missing = cli.run([answer()], policy="nope.toml")
+    assert missing.returncode == 2, missing
+    assert "cannot read policy file" in missing.err
+    assert cli("runs", "--json").data["runs"] == []  # neither run was created
+
+
+def test_resume_without_its_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
+    parked = cli.run([turn(("toolu_1", "send", {"to": "bob"})), answer()])
+    assert parked.returncode == 3, parked
+    (tmp_path / "rules.toml").unlink()
+    resumed = cli("resume", parked.data["run_id"], "--approve-all", "--json")
+    assert resumed.returncode == 2, resumed
+    assert "rules.toml" in resumed.err
+    assert cli.effects() == []  # never driven without its rules

@@ -1,0 +1,255 @@
+"""The example service over real HTTP: uvicorn on 127.0.0.1 in a thread, urllib as the client.
+
+Runs use the demo's tools and offline scripted model; the store is SQLite, as a deployment
+with several workers would share it. Covers parking, per-tenant listing and isolation,
+approving with edited input, denying, refusals (409/422/404/400) and racing decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette", reason="the service example needs the 'service' extra: pip install -e '.[service]'")
+uvicorn = pytest.importorskip(
+    "uvicorn", reason="the service example needs the 'service' extra: pip install -e '.[service]'"
+)
+
+from tether.engine import fingerprint  # noqa: E402 - after the skip: the service module needs the extra
+from tether.examples.service import create_app  # noqa: E402
+from tether.stores.sql import SQLStore  # noqa: E402
+
+FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, whatever the env says
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass
+class Service:
+    base: str
+    store: SQLStore
+    workspace: Path
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, tenant: str | None = "acme", raw: bytes | None = None
+    ) -> Reply:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Content-Type": "application/json"}
+        if tenant is not None:
+            headers["X-Tenant"] = tenant
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with NO_PROXY.open(request, timeout=30) as response:
+                return Reply(response.status, json.loads(response.read()), dict(response.headers))
+        except urllib.error.HTTPError as error:
+            return Reply(error.code, json.loads(error.read()), dict(error.headers))
+
+    def park(self, tenant: str = "acme") -> dict[str, Any]:
+        """Start a demo run; it writes fib.py, then parks before running it."""
+        reply = self.request("POST", "/runs", {"prompt": "Write and run fib.py."}, tenant=tenant)
+        assert reply.status == 201, reply
+        assert reply.body["status"] == "awaiting_approval", reply
+        assert reply.headers["location"] == f"/runs/{reply.body['run_id']}"
+        return dict(reply.body)
+
+    def decide(self, run_id: str, body: dict[str, Any], *, tenant: str = "acme", call_id: str = "") -> Reply:
+        return self.request("POST", f"/runs/{run_id}/approvals/{call_id or 'toolu_demo_run'}", body, tenant=tenant)
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
+    workspace = tmp_path / "workspace"
+    monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(workspace))
+    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
+    config = uvicorn.Config(
+        create_app(store=store), host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive(), "uvicorn stopped before serving"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield Service(f"http://127.0.0.1:{port}", store, workspace)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        store.close()
+
+
+def test_run_parks_lists_per_tenant_then_approve_with_edited_input_finishes(service: Service) -> None:
+    run = service.park()
+    [call] = run["pending_approvals"]
+    assert (call["call_id"], call["tool"], call["input"]) == ("toolu_demo_run", "run_python", {"path": "fib.py"})
+
+    listed = service.request("GET", "/approvals")
+    assert listed.status == 200
+    [pending] = listed.body["pending"]
+    assert (pending["run_id"], pending["call_id"], pending["tenant"]) == (run["run_id"], "toolu_demo_run", "acme")
+    assert pending["fingerprint"] == fingerprint({"path": "fib.py"})
+    assert service.request("GET", "/approvals?tenant=acme").body == listed.body
+    assert service.request("GET", f"/approvals?run_id={run['run_id']}").body == listed.body
+
+    # Another tenant sees nothing, cannot read the run, and cannot decide it.
+    assert service.request("GET", "/approvals", tenant="globex").body == {"pending": []}
+    hidden = service.request("GET", f"/runs/{run['run_id']}", tenant="globex")
+    assert (hidden.status, hidden.body["error"]["code"]) == (404, "run_not_found")
+    assert service.request("GET", f"/approvals?run_id={run['run_id']}", tenant="globex").status == 404
+    assert service.decide(run["run_id"], {"approve": True}, tenant="globex").status == 404
+    assert service.request("GET", "/approvals?tenant=acme", tenant="globex").status == 403
+
+    # Approve, but run another program than the one the model asked for.
+    (service.workspace / "other.py").write_text("print('edited input ran')\n", encoding="utf-8")
+    decided = service.decide(
+        run["run_id"],
+        {"approve": True, "input": {"path": "other.py"}, "actor": "alice", "fingerprint": pending["fingerprint"]},
+    )
+    assert decided.status == 200, decided
+    assert decided.body["status"] == "done"
+    assert decided.body["output"] == "fib.py ran (exit code 0) and printed: edited input ran"
+    assert decided.body["pending_approvals"] == []
+
+    fetched = service.request("GET", f"/runs/{run['run_id']}")
+    assert fetched.status == 200
+    assert fetched.body == decided.body  # every response is the run's row
+    assert {"run_id", "status", "output", "steps", "tool_calls", "usage", "pending_approvals"} <= set(fetched.body)
+    assert service.request("GET", "/approvals").body == {"pending": []}
+
+
+def test_approve_as_asked(service: Service) -> None:
+    run = service.park()
+    decided = service.decide(run["run_id"], {"approve": True})
+    assert decided.status == 200, decided
+    assert decided.body["output"] == f"fib.py ran (exit code 0) and printed: {FIBONACCI}"
+    assert decided.body["tool_calls"] == 2
+
+
+def test_deny_tells_the_model_why(service: Service) -> None:
+    run = service.park()
+    decided = service.decide(run["run_id"], {"approve": False, "reason": "no code today", "actor": "bob"})
+    assert decided.status == 200, decided
+    assert decided.body["status"] == "done"
+    assert decided.body["output"].startswith("I did not get to run the program")
+    assert "no code today" in decided.body["output"]
+    assert decided.body["tool_calls"] == 1  # fib.py was written, never run
+
+
+def test_a_second_decision_is_a_conflict(service: Service) -> None:
+    run = service.park()
+    assert service.decide(run["run_id"], {"approve": True}).status == 200
+    again = service.decide(run["run_id"], {"approve": False})
+    assert again.status == 409
+    assert again.body["error"]["code"] == "not_pending"
+    assert service.request("GET", f"/runs/{run['run_id']}").body["status"] == "done"
+
+
+def test_a_stale_fingerprint_is_a_conflict_and_changes_nothing(service: Service) -> None:
+    run = service.park()
+    refused = service.decide(run["run_id"], {"approve": True, "fingerprint": "0123456789abcdef"})
+    assert refused.status == 409
+    assert refused.body["error"]["code"] == "decision_refused"
+    assert "fingerprint" in refused.body["error"]["message"]
+    assert len(service.request("GET", "/approvals").body["pending"]) == 1
+    assert (
+        service.decide(run["run_id"], {"approve": True, "fingerprint": fingerprint({"path": "fib.py"})}).status == 200
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"approve": True, "input": {}}, "invalid_input"),  # path is required
+        ({"approve": True, "input": {"path": 7}}, "invalid_input"),
+        ({"approve": True, "input": ["fib.py"]}, "invalid_body"),
+        ({"approve": "yes"}, "invalid_body"),
+        ({"reason": "approve missing"}, "invalid_body"),
+        ({"approve": False, "input": {"path": "fib.py"}}, "invalid_body"),
+    ],
+)
+def test_invalid_decisions_are_422_and_leave_the_call_pending(
+    service: Service, body: dict[str, Any], code: str
+) -> None:
+    run = service.park()
+    refused = service.decide(run["run_id"], body)
+    assert (refused.status, refused.body["error"]["code"]) == (422, code), refused
+    assert len(service.request("GET", "/approvals").body["pending"]) == 1
+
+
+def test_unknown_run_call_and_route_are_404(service: Service) -> None:
+    run = service.park()
+    assert service.request("GET", "/runs/run_nope").status == 404
+    assert service.decide("run_nope", {"approve": True}).status == 404
+    unknown_call = service.decide(run["run_id"], {"approve": True}, call_id="toolu_nope")
+    assert (unknown_call.status, unknown_call.body["error"]["code"]) == (404, "call_not_found")
+    decided_call = service.decide(run["run_id"], {"approve": True}, call_id="toolu_demo_write")  # never gated
+    assert (decided_call.status, decided_call.body["error"]["code"]) == (409, "not_pending")
+    assert service.request("GET", "/nowhere").body["error"]["code"] == "not_found"
+
+
+def test_requests_without_a_tenant_or_with_a_bad_body_are_400(service: Service) -> None:
+    missing = service.request("GET", "/approvals", tenant=None)
+    assert (missing.status, missing.body["error"]["code"]) == (400, "tenant_required")
+    assert service.request("POST", "/runs", raw=b"{not json").status == 400
+    assert service.request("POST", "/runs", ["a list"]).status == 400
+    assert service.request("POST", "/runs", {"prompt": ""}).status == 422
+    assert service.request("POST", "/runs", {}).status == 422
+
+
+def test_background_drive_parks_the_run(service: Service) -> None:
+    started = service.request("POST", "/runs", {"prompt": "Go.", "wait": False})
+    assert started.status == 202, started
+    assert started.headers["location"] == f"/runs/{started.body['run_id']}"
+    deadline = time.monotonic() + 20
+    status = started.body["status"]
+    while status != "awaiting_approval":
+        assert time.monotonic() < deadline, f"the run never parked (status {status})"
+        time.sleep(0.05)
+        status = service.request("GET", f"/runs/{started.body['run_id']}").body["status"]
+    assert [p["run_id"] for p in service.request("GET", "/approvals").body["pending"]] == [started.body["run_id"]]
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_racing_decisions_exactly_one_wins(service: Service, round_: int) -> None:
+    run = service.park()
+    barrier = threading.Barrier(2)
+    replies: list[Reply] = []
+    lock = threading.Lock()
+
+    def decide(approve: bool) -> None:
+        barrier.wait(timeout=10)
+        reply = service.decide(run["run_id"], {"approve": approve, "reason": "racing"})
+        with lock:
+            replies.append(reply)
+
+    threads = [threading.Thread(target=decide, args=(approve,)) for approve in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(r.status for r in replies) == [200, 409], replies
+    [winner] = [r for r in replies if r.status == 200]
+    [loser] = [r for r in replies if r.status == 409]
+    # Lost at the service's check, the engine's, or the store's version check: all the same to a client.
+    assert loser.body["error"]["code"] in {"not_pending", "decision_refused", "stale_run"}
+    assert winner.body["status"] == "done"
+    final = service.request("GET", f"/runs/{run['run_id']}").body
+    assert final["output"] == winner.body["output"]

@@ -1,0 +1,358 @@
+"""One contract, every store: memory, SQLite and PostgreSQL behave the same.
+
+PostgreSQL comes from TETHER_TEST_PG_URL (default: the local test server); each test gets
+its own schema (the pg_schema fixture, conftest.py), dropped afterwards, so concurrent test
+runs never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.errors import RunNotFound, StaleRun, StoreError
+from tether.events import Event
+from tether.stores import RunRecord, Store
+from tether.stores.memory import MemoryStore
+from tether.stores.sql import SQLStore
+
+
+@pytest.fixture(
+    params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Each store implementation, empty."""
+    if request.param == "memory":
+        memory = MemoryStore()
+        yield memory
+        memory.close()
+    elif request.param == "sqlite":
+        sqlite = SQLStore(f"sqlite:///{tmp_path / 'tether.db'}")
+        yield sqlite
+        sqlite.close()
+    else:
+        postgres = SQLStore(request.getfixturevalue("pg_schema").url)
+        try:
+            yield postgres
+        finally:
+            postgres.close()
+
+
+# Helpers ------------------------------------------------------------------------------
+def record(run_id: str = "run_1", version: int = 1, **changes: Any) -> RunRecord:
+    values: dict[str, Any] = {
+        "id": run_id,
+        "status": "thinking",
+        "version": version,
+        "tenant": None,
+        "spec": {"model": "claude-test", "max_steps": 10, "tools": ["a", "b"]},
+        "summary": {"steps": version - 1, "tool_calls": 0, "output": None},
+        "created_at": 1_700_000_000.125,
+        "updated_at": 1_700_000_000.125 + version,
+    }
+    values.update(changes)
+    return RunRecord(**values)
+
+
+def events(*seqs: int, kind: str = "warning") -> list[Event]:
+    return [Event(seq=s, type=kind, data={"n": s}, at=1_700_000_000.5 + s) for s in seqs]
+
+
+def canonical(value: Any) -> str:
+    """Type-exact comparison: 2.0 vs 2 and True vs 1 differ here, unlike with ==."""
+    return json.dumps(value, sort_keys=True)
+
+
+# Creating and loading -----------------------------------------------------------------
+def test_create_then_load_returns_the_row_and_events(store: Store) -> None:
+    row = record(tenant="acme")
+    first = [Event(0, "run_started", {"spec": {"x": 1}, "messages": []}, 1.5), *events(1)]
+    store.create_run(row, first)
+
+    assert store.load_run("run_1") == row
+    assert store.load_events("run_1") == first
+
+
+def test_create_with_no_events(store: Store) -> None:
+    store.create_run(record(), [])
+    assert store.load_events("run_1") == []
+    assert store.load_run("run_1").version == 1
+
+
+def test_duplicate_create_raises_store_error_and_keeps_the_original(store: Store) -> None:
+    store.create_run(record(status="thinking"), events(0))
+    with pytest.raises(StoreError, match="already exists"):
+        store.create_run(record(status="done", summary={"other": True}), events(0, 1))
+    assert store.load_run("run_1") == record(status="thinking")
+    assert store.load_events("run_1") == events(0)
+
+
+def test_unknown_run_is_not_found(store: Store) -> None:
+    with pytest.raises(RunNotFound) as caught:
+        store.load_run("run_missing")
+    assert caught.value.run_id == "run_missing"
+    with pytest.raises(RunNotFound):
+        store.load_events("run_missing")
+    with pytest.raises(RunNotFound):
+        store.append(record("run_missing", 2), 1, events(0))
+
+
+# Appending ----------------------------------------------------------------------------
+def test_append_bumps_the_version_and_extends_the_log(store: Store) -> None:
+    store.create_run(record(version=1), events(0))
+    store.append(record(version=2, status="tool_running"), 1, events(1, 2))
+    store.append(record(version=3, status="done", summary={"steps": 2, "output": "hi"}), 2, [])
+    store.append(record(version=4, status="done"), 3, events(3))
+
+    loaded = store.load_run("run_1")
+    assert loaded == record(version=4, status="done")
+    assert [e.seq for e in store.load_events("run_1")] == [0, 1, 2, 3]
+    assert store.load_events("run_1") == events(0, 1, 2, 3)
+
+
+def test_append_keeps_what_a_step_cannot_change(store: Store) -> None:
+    original = record(tenant="acme", spec={"model": "m1"})
+    store.create_run(original, events(0))
+    store.append(
+        record(version=2, tenant="other", spec={"model": "m2"}, created_at=5.0), 1, events(1)
+    )
+    loaded = store.load_run("run_1")
+    assert (loaded.tenant, loaded.spec, loaded.created_at) == ("acme", {"model": "m1"}, original.created_at)
+    assert loaded.version == 2
+    assert loaded.updated_at == record(version=2).updated_at
+
+
+@pytest.mark.parametrize("expected", [1, 3, 0])
+def test_stale_append_raises_and_writes_nothing(store: Store, expected: int) -> None:
+    store.create_run(record(version=1), events(0))
+    store.append(record(version=2), 1, events(1))
+    before_row, before_log = store.load_run("run_1"), store.load_events("run_1")
+
+    with pytest.raises(StaleRun) as caught:
+        store.append(record(version=expected + 1, status="done"), expected, events(2, 3))
+
+    assert caught.value.run_id == "run_1"
+    assert caught.value.expected_version == expected
+    assert store.load_run("run_1") == before_row
+    assert store.load_events("run_1") == before_log
+
+
+def test_append_reusing_a_seq_is_stale_and_writes_nothing(store: Store) -> None:
+    """Two writers that both loaded version 1 produce the same seqs: the second loses."""
+    store.create_run(record(version=1), events(0, 1))
+    with pytest.raises(StaleRun):
+        store.append(record(version=2, status="done"), 1, events(2, 1))
+    assert store.load_run("run_1") == record(version=1)
+    assert store.load_events("run_1") == events(0, 1)
+
+
+def test_events_come_back_ordered_by_seq(store: Store) -> None:
+    store.create_run(record(version=1), events(0, 2, 1))
+    store.append(record(version=2), 1, events(5, 3, 4))
+    store.append(record(version=3), 2, events(6))
+    assert [e.seq for e in store.load_events("run_1")] == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_not_json_data_raises_store_error_and_writes_nothing(store: Store) -> None:
+    store.create_run(record(version=1), events(0))
+    bad = [Event(1, "warning", {"value": object()}, 0.0)]
+    with pytest.raises(StoreError):
+        store.append(record(version=2), 1, bad)
+    with pytest.raises(StoreError):
+        store.create_run(record("run_2"), bad)
+    assert store.load_run("run_1") == record(version=1)
+    assert store.load_events("run_1") == events(0)
+    with pytest.raises(RunNotFound):
+        store.load_run("run_2")
+
+
+# Content round trip -------------------------------------------------------------------
+ROUND_TRIP: dict[str, Any] = {
+    "nested": {"a": {"b": {"c": [1, {"d": None}, [], {}]}}},
+    "unicode": "héllo wörld — 中文 😀 \u200b\t\n\"quoted\" \\back\\slash",
+    "ключ": "значение",
+    # Not here, as PostgreSQL's JSONB cannot keep them: -0.0 (becomes 0.0) and floats whose
+    # JSON has an exponent but no fraction, like 1e20 (become ints); strings with NUL.
+    "floats": [0.1, 0.30000000000000004, 2.0, -1.5e-10, 3.141592653589793, 123456.789, 1e-300],
+    "ints": [0, -1, 2**53, -(2**40)],
+    "bools": [True, False],
+    "none": None,
+    "empty": {"list": [], "dict": {}, "string": ""},
+    "content": [
+        {"type": "text", "text": "hi"},
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": [1.5, None]}},
+    ],
+}
+
+
+def test_json_content_round_trips_exactly(store: Store) -> None:
+    row = record(spec={"tools": ROUND_TRIP}, summary={"usage": ROUND_TRIP, "output": "ü"})
+    log = [Event(0, "run_started", ROUND_TRIP, 1_700_000_000.123456)]
+    store.create_run(row, log)
+    store.append(record(version=2, summary=ROUND_TRIP), 1, [Event(1, "warning", ROUND_TRIP, 2.5)])
+
+    loaded_log = store.load_events("run_1")
+    assert [e.data for e in loaded_log] == [ROUND_TRIP, ROUND_TRIP]
+    assert all(canonical(e.data) == canonical(ROUND_TRIP) for e in loaded_log)
+    assert [e.at for e in loaded_log] == [1_700_000_000.123456, 2.5]
+    loaded = store.load_run("run_1")
+    assert canonical(loaded.spec) == canonical({"tools": ROUND_TRIP})
+    assert canonical(loaded.summary) == canonical(ROUND_TRIP)
+    assert loaded.created_at == row.created_at
+
+
+def test_changing_written_or_loaded_objects_does_not_change_the_store(store: Store) -> None:
+    data: dict[str, Any] = {"messages": [{"role": "user", "content": ["hi"]}]}
+    summary: dict[str, Any] = {"usage": {"input_tokens": 1}}
+    store.create_run(record(summary=summary), [Event(0, "run_started", data, 0.0)])
+    data["messages"][0]["content"].append("later")
+    summary["usage"]["input_tokens"] = 99
+
+    loaded = store.load_events("run_1")
+    loaded[0].data["messages"].clear()
+    store.load_run("run_1").summary["usage"].clear()
+
+    assert store.load_events("run_1")[0].data == {"messages": [{"role": "user", "content": ["hi"]}]}
+    assert store.load_run("run_1").summary == {"usage": {"input_tokens": 1}}
+
+
+# Tenants and listing ------------------------------------------------------------------
+def test_tenant_scoping(store: Store) -> None:
+    store.create_run(record("run_a", tenant="a"), events(0))
+
+    for tenant in (None, "a"):
+        assert store.load_run("run_a", tenant=tenant).tenant == "a"
+        assert store.load_events("run_a", tenant=tenant) == events(0)
+    with pytest.raises(RunNotFound):
+        store.load_run("run_a", tenant="b")
+    with pytest.raises(RunNotFound):
+        store.load_events("run_a", tenant="b")
+
+
+def test_list_runs_filters_orders_and_limits(store: Store) -> None:
+    specs = [
+        ("run_1", "a", "done", 100.0),
+        ("run_2", "b", "done", 300.0),
+        ("run_3", "a", "thinking", 200.0),
+        ("run_4", None, "done", 400.0),
+        ("run_5", "a", "done", 500.0),
+    ]
+    for run_id, tenant, status, created in specs:
+        store.create_run(record(run_id, tenant=tenant, status=status, created_at=created), [])
+
+    def ids(**filters: Any) -> list[str]:
+        return [r.id for r in store.list_runs(**filters)]
+
+    assert ids() == ["run_5", "run_4", "run_2", "run_3", "run_1"]
+    assert ids(tenant="a") == ["run_5", "run_3", "run_1"]
+    assert ids(status="done") == ["run_5", "run_4", "run_2", "run_1"]
+    assert ids(status="done", tenant="a") == ["run_5", "run_1"]
+    assert ids(status="waiting") == []
+    assert ids(tenant="nobody") == []
+    assert ids(limit=2) == ["run_5", "run_4"]
+    assert ids(tenant="a", limit=1) == ["run_5"]
+    assert ids(limit=0) == []
+    assert store.list_runs(tenant="b") == [record("run_2", tenant="b", status="done", created_at=300.0)]
+    with pytest.raises(ValueError, match="limit"):
+        store.list_runs(limit=-1)
+
+
+def test_list_runs_sees_appended_status(store: Store) -> None:
+    store.create_run(record(status="thinking"), events(0))
+    store.append(record(version=2, status="done"), 1, events(1))
+    assert [r.id for r in store.list_runs(status="done")] == ["run_1"]
+    assert store.list_runs(status="thinking") == []
+    assert store.list_runs()[0].version == 2
+
+
+def test_list_runs_ties_are_stable(store: Store) -> None:
+    for run_id in ("run_b", "run_c", "run_a"):
+        store.create_run(record(run_id, created_at=1.0), [])
+    assert [r.id for r in store.list_runs()] == ["run_c", "run_b", "run_a"]
+
+
+
+# Retention ----------------------------------------------------------------------------
+def test_delete_runs_removes_only_old_finished_runs_and_their_events(store: Store) -> None:
+    old = 1_700_000_000.0
+    for run_id, status, updated in [
+        ("old_done", "done", old),
+        ("old_failed", "failed", old),
+        ("old_parked", "awaitingApproval", old),
+        ("old_running", "executingTool", old),
+        ("new_done", "done", old + 10_000),
+    ]:
+        store.create_run(record(run_id, status=status, updated_at=updated, created_at=updated), events(0, 1))
+
+    deleted = store.delete_runs(finished_before=old + 1, statuses={"done", "failed", "cancelled"})
+
+    assert deleted == 2
+    remaining = {r.id for r in store.list_runs()}
+    assert remaining == {"old_parked", "old_running", "new_done"}
+    for gone in ("old_done", "old_failed"):
+        with pytest.raises(RunNotFound):
+            store.load_events(gone)
+    assert len(store.load_events("old_parked")) == 2
+
+
+def test_delete_runs_filters_by_status_and_tenant(store: Store) -> None:
+    store.create_run(record("a_done", status="done", tenant="a", updated_at=1.0), events(0))
+    store.create_run(record("b_done", status="done", tenant="b", updated_at=1.0), events(0))
+    store.create_run(record("a_failed", status="failed", tenant="a", updated_at=1.0), events(0))
+
+    assert store.delete_runs(finished_before=2.0, statuses={"done"}, tenant="a") == 1
+    assert {r.id for r in store.list_runs()} == {"b_done", "a_failed"}
+
+
+@pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])
+def test_delete_runs_refuses_unfinished_statuses(store: Store, statuses: set[str]) -> None:
+    store.create_run(record("parked", status="awaitingApproval", updated_at=1.0), events(0))
+    with pytest.raises(ValueError, match="only finished runs"):
+        store.delete_runs(finished_before=2.0, statuses=statuses)
+    assert store.load_run("parked").status == "awaitingApproval"
+
+
+# Tool-result cache --------------------------------------------------------------------
+def test_cache_get_returns_what_was_put_until_it_expires(store: Store) -> None:
+    assert store.cache_get("add:abc", 100.0) is None
+    store.cache_put("add:abc", "add", "5", 200.0)
+
+    assert store.cache_get("add:abc", 100.0) == "5"
+    assert store.cache_get("add:abc", 199.5) == "5"
+    assert store.cache_get("add:abc", 200.0) is None  # expired at expires_at exactly
+    assert store.cache_get("add:abc", 300.0) is None
+    assert store.cache_get("add:other", 100.0) is None
+
+
+def test_cache_put_replaces_the_entry_for_a_key(store: Store) -> None:
+    store.cache_put("k", "tool", "stale", 50.0)
+    assert store.cache_get("k", 100.0) is None
+    store.cache_put("k", "tool", "fresh", 500.0)
+    assert store.cache_get("k", 100.0) == "fresh"
+    store.cache_put("k", "tool", "newer", 400.0)  # a replacement takes its own expiry
+    assert store.cache_get("k", 100.0) == "newer"
+    assert store.cache_get("k", 450.0) is None
+
+
+def test_cache_values_round_trip_exactly(store: Store) -> None:
+    values = {
+        "empty": "",
+        "unicode": ROUND_TRIP["unicode"] + " ключ",
+        "json": json.dumps(ROUND_TRIP),
+        "large": "0123456789" * 30_000,
+    }
+    for key, value in values.items():
+        store.cache_put(key, "tool", value, 1e12)
+    for key, value in values.items():
+        assert store.cache_get(key, 0.0) == value
+
+
+def test_cache_is_independent_of_runs(store: Store) -> None:
+    store.cache_put("k", "tool", "v", 1e12)
+    store.create_run(record(status="done", updated_at=1.0), events(0))
+    store.delete_runs(finished_before=2.0, statuses={"done"})
+    assert store.cache_get("k", 0.0) == "v"

@@ -1,0 +1,73 @@
+"""The rest of the terminal prompt's choices, in a real pseudo-terminal: full words, ``A``,
+an unknown answer (asked again) and Ctrl-C (the call stays pending, never approved)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from support import DEMO_PROMPT, FIBONACCI, demo_db_url, finish_terminal, run_tether, spawn_tether
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:
+    child = spawn_tether(tmp_path, "demo", timeout=20)
+    try:
+        yield child
+    finally:
+        child.close(force=True)
+
+
+def show_only_run(tmp_path: Path) -> dict[str, object]:
+    url = demo_db_url(tmp_path / "tether-demo")
+    listed = run_tether(tmp_path, "runs", "--json", "--db", url)
+    assert listed.returncode == 0, listed
+    [row] = listed.data["runs"]
+    shown = run_tether(tmp_path, "show", row["run_id"], "--json", "--db", url)
+    assert shown.returncode == 0, shown
+    return shown.data
+
+
+def test_the_full_word_approve_is_accepted(demo: pexpect.spawn) -> None:
+    demo.expect(DEMO_PROMPT)
+    demo.sendline("approve")
+    status, output = finish_terminal(demo)
+    assert status == 0, output
+    assert FIBONACCI in output
+
+
+def test_capital_a_approves_the_tool_for_the_rest_of_the_run(demo: pexpect.spawn, tmp_path: Path) -> None:
+    demo.expect(DEMO_PROMPT)
+    demo.sendline("A")
+    status, output = finish_terminal(demo)
+    assert status == 0, output
+    shown = show_only_run(tmp_path)
+    [decided] = [e for e in shown["events"] if e["type"] == "approval_decided"]  # type: ignore[union-attr]
+    assert decided["approved"] is True
+    assert decided["remember_for_run"] is True
+
+
+def test_an_unknown_answer_is_asked_again_and_never_approves(demo: pexpect.spawn, tmp_path: Path) -> None:
+    demo.expect(DEMO_PROMPT)
+    demo.sendline("maybe")
+    demo.expect("Please answer")
+    demo.expect(DEMO_PROMPT)
+    demo.sendline("deny")
+    demo.expect(r"reason[^\n]*> ")
+    demo.sendline("")
+    status, output = finish_terminal(demo)
+    assert status == 0, output
+    assert FIBONACCI not in output
+
+
+def test_ctrl_c_at_the_prompt_leaves_the_call_pending(demo: pexpect.spawn, tmp_path: Path) -> None:
+    demo.expect(DEMO_PROMPT)
+    demo.sendintr()
+    status, output = finish_terminal(demo)
+    assert status == 3, output
+    shown = show_only_run(tmp_path)
+    assert shown["status"] == "awaiting_approval"
+    assert not [e for e in shown["events"] if e["type"] == "approval_decided"]  # type: ignore[union-attr]
