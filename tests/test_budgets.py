@@ -138,3 +138,20 @@ def test_budget_validation() -> None:
         Budget(warn_at=0)
     with pytest.raises(ValueError, match="on_limit"):
         Budget(on_limit="explode")  # type: ignore[arg-type]
+
+
+def test_the_default_model_and_the_current_lineup_have_prices() -> None:
+    from tether.models.anthropic import DEFAULT_MODEL
+
+    assert price_for(DEFAULT_MODEL) is not None
+    assert price_for("claude-opus-5-5") == PRICES["claude-opus-5-5"]
+    assert price_for("claude-opus-5-20260724") == PRICES["claude-opus-5"]  # not the 5.5 row
+    assert price_for("claude-fable-5-1") != price_for("claude-fable-5")
+
+
+def test_a_long_prompt_is_billed_at_its_band_for_every_token() -> None:
+    price = PRICES["claude-haiku-5-5"]
+    short = Usage(input_tokens=60_000, output_tokens=1_000, cache_read_input_tokens=40_000)
+    long = Usage(input_tokens=60_000, output_tokens=1_000, cache_read_input_tokens=40_001)
+    assert price.cost(short) == pytest.approx((60_000 * 0.10 + 1_000 * 0.50 + 40_000 * 0.01) / 1e6)
+    assert price.cost(long) == pytest.approx((60_000 * 0.50 + 1_000 * 2.50 + 40_001 * 0.05) / 1e6)

@@ -4,6 +4,8 @@ Prices are USD per million tokens, by kind: input, output, cache writes (5-minut
 cache reads. A model is matched by the longest known name prefix, so dated snapshots
 (``claude-sonnet-4-5-20250929``) find their family. Unknown models have no price: their
 cost is reported as unknown (None) rather than guessed, and cost budgets cannot apply.
+Some models bill a long prompt at a higher band (:attr:`Price.long_prompt`): every token of
+such a request, output included, is priced at that band.
 """
 
 from __future__ import annotations
@@ -22,9 +24,17 @@ class Price:
     output: float
     cache_write: float
     cache_read: float
+    long_prompt: tuple[int, Price] | None = None
+    """``(threshold, band)``: a request whose prompt (input + cache writes + cache reads) is
+    over ``threshold`` tokens is billed entirely at ``band``."""
 
     def cost(self, usage: Usage) -> float:
-        """The USD cost of ``usage``."""
+        """The USD cost of one request's ``usage``."""
+        if self.long_prompt is not None:
+            threshold, band = self.long_prompt
+            prompt = usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+            if prompt > threshold:
+                return band.cost(usage)
         return (
             usage.input_tokens * self.input
             + usage.output_tokens * self.output
@@ -34,6 +44,15 @@ class Price:
 
 
 PRICES: Mapping[str, Price] = {
+    "claude-fable-5-2": Price(8.0, 40.0, 10.0, 0.20),
+    "claude-fable-5-1": Price(10.0, 50.0, 12.50, 0.25),
+    "claude-fable-5": Price(10.0, 50.0, 12.50, 1.00),
+    "claude-opus-5-5": Price(4.0, 20.0, 5.0, 0.20),
+    "claude-opus-5": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-8": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-sonnet-5-5": Price(2.0, 10.0, 2.50, 0.10),
+    "claude-sonnet-5": Price(2.0, 10.0, 2.50, 0.20),
+    "claude-haiku-5-5": Price(0.10, 0.50, 0.125, 0.01, long_prompt=(100_000, Price(0.50, 2.50, 0.625, 0.05))),
     "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
     "claude-opus-4-1": Price(15.0, 75.0, 18.75, 1.50),
     "claude-opus-4": Price(15.0, 75.0, 18.75, 1.50),
@@ -43,7 +62,7 @@ PRICES: Mapping[str, Price] = {
     "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
     "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
 }
-"""Published list prices of current Claude models; pass ``prices=`` to an Agent to add or change."""
+"""Published list prices of Claude models (as of 2026-11); pass ``prices=`` to an Agent to add or change."""
 
 
 def price_for(model: str, overrides: Mapping[str, Price] | None = None) -> Price | None:
