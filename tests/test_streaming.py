@@ -208,6 +208,21 @@ async def test_a_stream_cut_short_is_a_retryable_model_error(
     assert unfinished.value.retryable
 
 
+def test_a_tool_input_that_is_not_json_is_a_retryable_model_error(api: FakeMessagesAPI, model: AnthropicModel) -> None:
+    events = events_of("max_tokens_cut_tool_use")
+    broken = [
+        {**e, "delta": {"type": "input_json_delta", "partial_json": '{"path": }'}}
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta"
+        else e
+        for e in events
+    ]
+    api.reply_events(broken)
+    with pytest.raises(ModelError) as caught:
+        model.stream(request(), lambda _: None)
+    assert str(caught.value).startswith("the response stream could not be read: Unable to parse tool parameter JSON")
+    assert caught.value.retryable
+
+
 def test_an_error_before_the_stream_starts_is_retried_by_the_sdk(api: FakeMessagesAPI) -> None:
     api.fail(529, "Overloaded")
     api.reply(REPLIES["text"])

@@ -203,6 +203,8 @@ def _translated_errors() -> Iterator[None]:
         raise translate_error(error) from error
     except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
         raise ModelError(f"the connection to the Anthropic API broke mid-stream: {error}", retryable=True) from error
+    except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
+        raise ModelError(f"the response stream could not be read: {error}", retryable=True) from error
     except TypeError as error:  # the SDK's way of saying no credentials were found
         raise _credentials_error(error) from error
 
