@@ -665,6 +665,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _api(self) -> FakeMessagesAPI:
         return cast(_Server, self.server).api
 
+    def handle(self) -> None:
+        """Serve until the client leaves; one that drops a stream half read resets the connection."""
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
+
     def do_POST(self) -> None:
         """Serve an API call."""
         length = int(self.headers.get("content-length") or 0)
