@@ -13,8 +13,12 @@ Usage::
         client.messages.create(model="m", max_tokens=10, messages=[...])
         assert api.requests[0]["model"] == "m"
 
-Only ``POST /v1/messages`` without streaming is served. The server uses nothing but
-the standard library, so it cannot drift with the client it is testing.
+Only ``POST /v1/messages`` is served. A request with ``"stream": true`` gets the same
+scripted reply as server-sent events (see `sse_events`), written chunk by chunk as the
+real API does, so streamed and non-streamed calls can be compared; `reply_events` scripts
+a stream event by event (a mid-stream ``error`` event, a cut tool input, a dropped
+connection). The server uses nothing but the standard library, so it cannot drift with
+the client it is testing.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, NoReturn, Self, cast
@@ -38,6 +42,8 @@ __all__ = [
     "DEFAULT_ERROR_TYPES",
     "FakeMessagesAPI",
     "Responder",
+    "error_event",
+    "sse_events",
     "validate_messages_request",
 ]
 
@@ -467,8 +473,8 @@ def _validate(value: object) -> None:
         if key not in body:
             _reject(f"{key}: Field required")
     _check_extra(body, _KNOWN_FIELDS, "")
-    if body.get("stream"):
-        _reject("stream: FakeMessagesAPI does not support streaming; use non-streaming calls")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        _reject("stream: Input should be a valid boolean")
 
     model = body["model"]
     if not isinstance(model, str):
@@ -508,6 +514,82 @@ def _validate(value: object) -> None:
         )
 
 
+# --------------------------------------------------------------------------- streaming
+
+_TOOL_INPUT_BLOCKS = frozenset({"tool_use", "server_tool_use"})
+_JSON_CHUNK = 12  # characters of a tool input per input_json_delta: several deltas even for small inputs
+
+
+def _words(text: str) -> list[str]:
+    """``text`` in pieces that join back to it exactly (a word and the spaces before it each)."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+def _block_events(index: int, block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """content_block_start, its deltas and content_block_stop for one finished block."""
+    kind = block.get("type")
+    start = dict(block)
+    deltas: list[dict[str, Any]] = []
+    if kind == "text":
+        start["text"] = ""
+        start.pop("citations", None)
+        deltas += [{"type": "citations_delta", "citation": c} for c in block.get("citations") or []]
+        deltas += [{"type": "text_delta", "text": piece} for piece in _words(str(block.get("text", "")))]
+    elif kind in _TOOL_INPUT_BLOCKS:
+        start["input"] = {}
+        raw = json.dumps(block.get("input", {}))
+        # The API opens with an empty partial_json, then sends the input's JSON in pieces.
+        pieces = [""] + [raw[i : i + _JSON_CHUNK] for i in range(0, len(raw), _JSON_CHUNK)]
+        deltas += [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
+    elif kind == "thinking":
+        start.update(thinking="", signature="")
+        deltas += [{"type": "thinking_delta", "thinking": piece} for piece in _words(str(block.get("thinking", "")))]
+        deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+    # Any other block (redacted_thinking, server tool results...) arrives whole in its start.
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def sse_events(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The events the API streams for ``message``, a complete Message object.
+
+    Why: a ``stream: true`` call must rebuild, in the client, exactly the Message the same
+    reply gives without streaming. The flow is the documented one: ``message_start`` (the
+    Message with empty content, no stop reason, the input usage), a ``ping``, then per
+    block ``content_block_start`` / ``content_block_delta``... / ``content_block_stop``
+    (``text_delta``, ``input_json_delta`` in pieces, ``thinking_delta`` then
+    ``signature_delta``), ``message_delta`` (stop reason, cumulative usage), ``message_stop``.
+    """
+    usage = dict(message.get("usage") or {})
+    started = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))},
+    }
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": started}, {"type": "ping"}]
+    for index, block in enumerate(message.get("content") or []):
+        events += _block_events(index, block)
+    delta = {
+        "stop_reason": message.get("stop_reason"),
+        "stop_sequence": message.get("stop_sequence"),
+        "stop_details": message.get("stop_details"),
+    }
+    events.append({"type": "message_delta", "delta": delta, "usage": usage})
+    events.append({"type": "message_stop"})
+    return events
+
+
+def error_event(error_type: str = "overloaded_error", message: str = "Overloaded") -> dict[str, Any]:
+    """An ``error`` event, as the API sends mid-stream (overloaded_error is a 529 outside a stream)."""
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
 # --------------------------------------------------------------------------- server
 
 
@@ -529,7 +611,13 @@ class _Failure:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-_Scripted = _Reply | _Dynamic | _Failure
+@dataclass(frozen=True)
+class _Events:
+    events: list[dict[str, Any]]
+    drop_connection: bool
+
+
+_Scripted = _Reply | _Dynamic | _Failure | _Events
 
 
 @dataclass(frozen=True)
@@ -537,6 +625,10 @@ class _Answer:
     status: int
     body: dict[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
+    events: list[dict[str, Any]] | None = None
+    """Served as server-sent events instead of ``body``."""
+    drop_connection: bool = False
+    """Close the connection after ``events``, without ending the stream."""
 
 
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
@@ -573,6 +665,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _api(self) -> FakeMessagesAPI:
         return cast(_Server, self.server).api
 
+    def handle(self) -> None:
+        """Serve until the client leaves; one that drops a stream half read resets the connection."""
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
+
     def do_POST(self) -> None:
         """Serve an API call."""
         length = int(self.headers.get("content-length") or 0)
@@ -585,6 +682,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(_Answer(404, _error_body("not_found_error", f"Not found: {self.path}")))
 
     def _send(self, answer: _Answer) -> None:
+        if answer.events is not None:
+            self._send_events(answer)
+            return
         payload = json.dumps(answer.body).encode()
         self.send_response(answer.status)
         self.send_header("content-type", "application/json")
@@ -593,6 +693,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
+
+    def _send_events(self, answer: _Answer) -> None:
+        """One chunk per event, each written at once, as the real API streams (chunked HTTP/1.1)."""
+        self.send_response(answer.status)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        for name, value in answer.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for event in answer.events or []:
+            data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if answer.drop_connection:
+            self.close_connection = True  # no terminating chunk: the client sees a cut body
+            return
+        self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, format: str, *args: Any) -> None:
         """Keep test output quiet."""
@@ -746,6 +862,17 @@ class FakeMessagesAPI:
         with self._lock:
             self._queue.append(failure)
 
+    def reply_events(self, events: list[dict[str, Any]], *, drop_connection: bool = False) -> None:
+        """Queue a stream served exactly as given, for a ``stream: true`` request.
+
+        Build it from `sse_events` and `error_event`: e.g. the first events of a reply then
+        an ``error`` event (the API ends the stream after one). ``drop_connection`` closes
+        the connection after the events without ending the HTTP body. A non-streaming
+        request meeting this item gets 500 ``api_error``, so the test fails loudly.
+        """
+        with self._lock:
+            self._queue.append(_Events(copy.deepcopy(events), drop_connection))
+
     def reset(self) -> None:
         """Forget the script, the recorded requests and the id counters.
 
@@ -787,7 +914,7 @@ class FakeMessagesAPI:
         answer = self._check_request(path, headers, parsed)
         if answer is None:
             answer = self._scripted(body)
-        return _Answer(answer.status, answer.body, {"request-id": request_id, **answer.headers})
+        return replace(answer, headers={"request-id": request_id, **answer.headers})
 
     def _check_request(self, path: str, headers: Mapping[str, str], parsed: object) -> _Answer | None:
         if path.rstrip("/") != "/v1/messages":
@@ -810,16 +937,26 @@ class FakeMessagesAPI:
             item = self._queue.popleft() if self._queue else None
         if item is None:
             return _Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
-        if isinstance(item, _Failure):
+        streaming = request.get("stream") is True
+        if isinstance(item, _Failure):  # before a stream starts, errors are plain HTTP errors
             return self._failure(item)
+        if isinstance(item, _Events):
+            if not streaming:
+                message = "fake API: a stream was scripted for a non-streaming call"
+                return _Answer(500, _error_body("api_error", message))
+            return _Answer(200, {}, events=item.events, drop_connection=item.drop_connection)
         if isinstance(item, _Dynamic):
             try:
                 response = item.responder(copy.deepcopy(request))
             except Exception as exc:
                 message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
                 return _Answer(500, _error_body("api_error", message))
-            return _Answer(200, self._complete(dict(response), request))
-        return _Answer(200, self._complete(copy.deepcopy(item.body), request))
+            message_body = self._complete(dict(response), request)
+        else:
+            message_body = self._complete(copy.deepcopy(item.body), request)
+        if streaming:
+            return _Answer(200, {}, events=sse_events(message_body))
+        return _Answer(200, message_body)
 
     def _failure(self, item: _Failure) -> _Answer:
         headers: dict[str, str] = {}

@@ -206,13 +206,15 @@ def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
 
 
 # The tether command in a pseudo-terminal --------------------------------------------------
-def spawn_tether(cwd: Path, *args: str, timeout: float = 20) -> pexpect.spawn:
-    """``python -m tether ARGS`` in ``cwd`` on a 50x200 xterm (pexpect), :func:`clean_env`."""
+def spawn_tether(
+    cwd: Path, *args: str, timeout: float = 20, env: Mapping[str, str] | None = None
+) -> pexpect.spawn:
+    """``python -m tether ARGS`` in ``cwd`` on a 50x200 xterm (pexpect), :func:`clean_env` plus ``env``."""
     return pexpect.spawn(
         sys.executable,
         ["-m", "tether", *args],
         cwd=str(cwd),
-        env=clean_env(TERM="xterm"),
+        env=clean_env(TERM="xterm", **(env or {})),
         encoding="utf-8",
         codec_errors="replace",
         timeout=timeout,

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic  # noqa: TID251 - the fake must be proven against the real client
+import httpx2
 import pytest
 from anthropic.types import Message, MessageParam, TextBlock, ToolUseBlock  # noqa: TID251 - see above
 
-from fake_messages_api import FakeMessagesAPI, validate_messages_request
+from fake_messages_api import FakeMessagesAPI, error_event, sse_events, validate_messages_request
 
 MODEL = "claude-test-model"
 USER_HI: dict[str, Any] = {"role": "user", "content": "hi"}
@@ -653,6 +654,129 @@ def test_async_client_works(api: FakeMessagesAPI) -> None:
     assert api.headers[0]["x-stainless-async"].startswith("async")
 
 
+# --------------------------------------------------------------------------- streaming
+
+RICH_REPLY: dict[str, Any] = {
+    "id": "msg_rich",
+    "content": [
+        {"type": "thinking", "thinking": "The user wants a file read. I will read it.", "signature": "c2lnbmF0dXJl"},
+        {"type": "text", "text": "Reading the file now, then I will summarise it."},
+        {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a/b.txt", "lines": [1, 2.5]}},
+        {"type": "tool_use", "id": "toolu_b", "name": "read_file", "input": {}},
+    ],
+    "stop_reason": "tool_use",
+    "usage": {"input_tokens": 12, "output_tokens": 34, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 6},
+}
+
+
+def _stream(client: anthropic.Anthropic) -> tuple[list[Any], Message]:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2000, "messages": [USER_HI]}
+    with client.messages.stream(**body) as stream:
+        events = list(stream)
+        return events, stream.get_final_message()
+
+
+def test_a_stream_rebuilds_the_message_the_same_reply_gives_without_streaming(
+    api: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    api.reply(RICH_REPLY)
+    api.reply(RICH_REPLY)
+
+    whole = _create(client, max_tokens=2000)
+    events, streamed = _stream(client)
+
+    assert streamed.model_dump() == {**whole.model_dump(), "content": streamed.model_dump()["content"]}
+    assert [b.model_dump(exclude_none=True) for b in streamed.content] == [
+        b.model_dump(exclude_none=True) for b in whole.content
+    ]
+    assert api.requests[1]["stream"] is True
+    assert "stream" not in api.requests[0]
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert {"thinking_delta", "signature_delta", "text_delta", "input_json_delta"} <= set(deltas)
+    assert deltas.count("text_delta") > 1  # text arrives in pieces
+
+
+def test_stream_events_follow_the_documented_flow_on_the_wire(api: FakeMessagesAPI) -> None:
+    api.reply(RICH_REPLY)
+    body = json.dumps({"model": MODEL, "max_tokens": 2000, "messages": [USER_HI], "stream": True}).encode()
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+    request = urllib.request.Request(api.url + "/v1/messages", data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:  # urllib undoes the chunked framing
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["transfer-encoding"] == "chunked"
+        raw = response.read().decode()
+
+    records = [record.split("\n") for record in raw.strip().split("\n\n")]
+    names = [lines[0].removeprefix("event: ") for lines in records]
+    data = [json.loads(lines[1].removeprefix("data: ")) for lines in records]
+    assert [d["type"] for d in data] == names  # each event's name is its data's type
+    assert names[:2] == ["message_start", "ping"]
+    assert names[-2:] == ["message_delta", "message_stop"]
+    start = data[0]["message"]
+    assert (start["content"], start["stop_reason"], start["usage"]["input_tokens"]) == ([], None, 12)
+    assert data[-2]["delta"]["stop_reason"] == "tool_use"
+    assert data[-2]["usage"]["output_tokens"] == 34
+    tool_json = "".join(
+        d["delta"]["partial_json"] for d in data if d["type"] == "content_block_delta" and d["index"] == 2
+    )
+    assert json.loads(tool_json) == {"path": "a/b.txt", "lines": [1, 2.5]}
+    assert [d["index"] for d in data if d["type"] == "content_block_start"] == [0, 1, 2, 3]
+
+
+def test_sse_events_needs_no_server() -> None:
+    message = {**RICH_REPLY, "content": [{"type": "redacted_thinking", "data": "opaque"}], "stop_reason": "end_turn"}
+    events = sse_events(message)
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[2]["content_block"] == {"type": "redacted_thinking", "data": "opaque"}  # whole in its start
+
+
+def test_an_error_event_mid_stream_is_raised_by_the_client_after_a_200(
+    api: FakeMessagesAPI, client: anthropic.Anthropic
+) -> None:
+    events = sse_events({**RICH_REPLY, "model": MODEL, "type": "message", "role": "assistant"})
+    api.reply_events([*events[:8], error_event("overloaded_error", "Overloaded")])
+
+    with pytest.raises(anthropic.APIStatusError) as info:
+        _stream(client.with_options(max_retries=2))
+
+    assert info.value.status_code == 200  # the stream had started: the HTTP status says nothing
+    assert info.value.type == "overloaded_error"
+    assert info.value.api_message == "Overloaded"
+    assert len(api.requests) == 1  # the SDK does not retry a stream that failed midway
+
+
+def test_a_dropped_stream_breaks_in_the_http_client(api: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
+    events = sse_events({**RICH_REPLY, "model": MODEL, "type": "message", "role": "assistant"})
+    api.reply_events(events[:5], drop_connection=True)
+
+    with pytest.raises(httpx2.RemoteProtocolError):  # not wrapped by the SDK once the stream has started
+        _stream(client)
+
+
+def test_an_error_before_the_stream_is_a_plain_http_error(api: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
+    api.fail(529, "Overloaded")
+    api.reply_text("after retry")
+
+    events, message = _stream(client.with_options(max_retries=1))
+
+    assert _text(message) == "after retry"
+    assert len(api.requests) == 2  # retried by the SDK, as without streaming
+    assert events[0].type == "message_start"
+
+
+def test_a_scripted_stream_fails_a_non_streaming_call_loudly(api: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
+    api.reply_events(sse_events({**RICH_REPLY, "model": MODEL, "type": "message", "role": "assistant"}))
+    with pytest.raises(anthropic.InternalServerError, match="non-streaming call"):
+        _create(client)
+
+
 # --------------------------------------------------------------------------- offline validation
 
 
@@ -671,5 +795,6 @@ def test_validate_offline() -> None:
         "messages: Input should be a valid list"
     )
     streaming = {"model": MODEL, "max_tokens": 5, "messages": [USER_HI], "stream": True}
-    assert "does not support streaming" in (validate_messages_request(streaming) or "")
+    assert validate_messages_request(streaming) is None
+    assert validate_messages_request({**streaming, "stream": "yes"}) == "stream: Input should be a valid boolean"
     assert validate_messages_request([]) is not None

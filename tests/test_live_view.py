@@ -1,5 +1,6 @@
-"""The live view: the runner's ``on_action`` hook, the spinner it drives, and the CLI in a
-real pseudo-terminal (pexpect) and in a pipe (plain lines, no escape codes).
+"""The live view: the runner's ``on_action`` hook, the spinner it drives, the streamed text
+under it, and the CLI in a real pseudo-terminal (pexpect) and in a pipe (plain lines, no
+escape codes).
 """
 
 from __future__ import annotations
@@ -122,6 +123,56 @@ def test_live_view_spins_from_an_action_until_the_next_commit() -> None:
     view.stop()  # idempotent
 
 
+def test_live_view_shows_streamed_text_under_the_spinner_until_the_commit() -> None:
+    tty, out = console(terminal=True)
+    view = LiveView(tty)
+    state = RunState(id="r", status="thinking", steps=0)
+    view.on_text("too early")  # no model call under way: nothing to show it in
+    try:
+        view.on_action(state, CallModel(request=None))  # type: ignore[arg-type]
+        for piece in ["Streaming", " is", " shown"]:
+            view.on_text(piece)
+            assert ANSI.sub("", out.getvalue()).endswith(piece)  # each piece is drawn as it comes
+        screen = ANSI.sub("", out.getvalue())
+        assert "thinking · step 1 · calling the model…\nStreaming is shown" in screen
+        assert "too early" not in screen
+        view(state, event(ev.MODEL_RESPONDED))
+        assert not view.active
+        drawn = len(out.getvalue())
+        view.on_text(" late")  # after the commit: ignored
+        assert len(out.getvalue()) == drawn
+        view.on_action(state, CallModel(request=None))  # type: ignore[arg-type]
+        view.on_text("Fresh")
+        assert ANSI.sub("", out.getvalue()).endswith("calling the model…\nFresh")  # the next call starts empty
+    finally:
+        view.stop()
+
+
+def test_live_view_keeps_the_streamed_text_within_the_screen() -> None:
+    out = io.StringIO()
+    tty = Console(file=out, force_terminal=True, width=40, height=6, color_system="standard")
+    view = LiveView(tty)
+    try:
+        view.on_action(RunState(id="r", status="thinking"), CallModel(request=None))  # type: ignore[arg-type]
+        view.on_text("".join(f"line {n}\n" for n in range(50)))
+        last_frame = ANSI.sub("", out.getvalue()).rsplit("calling the model…", 1)[1]
+        assert last_frame.split() == ["line", "46", "line", "47", "line", "48", "line", "49"]  # the newest lines
+    finally:
+        view.stop()
+
+
+def test_the_streamed_text_reaches_the_view_only_from_a_streaming_call() -> None:
+    tty, out = console(terminal=True)
+    view = LiveView(tty)
+    model = ScriptedModel(ADD_THEN_ANSWER[1:])
+    try:
+        result = Runner(Agent(model=model), listeners=[view], on_action=view.on_action, on_text=view.on_text).run("?")
+    finally:
+        view.stop()
+    assert result.output == "5"
+    assert "calling the model…\n5" in ANSI.sub("", out.getvalue())
+
+
 def test_describe_activity() -> None:
     call = PendingCall(call_id="c1", tool="add", input={"a": 1, "b": 2})
     state = RunState(id="r", status="executingTool", steps=4)
@@ -158,6 +209,8 @@ def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:
 
 def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: pexpect.spawn) -> None:
     demo.expect("thinking · step 1 · calling the model")
+    demo.expect("I'll write the\r")  # the model's text under the spinner, half written
+    demo.expect("model  I'll write the program first.")  # then its summary, once committed
     demo.expect("call   write_file")
     demo.expect("executingTool · step 1 · running write_file")
     demo.expect("result write_file: wrote")

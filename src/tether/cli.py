@@ -150,8 +150,14 @@ class _Session:
                 if isinstance(agent.model, AnthropicModel):  # surface the SDK's retry waits
                     agent.model.on_retry_wait = self._show_retry_wait
         on_action = self.live.on_action if self.live is not None else None
+        on_text = self.live.on_text if self.live is not None and self.live.enabled else None  # stream to a screen only
         return Runner(
-            agent, self.store, approver=self.approver(args, agent), listeners=listeners, on_action=on_action
+            agent,
+            self.store,
+            approver=self.approver(args, agent),
+            listeners=listeners,
+            on_action=on_action,
+            on_text=on_text,
         )
 
     def _show_retry_wait(self, seconds: float) -> None:

@@ -23,7 +23,15 @@ from tether.errors import ModelError, RunBusy
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
 from tether.machine import MACHINE_VERSION, STATUS_VALUES
-from tether.models import AsyncModelAdapter, ModelResponse, Usage
+from tether.models import (
+    AsyncModelAdapter,
+    AsyncStreamingModelAdapter,
+    ModelRequest,
+    ModelResponse,
+    StreamingModelAdapter,
+    TextListener,
+    Usage,
+)
 from tether.state import RunState
 from tether.stores import RunRecord, Store
 from tether.stores.memory import MemoryStore
@@ -136,12 +144,15 @@ class _RunnerBase:
         listeners: Sequence[EventListener] = (),
         clock: Callable[[], float] = time.time,
         on_action: ActionListener | None = None,
+        on_text: TextListener | None = None,
     ) -> None:
         self.agent = agent
         self.store: Store = store if store is not None else MemoryStore()
         self.approver = approver
         self.listeners = list(listeners)
         self.on_action = on_action
+        self.on_text = on_text
+        """Told the answer's text as it arrives, when the model can stream (a live view); never persisted."""
         self.clock = clock
 
     # Loading and persisting ---------------------------------------------------------
@@ -355,7 +366,7 @@ class Runner(_RunnerBase):
             started = self.clock()
             response: ModelResponse | ModelError
             try:
-                response = self.agent.model.complete(action.request)
+                response = self._call_model(action.request)
             except ModelError as error:
                 response = error
             self._model_step(state, response, started)
@@ -369,6 +380,13 @@ class Runner(_RunnerBase):
                 outcome = error
             self._tool_step(state, action, outcome, began)
         return True
+
+    def _call_model(self, request: ModelRequest) -> ModelResponse:
+        """One model call: streamed only when someone listens to the text and the model can stream."""
+        model = self.agent.model
+        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
+            return model.stream(request, self.on_text)
+        return model.complete(request)
 
 
 class AsyncRunner(_RunnerBase):
@@ -403,11 +421,7 @@ class AsyncRunner(_RunnerBase):
             started = self.clock()
             response: ModelResponse | ModelError
             try:
-                model = self.agent.model
-                if isinstance(model, AsyncModelAdapter):
-                    response = await model.acomplete(action.request)
-                else:
-                    response = await asyncio.to_thread(model.complete, action.request)
+                response = await self._call_model(action.request)
             except ModelError as error:
                 response = error
             self._model_step(state, response, started)
@@ -421,3 +435,14 @@ class AsyncRunner(_RunnerBase):
                 outcome = error
             self._tool_step(state, action, outcome, began)
         return True
+
+    async def _call_model(self, request: ModelRequest) -> ModelResponse:
+        """One model call (see Runner._call_model), awaited natively when the model can; else in a thread."""
+        model, on_text = self.agent.model, self.on_text
+        if on_text is not None and isinstance(model, AsyncStreamingModelAdapter):
+            return await model.astream(request, on_text)
+        if on_text is not None and isinstance(model, StreamingModelAdapter):
+            return await asyncio.to_thread(model.stream, request, on_text)
+        if isinstance(model, AsyncModelAdapter):
+            return await model.acomplete(request)
+        return await asyncio.to_thread(model.complete, request)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.panel import Panel
 from rich.spinner import Spinner
@@ -87,20 +87,42 @@ class ProgressPrinter:
             self.console.print(Text(f"state  {data['source']} → {data['target']}", style="dim"))
 
 
+STREAM_TAIL_CHARS = 4000
+"""How much streamed text the view keeps: only its last lines fit on screen anyway."""
+
+
+class _Activity:
+    """The spinner line and, under it, the end of the answer streamed so far (as much as fits)."""
+
+    def __init__(self, spinner: Spinner) -> None:
+        self.spinner = spinner
+        self.text = ""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.spinner
+        tail = self.text.rstrip("\n")  # no blank row for a paragraph not begun
+        if tail:
+            lines = list(Text(tail).wrap(console, options.max_width))
+            yield Text("\n").join(lines[-max(1, console.height - 2) :])
+
+
 class LiveView:
     """A spinner line saying what the run is doing now, below :class:`ProgressPrinter`'s lines.
 
-    Give :meth:`on_action` to the runner's ``on_action`` and the view itself as an event
-    listener (before the printer). The spinner runs from the start of a model call, tool
-    attempt or retry wait until the next committed event, so it is gone before any
-    approval prompt (parking is itself a commit). On anything but a terminal it does
-    nothing: pipes and files get plain lines only.
+    Give :meth:`on_action` to the runner's ``on_action``, :meth:`on_text` to its ``on_text``
+    and the view itself as an event listener (before the printer). The spinner runs from
+    the start of a model call, tool attempt or retry wait until the next committed event,
+    so it is gone before any approval prompt (parking is itself a commit); while the model
+    writes, its text grows under the spinner, and the printer's summary replaces it once
+    the response is committed. On anything but a terminal it does nothing: pipes and
+    files get plain lines only.
     """
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.enabled = console.is_terminal and not console.is_dumb_terminal
         self._live: Live | None = None
+        self._activity: _Activity | None = None
 
     @property
     def active(self) -> bool:
@@ -111,12 +133,19 @@ class LiveView:
         """Show (or update) the spinner for work that is about to start."""
         if not self.enabled:
             return
-        spinner = Spinner("dots", Text(describe_activity(state, action)), style="cyan")
+        activity = self._activity = _Activity(Spinner("dots", Text(describe_activity(state, action)), style="cyan"))
         if self._live is None:
-            self._live = Live(spinner, console=self.console, transient=True, refresh_per_second=12.5)
+            self._live = Live(activity, console=self.console, transient=True, refresh_per_second=12.5)
             self._live.start(refresh=True)
         else:
-            self._live.update(spinner, refresh=True)
+            self._live.update(activity, refresh=True)
+
+    def on_text(self, text: str) -> None:
+        """Show the answer's newest text under the spinner (every piece is drawn once at least)."""
+        live, activity = self._live, self._activity
+        if live is not None and activity is not None:
+            activity.text = (activity.text + text)[-STREAM_TAIL_CHARS:]
+            live.refresh()
 
     def __call__(self, state: RunState, event: Event) -> None:
         """A commit ends the activity; a tool's recorded start is part of it."""
@@ -125,7 +154,7 @@ class LiveView:
 
     def stop(self) -> None:
         """Clear the spinner (idempotent); called on errors too, so the cursor comes back."""
-        live, self._live = self._live, None
+        live, self._live, self._activity = self._live, None, None
         if live is not None:
             live.stop()
 

@@ -2,11 +2,15 @@
 
 A :class:`ModelAdapter` needs ONE method, :meth:`~ModelAdapter.complete`. Adapters that can
 await natively also offer ``acomplete``; the async driver otherwise runs ``complete`` in a
-thread. Requests and responses are tether's own types, never SDK objects.
+thread. Adapters that can show the answer while it is written also offer ``stream`` (and
+``astream``): the same one call, returning the same response, telling a
+:data:`TextListener` each piece of text as it arrives. Drivers use them only when someone
+listens. Requests and responses are tether's own types, never SDK objects.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,4 +120,39 @@ class AsyncModelAdapter(Protocol):
         ...
 
 
-__all__ = ["AsyncModelAdapter", "ModelAdapter", "ModelRequest", "ModelResponse", "Usage"]
+TextListener = Callable[[str], None]
+"""Told each piece of the answer's text while the call is under way, in order.
+
+For live displays only: the pieces of all text blocks, joined, are the response's text;
+nothing is persisted until the whole response is, as one step.
+"""
+
+
+@runtime_checkable
+class StreamingModelAdapter(Protocol):
+    """An adapter that can report the answer's text while its one call is under way."""
+
+    def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Same call and same response as :meth:`ModelAdapter.complete`, telling ``on_text`` the text as it comes."""
+        ...
+
+
+@runtime_checkable
+class AsyncStreamingModelAdapter(Protocol):
+    """An adapter that can also await a streamed call natively."""
+
+    async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Async twin of :meth:`StreamingModelAdapter.stream`."""
+        ...
+
+
+__all__ = [
+    "AsyncModelAdapter",
+    "AsyncStreamingModelAdapter",
+    "ModelAdapter",
+    "ModelRequest",
+    "ModelResponse",
+    "StreamingModelAdapter",
+    "TextListener",
+    "Usage",
+]

@@ -2,7 +2,9 @@
 
 Vendor errors are translated here, once, into :class:`tether.errors.ModelError`. The SDK
 does the HTTP retries (429/529/5xx, honouring Retry-After); what reaches tether is the
-error that remains after them.
+error that remains after them. A streamed call (:meth:`AnthropicModel.stream`) is retried
+the same way until its stream starts; a failure after that (an ``error`` event, a dropped
+connection) is not retried by the SDK and reaches tether as the same kind of error.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import anthropic
+import httpx2
 
 from tether.errors import ModelError
 from tether.history import with_cache_breakpoint
-from tether.models import ModelRequest, ModelResponse
+from tether.models import ModelRequest, ModelResponse, TextListener
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
@@ -112,29 +116,46 @@ class AnthropicModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
-        try:
-            if self._client is None:
-                self._client = self._configure(_Client(**self._options))
-            message = self._client.messages.create(**self._params(request))
-        except anthropic.AnthropicError as error:
-            raise translate_error(error) from error
-        except TypeError as error:  # the SDK's way of saying no credentials were found
-            raise _credentials_error(error) from error
+        with _translated_errors():
+            message = self._sync_client().messages.create(**self._params(request))
         return _response(message)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
-        loop = asyncio.get_running_loop()
-        try:
-            if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
-                self._async_client = self._configure(_AsyncClient(**self._options))
-                self._async_loop = weakref.ref(loop)
-            message = await self._async_client.messages.create(**self._params(request))
-        except anthropic.AnthropicError as error:
-            raise translate_error(error) from error
-        except TypeError as error:
-            raise _credentials_error(error) from error
+        with _translated_errors():
+            message = await self._loop_client().messages.create(**self._params(request))
         return _response(message)
+
+    def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Make the same call streamed, telling ``on_text`` each text delta; returns what :meth:`complete` would."""
+        relay = _TextRelay(on_text)
+        with _translated_errors(), self._sync_client().messages.stream(**self._params(request)) as events:
+            for event in events:
+                relay.see(event)
+            message = relay.finished(events.get_final_message())
+        return _response(message)
+
+    async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Async twin of :meth:`stream`."""
+        relay = _TextRelay(on_text)
+        with _translated_errors():
+            async with self._loop_client().messages.stream(**self._params(request)) as events:
+                async for event in events:
+                    relay.see(event)
+                message = relay.finished(await events.get_final_message())
+        return _response(message)
+
+    def _sync_client(self) -> anthropic.Anthropic:
+        if self._client is None:
+            self._client = self._configure(_Client(**self._options))
+        return self._client
+
+    def _loop_client(self) -> anthropic.AsyncAnthropic:
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
+            self._async_client = self._configure(_AsyncClient(**self._options))
+            self._async_loop = weakref.ref(loop)
+        return self._async_client
 
     def _configure(self, client: _ClientT) -> _ClientT:
         client.max_retry_wait = self.max_retry_wait
@@ -154,6 +175,40 @@ class AnthropicModel:
             self._async_client = None
 
 
+class _TextRelay:
+    """Passes a stream's text deltas on, and notices a stream that ended before ``message_stop``."""
+
+    def __init__(self, on_text: TextListener) -> None:
+        self.on_text = on_text
+        self.stopped = False
+
+    def see(self, event: Any) -> None:
+        if event.type == "text":  # the SDK's event for a text_delta
+            self.on_text(event.text)
+        elif event.type == "message_stop":
+            self.stopped = True
+
+    def finished(self, message: Any) -> Any:
+        if not self.stopped:  # the SDK returns whatever arrived: never take half a message for a whole one
+            raise ModelError("the response stream ended before the message was complete", retryable=True)
+        return message
+
+
+@contextmanager
+def _translated_errors() -> Iterator[None]:
+    """Turn what the SDK (and, mid-stream, its HTTP client) raises into :class:`ModelError`."""
+    try:
+        yield
+    except anthropic.AnthropicError as error:
+        raise translate_error(error) from error
+    except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
+        raise ModelError(f"the connection to the Anthropic API broke mid-stream: {error}", retryable=True) from error
+    except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
+        raise ModelError(f"the response stream could not be read: {error}", retryable=True) from error
+    except TypeError as error:  # the SDK's way of saying no credentials were found
+        raise _credentials_error(error) from error
+
+
 def _credentials_error(error: TypeError) -> ModelError:
     if "authentication" not in str(error).lower() and "api_key" not in str(error).lower():
         raise error
@@ -168,15 +223,31 @@ def _response(message: Any) -> ModelResponse:
     return ModelResponse.from_dict(data)
 
 
+STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+"""The HTTP status each error ``type`` has outside a stream (an ``error`` event comes after a 200)."""
+
+
 def translate_error(error: anthropic.AnthropicError) -> ModelError:
     """Turn an SDK error into a :class:`ModelError` that says what happened."""
+    if isinstance(error, anthropic.APIStatusError) and error.status_code < 300:
+        return _stream_error(error)
     if isinstance(error, anthropic.APIStatusError):
         message = _api_message(error)
         status = error.status_code
         if status == 400 and "prompt is too long" in message.lower():
             return ModelError(f"context window exceeded: {message}", status=status)
-        retryable = status in (408, 409, 429) or status >= 500
-        return ModelError(f"Anthropic API error {status}: {message}", status=status, retryable=retryable)
+        return ModelError(f"Anthropic API error {status}: {message}", status=status, retryable=_transient(status))
     if isinstance(error, anthropic.APIConnectionError):
         return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True)
     return ModelError(f"Anthropic client error: {error}")
@@ -189,3 +260,17 @@ def _api_message(error: anthropic.APIStatusError) -> str:
         if isinstance(detail, dict) and isinstance(detail.get("message"), str):
             return str(detail["message"])
     return str(error.message)
+
+
+def _stream_error(error: anthropic.APIStatusError) -> ModelError:
+    """An ``error`` event in a stream that had started (HTTP 200): judged as its HTTP twin."""
+    kind = error.type or "unknown error"
+    status = STREAM_ERROR_STATUS.get(kind)
+    retryable = status is not None and _transient(status)
+    message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
+    return ModelError(message, status=status, retryable=retryable)
+
+
+def _transient(status: int) -> bool:
+    """Whether an error with this HTTP status may pass if the call is made again later."""
+    return status in (408, 409, 429) or status >= 500

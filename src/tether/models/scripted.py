@@ -1,18 +1,20 @@
 """A model that replays Messages API responses offline, for demos and tests.
 
 It speaks the same types as the real adapter and records every request it got, so a test
-can assert on exactly what would have been sent to the API.
+can assert on exactly what would have been sent to the API. Streamed, it tells the text of
+its reply word by word, so a live view shows offline what it shows with Claude.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tether.errors import ConfigError, ModelError
-from tether.models import ModelRequest, ModelResponse
+from tether.models import ModelRequest, ModelResponse, TextListener
 
 Reply = dict[str, Any] | ModelResponse | BaseException
 Script = Sequence[Reply] | Callable[[ModelRequest], Reply]
@@ -67,3 +69,16 @@ class ScriptedModel:
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Same as :meth:`complete`; nothing to wait for."""
         return self.complete(request)
+
+    def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Answer as :meth:`complete` does, telling ``on_text`` the reply's text a word at a time first."""
+        response = self.complete(request)
+        for block in response.content:
+            if block.get("type") == "text":
+                for piece in re.findall(r"\s*\S+|\s+$", str(block.get("text", ""))):
+                    on_text(piece)
+        return response
+
+    async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
+        """Same as :meth:`stream`; nothing to wait for."""
+        return self.stream(request, on_text)
