@@ -1,18 +1,19 @@
 """Diagrams: each renderer on the IR alone, then the real machine, a real run, and diagrams/.
 
-Mermaid syntax is checked by a small line grammar of our own (:func:`check_state_diagram`,
-:func:`check_sequence_diagram`): no offline Mermaid parser is available in the venv. Mermaid's
-own parser does run offline under node 20 with jsdom (no browser); where one is installed
-(``npm install --prefix DIR mermaid@11 jsdom`` and ``TETHER_MERMAID_DIR=DIR``), the last test
-also feeds every generated diagram to it, and skips otherwise. DOT is checked by the real
-Graphviz ``dot`` (``apt-get install graphviz``) and the SVG read back with ``xml.etree``.
+Mermaid is checked twice. A small line grammar of our own (:func:`check_state_diagram`,
+:func:`check_sequence_diagram`) runs everywhere and says which line is wrong. Mermaid's own
+parser (``mermaid.parse`` under Node.js, with jsdom standing in for the browser) checks every
+kind of diagram we write: the graph, a run's overlay, the tools note and a run's sequence
+diagram. It is pinned in tests/mermaid/package-lock.json and installed there by
+``scripts/setup`` (``npm ci``; @mermaid-js/parser alone does not cover state or sequence
+diagrams). DOT is checked by the real Graphviz ``dot`` (``apt-get install graphviz``) and the
+SVG read back with ``xml.etree``. Without Node.js and the modules, or without ``dot``, those
+tests skip, except under ``TETHER_REQUIRE_TOOLS=1`` (as ``scripts/test`` runs them), where they fail.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -22,6 +23,7 @@ import pytest
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 from statemachine.contrib.diagram.model import DiagramGraph, DiagramState, DiagramTransition, StateType
 
+from support import mermaid_parse_errors
 from tether import AutoApprover, RetryLater, RetryPolicy, Runner, tool
 from tether import diagram as dg
 from tether.agent import Agent
@@ -35,9 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE_IDS = {"thinking", "executing_tool", "awaiting_approval", "done", "failed", "cancelled"}
 SVG = "{http://www.w3.org/2000/svg}"
 X = dg.COUNT_MARK
-needs_dot = pytest.mark.skipif(
-    shutil.which("dot") is None, reason="Graphviz is not installed (apt-get install graphviz)"
-)
+needs_dot = pytest.mark.usefixtures("graphviz")
 
 
 # A small Mermaid grammar of our own --------------------------------------------------------
@@ -517,52 +517,37 @@ def test_generated_svg_file_is_fresh() -> None:
     assert svg_texts(committed) == svg_texts(fresh), "diagrams/ is stale: run scripts/diagrams"
 
 
+@needs_dot
 def test_the_entry_point_writes_both_files(tmp_path: Path) -> None:
-    if shutil.which("dot") is None:
-        pytest.skip("Graphviz is not installed (apt-get install graphviz)")
     assert dg.main([str(tmp_path)]) == 0
     assert (tmp_path / dg.MERMAID_FILE).read_text(encoding="utf-8") == dg.to_mermaid()
     assert svg_titles((tmp_path / dg.SVG_FILE).read_bytes()) == svg_titles(dg.render())
 
 
-# Mermaid's own parser, where it is installed -------------------------------------------------
-MERMAID_CHECK = r"""
-import { JSDOM } from "jsdom";
-import { readFileSync } from "node:fs";
-const dom = new JSDOM("<!doctype html><html><body></body></html>");
-globalThis.window = dom.window;
-globalThis.document = dom.window.document;
-const { default: mermaid } = await import("mermaid");
-mermaid.initialize({ startOnLoad: false });
-let failed = 0;
-for (const path of process.argv.slice(1)) {
-  try { await mermaid.parse(readFileSync(path, "utf8")); }
-  catch (error) { failed++; console.log(`${path}\t${error.message.split("\n")[0]}`); }
-}
-process.exit(failed ? 1 : 0);
-"""
-
-
-def test_mermaids_own_parser_accepts_every_diagram(run: tuple[list[Event], Agent], tmp_path: Path) -> None:
-    where = os.environ.get("TETHER_MERMAID_DIR")
-    if not where or shutil.which("node") is None or not (Path(where) / "node_modules" / "mermaid").is_dir():
-        pytest.skip("set TETHER_MERMAID_DIR to a directory with `npm install mermaid@11 jsdom` done in it")
+# Mermaid's own parser ---------------------------------------------------------------------------
+def test_mermaids_own_parser_accepts_every_diagram(
+    run: tuple[list[Event], Agent], mermaid_dir: Path, tmp_path: Path
+) -> None:
     events, agent = run
     texts = {
         "plain.mmd": dg.to_mermaid(),
         "overlay.mmd": dg.to_mermaid(events=events, agent=agent),
         "small.mmd": dg.render_mermaid(small_diagram()),
         "sequence.mmd": dg.to_sequence(events),
-        "bad.mmd": "stateDiagram-v2\n    a --> : broken\n",
+        "committed.mmd": (ROOT / "diagrams" / dg.MERMAID_FILE).read_text(encoding="utf-8"),
     }
-    for name, text in texts.items():
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    paths = [str(tmp_path / name) for name in texts]
-    command = ["node", "--input-type=module", "-e", MERMAID_CHECK, *paths]
-    completed = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60, check=False)
-    failures = dict(line.split("\t", 1) for line in completed.stdout.strip().split("\n") if line)
-    assert list(failures) == [paths[-1]], completed.stdout + completed.stderr  # only the broken one
-    assert failures[paths[-1]].startswith("Parse error")  # so the parser does reject bad input
+    assert mermaid_parse_errors(mermaid_dir, texts, tmp_path) == {}
+
+
+def test_mermaids_own_parser_rejects_what_we_must_escape(mermaid_dir: Path, tmp_path: Path) -> None:
+    """So the check above can fail: a broken edge, and a raw ``;`` in a message (see ``_ENTITIES``)."""
+    texts = {
+        "bad-state.mmd": "stateDiagram-v2\n    a --> : broken\n",
+        "bad-sequence.mmd": "sequenceDiagram\n    participant A\n    A->>A: semi; colon\n",
+    }
+    errors = mermaid_parse_errors(mermaid_dir, texts, tmp_path)
+    assert list(errors) == list(texts)
+    assert all(error.startswith("Parse error") for error in errors.values()), errors
 
 
 # Reading DOT back ------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,9 +11,7 @@ import pytest
 from support import run_tether
 from tether import diagram as dg
 
-needs_dot = pytest.mark.skipif(
-    shutil.which("dot") is None, reason="Graphviz is not installed (apt-get install graphviz)"
-)
+needs_dot = pytest.mark.usefixtures("graphviz")
 X = dg.COUNT_MARK
 
 TOOLS = '''
