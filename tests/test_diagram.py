@@ -1,14 +1,15 @@
 """Diagrams: each renderer on the IR alone, then the real machine, a real run, and diagrams/.
 
-Mermaid is checked twice. A small line grammar of our own (:func:`check_state_diagram`,
-:func:`check_sequence_diagram`) runs everywhere and says which line is wrong. Mermaid's own
-parser (``mermaid.parse`` under Node.js, with jsdom standing in for the browser) checks every
-kind of diagram we write: the graph, a run's overlay, the tools note and a run's sequence
-diagram. It is pinned in tests/mermaid/package-lock.json and installed there by
-``scripts/setup`` (``npm ci``; @mermaid-js/parser alone does not cover state or sequence
-diagrams). DOT is checked by the real Graphviz ``dot`` (``apt-get install graphviz``) and the
-SVG read back with ``xml.etree``. Without Node.js and the modules, or without ``dot``, those
-tests skip, except under ``TETHER_REQUIRE_TOOLS=1`` (as ``scripts/test`` runs them), where they fail.
+Mermaid is checked twice. A small line grammar of our own (``check_state_diagram`` and
+``check_sequence_diagram`` in diagram_reading.py) runs everywhere and says which line is
+wrong. Mermaid's own parser (``mermaid.parse`` under Node.js, with jsdom standing in for the
+browser) checks every kind of diagram we write: the graph, a run's overlay, the tools note
+and a run's sequence diagram. It is pinned in tests/mermaid/package-lock.json and installed
+there by ``scripts/setup`` (``npm ci``; @mermaid-js/parser alone does not cover state or
+sequence diagrams). DOT is checked by the real Graphviz ``dot`` (``apt-get install graphviz``)
+and the SVG read back with ``xml.etree``. Without Node.js and the modules, or without ``dot``,
+those tests skip, except under ``TETHER_REQUIRE_TOOLS=1`` (``scripts/test`` sets it): then
+they fail.
 """
 
 from __future__ import annotations
@@ -23,12 +24,21 @@ import pytest
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 from statemachine.contrib.diagram.model import DiagramGraph, DiagramState, DiagramTransition, StateType
 
+from diagram_reading import (
+    check_sequence_diagram,
+    check_state_diagram,
+    dot_counts,
+    dot_edges,
+    dot_nodes,
+    mermaid_counts,
+    recorded_counts,
+)
 from support import mermaid_parse_errors
 from tether import AutoApprover, RetryLater, RetryPolicy, Runner, tool
 from tether import diagram as dg
 from tether.agent import Agent
 from tether.events import Event
-from tether.machine import STATUS_VALUES, AgentMachine
+from tether.machine import AgentMachine
 from tether.policies import ApprovalVerdict
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
@@ -38,85 +48,6 @@ STATE_IDS = {"thinking", "executing_tool", "awaiting_approval", "done", "failed"
 SVG = "{http://www.w3.org/2000/svg}"
 X = dg.COUNT_MARK
 needs_dot = pytest.mark.usefixtures("graphviz")
-
-
-# A small Mermaid grammar of our own --------------------------------------------------------
-ID = r"[A-Za-z_][A-Za-z0-9_]*"
-CSS = r"[a-z-]+:[#A-Za-z0-9.%-]+(,[a-z-]+:[#A-Za-z0-9.%-]+)*"
-STATE_LINE = {
-    "direction": re.compile(r"direction (LR|RL|TB|BT)"),
-    "state": re.compile(rf'state "(?P<label>[^"]+)" as (?P<id>{ID})'),
-    "edge": re.compile(rf"(?P<src>{ID}|\[\*\]) --> (?P<dst>{ID}|\[\*\])( : (?P<label>[^:;\"]+))?"),
-    "classDef": re.compile(rf"classDef (?P<name>{ID}) {CSS}"),
-    "styled": re.compile(rf"(?P<id>{ID}):::(?P<cls>{ID})"),
-    "class": re.compile(rf"class (?P<ids>{ID}(,{ID})*) (?P<cls>{ID})"),
-    "note": re.compile(rf"note (left|right) of (?P<id>{ID})"),
-}
-
-
-def check_state_diagram(text: str) -> None:
-    """Every line is one we know how Mermaid reads; every id and class used is declared."""
-    lines = text.rstrip("\n").split("\n")
-    assert lines[0] == "stateDiagram-v2"
-    declared: set[str] = set()
-    used: set[str] = set()
-    classes_defined: set[str] = set()
-    classes_used: set[str] = set()
-    in_note = False
-    for raw in lines[1:]:
-        line = raw.strip()
-        if in_note:
-            assert line, "an empty line inside a note"
-            in_note = line != "end note"
-            continue
-        if not line:
-            continue
-        kind, match = next(((k, p.fullmatch(line)) for k, p in STATE_LINE.items() if p.fullmatch(line)), (None, None))
-        assert match is not None, f"not Mermaid stateDiagram-v2 as we write it: {raw!r}"
-        if kind == "state":
-            declared.add(match["id"])
-        elif kind == "edge":
-            used.update(x for x in (match["src"], match["dst"]) if x != "[*]")
-        elif kind == "classDef":
-            classes_defined.add(match["name"])
-        elif kind in ("styled", "note"):
-            used.add(match["id"])
-            if kind == "styled":
-                classes_used.add(match["cls"])
-            in_note = kind == "note"
-        elif kind == "class":
-            used.update(match["ids"].split(","))
-            classes_used.add(match["cls"])
-    assert not in_note, "a note is not closed with 'end note'"
-    assert used <= declared, f"undeclared states: {used - declared}"
-    assert classes_used <= classes_defined, f"classes without classDef: {classes_used - classes_defined}"
-
-
-TEXT = r"(?:[^;#<>\n]|#(?:\d+|[a-z]+);)+"  # Mermaid reads ; # < > as syntax: they must be entity codes
-SEQUENCE_LINE = {
-    "participant": re.compile(rf"participant (?P<id>{ID})( as [^;#<>:\n]+)?"),
-    "message": re.compile(rf"(?P<src>{ID})(->>|-->>|--x|-x)(?P<dst>{ID}): {TEXT}"),
-    "note": re.compile(rf"Note over (?P<ids>{ID}(,{ID})?): {TEXT}"),
-}
-
-
-def check_sequence_diagram(text: str) -> None:
-    """Participants are declared before use; message text cannot be read as syntax."""
-    lines = text.rstrip("\n").split("\n")
-    assert lines[0] == "sequenceDiagram"
-    declared: set[str] = set()
-    for raw in lines[1:]:
-        line = raw.strip()
-        kind, match = next(
-            ((k, p.fullmatch(line)) for k, p in SEQUENCE_LINE.items() if p.fullmatch(line)), (None, None)
-        )
-        assert match is not None, f"not Mermaid sequenceDiagram as we write it: {raw!r}"
-        if kind == "participant":
-            declared.add(match["id"])
-        elif kind == "message":
-            assert {match["src"], match["dst"]} <= declared, raw
-        else:
-            assert set(match["ids"].split(",")) <= declared, raw
 
 
 def test_the_grammar_rejects_what_mermaid_rejects() -> None:
@@ -418,41 +349,13 @@ def run() -> tuple[list[Event], Agent]:
     return drive_a_run()
 
 
-def recorded_counts(events: list[Event]) -> tuple[Counter[tuple[str, str, str]], Counter[str]]:
-    """What the run's transition events say: moves by (source id, target id, event name), entries by state."""
-    names = {event.id: event.name for event in AgentMachine.events}
-    moves: Counter[tuple[str, str, str]] = Counter()
-    entries: Counter[str] = Counter()
-    for event in events:
-        if event.type != "transition":
-            continue
-        entries[STATUS_VALUES[event.data["target"]]] += 1
-        if event.data["source"] is not None:
-            key = (STATUS_VALUES[event.data["source"]], STATUS_VALUES[event.data["target"]], names[event.data["event"]])
-            moves[key] += 1
-    return moves, entries
-
-
-COUNTED = re.compile(rf"(?P<label>.+?) {X}(?P<n>\d+)(?: \[.*\])?")
-
-
 def test_mermaid_overlay_counts_equal_the_runs_transition_events(run: tuple[list[Event], Agent]) -> None:
     events, agent = run
-    moves, entries = recorded_counts(events)
     text = dg.to_mermaid(events=events, agent=agent)
     check_state_diagram(text)
     assert text == dg.to_mermaid(events=events, agent=agent)
-    drawn: Counter[tuple[str, str, str]] = Counter()
-    visits: Counter[str] = Counter()
-    for line in text.split("\n"):
-        edge = STATE_LINE["edge"].fullmatch(line.strip())
-        if edge and edge["label"] and (counted := COUNTED.fullmatch(edge["label"])):
-            drawn[(edge["src"], edge["dst"], counted["label"])] += int(counted["n"])
-        state = STATE_LINE["state"].fullmatch(line.strip())
-        if state and (counted := COUNTED.fullmatch(state["label"])):
-            visits[state["id"]] = int(counted["n"])
-    assert drawn == moves
-    assert visits == entries
+    moves, entries = recorded_counts(events)
+    assert mermaid_counts(text) == (moves, entries)
     assert moves[("executing_tool", "executing_tool", "Retry scheduled")] == 1
     assert moves[("awaiting_approval", "executing_tool", "Decided")] == 1
     assert "    done:::active\n" in text
@@ -462,17 +365,9 @@ def test_mermaid_overlay_counts_equal_the_runs_transition_events(run: tuple[list
 
 def test_dot_overlay_counts_and_colours_equal_the_runs_transition_events(run: tuple[list[Event], Agent]) -> None:
     events, agent = run
-    moves, _ = recorded_counts(events)
     source = dg.to_dot(events=events, agent=agent)
     assert source == dg.to_dot(events=events, agent=agent)
-    drawn: Counter[tuple[str, str, str]] = Counter()
-    for (src, dst, label), attributes in dot_edges(source).items():
-        counted = COUNTED.fullmatch(label)
-        assert (attributes.get("color") == dg.VISITED_STROKE) == bool(counted), (src, dst, label)
-        if counted:
-            drawn[(src, dst, counted["label"])] += int(counted["n"])
-            assert attributes["penwidth"] == str(min(1 + int(counted["n"]), 5))
-    assert drawn == moves
+    assert dot_counts(source) == recorded_counts(events)[0]
     assert dot_nodes(source)["done"]["fillcolor"] == dg.ACTIVE_FILL
 
 
@@ -548,30 +443,3 @@ def test_mermaids_own_parser_rejects_what_we_must_escape(mermaid_dir: Path, tmp_
     errors = mermaid_parse_errors(mermaid_dir, texts, tmp_path)
     assert list(errors) == list(texts)
     assert all(error.startswith("Parse error") for error in errors.values()), errors
-
-
-# Reading DOT back ------------------------------------------------------------------------
-DOT_ATTRIBUTE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|<(?:[^<>]|<[^>]*>)*>|[^,\]\s]+)')
-
-
-def _attributes(text: str) -> dict[str, str]:
-    return {key: value.strip('"') for key, value in DOT_ATTRIBUTE.findall(text)}
-
-
-def dot_nodes(source: str) -> dict[str, dict[str, str]]:
-    """Node name → attributes, for the node statements of a DOT text."""
-    found = {}
-    for match in re.finditer(r"^(\w+) \[(.*)\];$", source, re.MULTILINE):
-        found[match[1]] = _attributes(match[2])
-    return found
-
-
-def dot_edges(source: str) -> dict[tuple[str, str, str], dict[str, str]]:
-    """(source, target, label text) → attributes, for the edge statements of a DOT text."""
-    found = {}
-    for match in re.finditer(r"^(\w+) -> (\w+) \[(.*)\];$", source, re.MULTILINE):
-        label = re.search(r'<font point-size="\d+">(.*?)(?:<br/>.*?)?</font>', match[3])
-        text = label[1] if label else ""
-        attributes = _attributes(re.sub(r"label=<.*>>,", "", match[3]))
-        found[(match[1], match[2], text)] = attributes
-    return found
