@@ -34,7 +34,7 @@ from diagram_reading import (
     recorded_counts,
 )
 from support import mermaid_parse_errors
-from tether import AutoApprover, RetryLater, RetryPolicy, Runner, tool
+from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, tool
 from tether import diagram as dg
 from tether.agent import Agent
 from tether.events import Event
@@ -300,7 +300,7 @@ def test_events_from_another_machine_are_refused() -> None:
 
 
 # A real run -------------------------------------------------------------------------------
-def drive_a_run() -> tuple[list[Event], Agent]:
+def drive_a_run() -> tuple[MemoryStore, Runner, RunResult]:
     """Tool calls with a retry, an error and one approval (approved), then an answer."""
     failures = iter([RetryLater("busy")])
 
@@ -339,14 +339,21 @@ def drive_a_run() -> tuple[list[Event], Agent]:
     ]
     store = MemoryStore()
     agent = Agent(model=ScriptedModel(script), tools=[search, send_email, broken])
-    result = Runner(agent, store, approver=AutoApprover(approve=True)).run("Find cats, mail a@b.c")
+    runner = Runner(agent, store, approver=AutoApprover(approve=True))
+    result = runner.run("Find cats, mail a@b.c")
     assert result.status == "done"
-    return store.load_events(result.run_id), agent
+    return store, runner, result
 
 
 @pytest.fixture(scope="module")
-def run() -> tuple[list[Event], Agent]:
+def stored_run() -> tuple[MemoryStore, Runner, RunResult]:
     return drive_a_run()
+
+
+@pytest.fixture(scope="module")
+def run(stored_run: tuple[MemoryStore, Runner, RunResult]) -> tuple[list[Event], Agent]:
+    store, runner, result = stored_run
+    return store.load_events(result.run_id), runner.agent
 
 
 def test_mermaid_overlay_counts_equal_the_runs_transition_events(run: tuple[list[Event], Agent]) -> None:
@@ -395,6 +402,46 @@ def test_sequence_diagram_of_a_real_run(run: tuple[list[Event], Agent]) -> None:
     assert "    Approver-->>tool_send_email: c2 approved by approve-all\n" in text
     assert "    tool_broken--xModel: Error (retryable): tool 'broken' raised ValueError: nope\n" in text
     assert text.endswith("    Model-->>User: Done #35;1.\n    Note over User,Model: run done\n")
+
+
+# The Python API takes a run as well as a machine -------------------------------------------------
+def test_a_run_is_drawn_from_its_result_state_row_or_id(stored_run: tuple[MemoryStore, Runner, RunResult]) -> None:
+    store, runner, result = stored_run
+    events, agent = store.load_events(result.run_id), runner.agent
+    mermaid, dot = dg.to_mermaid(events=events, agent=agent), dg.to_dot(events=events, agent=agent)
+    for run in (result, result.run_id, store.load_run(result.run_id), runner.load(result.run_id)):
+        assert dg.to_mermaid(run, store=store, agent=agent) == mermaid, type(run)
+        assert dg.to_dot(run, store=store, agent=agent) == dot, type(run)
+        assert dg.to_sequence(run, store=store) == dg.to_sequence(events), type(run)
+    assert f"thinking --> done : Answered {X}1" in dg.to_mermaid(result, store=store)
+
+
+@needs_dot
+def test_a_run_renders_to_svg(stored_run: tuple[MemoryStore, Runner, RunResult]) -> None:
+    store, _, result = stored_run
+    events = store.load_events(result.run_id)
+    assert dg.render(result, store=store, format="svg") == dg.render(events=events, format="svg")
+
+
+def test_what_is_neither_a_machine_nor_a_run_is_a_clear_error(
+    stored_run: tuple[MemoryStore, Runner, RunResult],
+) -> None:
+    store, _, result = stored_run
+    for draw in (dg.to_mermaid, dg.to_dot, dg.render):
+        with pytest.raises(dg.DiagramError, match=r"cannot draw int 42: give a machine class or instance, or a run"):
+            draw(42, store=store)  # type: ignore[operator]
+    with pytest.raises(dg.DiagramError, match=f"run {result.run_id}: its path is in its events; pass store="):
+        dg.to_mermaid(result)
+    with pytest.raises(dg.DiagramError, match="store= reads a run's events"):
+        dg.to_dot(AgentMachine, store=store)
+    with pytest.raises(dg.DiagramError, match="give a run or events=, not both"):
+        dg.to_mermaid(result, store=store, events=[])
+    with pytest.raises(RunNotFound):
+        dg.to_mermaid("run_nope", store=store)
+    with pytest.raises(dg.DiagramError, match=r"takes a run \(with store=\) or a list of Event"):
+        dg.to_sequence([{"type": "transition"}])  # type: ignore[list-item]
+    with pytest.raises(dg.DiagramError, match="cannot draw float"):
+        dg.to_sequence(1.5)  # type: ignore[arg-type]
 
 
 # diagrams/ --------------------------------------------------------------------------------
