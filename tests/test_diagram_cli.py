@@ -86,6 +86,15 @@ def test_text_goes_to_a_file_with_o(tmp_path: Path) -> None:
     assert (tmp_path / "graph.mmd").read_text(encoding="utf-8") == dg.to_mermaid()
 
 
+@pytest.mark.parametrize("target", ["no-such-dir/graph.mmd", "."])
+def test_an_unwritable_o_is_a_one_line_error(tmp_path: Path, target: str) -> None:
+    done = run_tether(tmp_path, "diagram", "-o", target)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith(f"error: cannot write {target}: "), done
+    assert len(done.stderr.strip().splitlines()) == 1, done  # no traceback
+    assert done.stdout == ""
+
+
 @pytest.mark.parametrize("image", ["svg", "png"])
 def test_images_need_o(tmp_path: Path, image: str) -> None:
     done = run_tether(tmp_path, "diagram", "--format", image)
