@@ -450,20 +450,57 @@ def test_generated_mermaid_file_is_fresh() -> None:
     assert committed == dg.to_mermaid(), "diagrams/ is stale: run scripts/diagrams"
 
 
+def test_generated_dot_file_is_fresh() -> None:
+    """The SVG's source, compared exactly: every node, edge, label, colour and width."""
+    committed = (ROOT / "diagrams" / dg.DOT_FILE).read_text(encoding="utf-8")
+    assert committed == dg.to_dot(), "diagrams/ is stale: run scripts/diagrams"
+
+
+def svg_drawing(svg: bytes) -> list[tuple[str, str, tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]]:
+    """What each node and edge of a Graphviz SVG looks like, without coordinates (which move
+    between Graphviz versions): (class, title, shapes as tag/fill/stroke/width, texts as
+    text/size/colour), sorted."""
+    drawn = []
+    for group in ET.fromstring(svg).iter(f"{SVG}g"):
+        if group.get("class") not in ("node", "edge"):
+            continue
+        shapes = tuple(
+            (child.tag.removeprefix(SVG), *(child.get(key, "") for key in ("fill", "stroke", "stroke-width")))
+            for child in group
+            if child.tag.removeprefix(SVG) in ("ellipse", "polygon", "path", "polyline")
+        )
+        texts = tuple(
+            (text.text or "", text.get("font-size", ""), text.get("fill", "")) for text in group.iter(f"{SVG}text")
+        )
+        drawn.append((group.get("class", ""), group.findtext(f"{SVG}title") or "", shapes, texts))
+    return sorted(drawn)
+
+
 @needs_dot
 def test_generated_svg_file_is_fresh() -> None:
-    """Compared by structure and text, so another Graphviz version does not count as stale."""
+    """Compared by what is drawn, not where, so another Graphviz version does not count as stale."""
     committed = (ROOT / "diagrams" / dg.SVG_FILE).read_bytes()
     fresh = dg.render(format="svg")
-    assert svg_titles(committed) == svg_titles(fresh), "diagrams/ is stale: run scripts/diagrams"
+    assert svg_drawing(committed) == svg_drawing(fresh), "diagrams/ is stale: run scripts/diagrams"
     assert svg_texts(committed) == svg_texts(fresh), "diagrams/ is stale: run scripts/diagrams"
 
 
 @needs_dot
-def test_the_entry_point_writes_both_files(tmp_path: Path) -> None:
+def test_svg_freshness_check_sees_a_changed_colour() -> None:
+    """So the check above cannot pass on titles and text alone."""
+    fresh = dg.render(format="svg")
+    recoloured = dg.graphviz(dg.to_dot().replace("fillcolor=white", "fillcolor=yellow", 1), "svg")
+    assert svg_titles(recoloured) == svg_titles(fresh)
+    assert svg_drawing(recoloured) != svg_drawing(fresh)
+
+
+@needs_dot
+def test_the_entry_point_writes_every_file(tmp_path: Path) -> None:
     assert dg.main([str(tmp_path)]) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(dg.generated())
     assert (tmp_path / dg.MERMAID_FILE).read_text(encoding="utf-8") == dg.to_mermaid()
-    assert svg_titles((tmp_path / dg.SVG_FILE).read_bytes()) == svg_titles(dg.render())
+    assert (tmp_path / dg.DOT_FILE).read_text(encoding="utf-8") == dg.to_dot()
+    assert svg_drawing((tmp_path / dg.SVG_FILE).read_bytes()) == svg_drawing(dg.render())
 
 
 # Mermaid's own parser ---------------------------------------------------------------------------

@@ -17,8 +17,8 @@ A run's timeline is built the same way: :func:`timeline` folds its events into a
 :class:`Timeline` of arrows and notes, and :func:`render_sequence` writes a Mermaid
 ``sequenceDiagram``.
 
-``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd`` and ``agent-machine.svg``
-(what ``scripts/diagrams`` runs to refresh ``diagrams/``).
+``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd``, ``agent-machine.dot`` and
+``agent-machine.svg`` (what ``scripts/diagrams`` runs to refresh ``diagrams/``).
 """
 
 from __future__ import annotations
@@ -690,12 +690,16 @@ def to_sequence(run_or_events: RunRef | Sequence[Event], *, store: Store | None 
 
 
 # Generated files ----------------------------------------------------------------------------
-MERMAID_FILE, SVG_FILE = "agent-machine.mmd", "agent-machine.svg"
+MERMAID_FILE, DOT_FILE, SVG_FILE = "agent-machine.mmd", "agent-machine.dot", "agent-machine.svg"
 
 
 def generated() -> dict[str, bytes]:
-    """The files ``diagrams/`` holds, freshly drawn from :class:`AgentMachine`."""
-    return {MERMAID_FILE: to_mermaid().encode(), SVG_FILE: render(format="svg")}
+    """The files ``diagrams/`` holds, freshly drawn from :class:`AgentMachine`.
+
+    The DOT text is what the SVG is drawn from; unlike the SVG it does not depend on the
+    Graphviz version, so it can be compared exactly to tell whether ``diagrams/`` is stale.
+    """
+    return {MERMAID_FILE: to_mermaid().encode(), DOT_FILE: to_dot().encode(), SVG_FILE: render(format="svg")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
