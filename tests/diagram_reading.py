@@ -35,16 +35,29 @@ STATE_LINE = {
 }
 
 
+def body(text: str, header: str) -> list[str]:
+    """The lines after the diagram's header line, which must be ``header``."""
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == header, f"expected {header!r} first, got {lines[0]!r}"
+    return lines[1:]
+
+
+def read_line(raw: str, grammar: dict[str, re.Pattern[str]], header: str) -> tuple[str, re.Match[str]]:
+    """Which kind of line ``raw`` is, and its match; an assertion names a line the grammar lacks."""
+    for kind, pattern in grammar.items():
+        if match := pattern.fullmatch(raw.strip()):
+            return kind, match
+    raise AssertionError(f"not Mermaid {header} as we write it: {raw!r}")
+
+
 def check_state_diagram(text: str) -> None:
     """Every line is one we know how Mermaid reads; every id and class used is declared."""
-    lines = text.rstrip("\n").split("\n")
-    assert lines[0] == "stateDiagram-v2"
     declared: set[str] = set()
     used: set[str] = set()
     classes_defined: set[str] = set()
     classes_used: set[str] = set()
     in_note = False
-    for raw in lines[1:]:
+    for raw in body(text, "stateDiagram-v2"):
         line = raw.strip()
         if in_note:
             assert line, "an empty line inside a note"
@@ -52,8 +65,7 @@ def check_state_diagram(text: str) -> None:
             continue
         if not line:
             continue
-        kind, match = next(((k, p.fullmatch(line)) for k, p in STATE_LINE.items() if p.fullmatch(line)), (None, None))
-        assert match is not None, f"not Mermaid stateDiagram-v2 as we write it: {raw!r}"
+        kind, match = read_line(raw, STATE_LINE, "stateDiagram-v2")
         if kind == "state":
             declared.add(match["id"])
         elif kind == "edge":
@@ -83,15 +95,9 @@ SEQUENCE_LINE = {
 
 def check_sequence_diagram(text: str) -> None:
     """Participants are declared before use; message text cannot be read as syntax."""
-    lines = text.rstrip("\n").split("\n")
-    assert lines[0] == "sequenceDiagram"
     declared: set[str] = set()
-    for raw in lines[1:]:
-        line = raw.strip()
-        kind, match = next(
-            ((k, p.fullmatch(line)) for k, p in SEQUENCE_LINE.items() if p.fullmatch(line)), (None, None)
-        )
-        assert match is not None, f"not Mermaid sequenceDiagram as we write it: {raw!r}"
+    for raw in body(text, "sequenceDiagram"):
+        kind, match = read_line(raw, SEQUENCE_LINE, "sequenceDiagram")
         if kind == "participant":
             declared.add(match["id"])
         elif kind == "message":
