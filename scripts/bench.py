@@ -810,8 +810,7 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
     if results.get("targets"):
         out.append("\n### Targets\n")
         out.append(table(["target", "measured", "met"],
-                         [[t["target"], t["measured"], {True: "yes", False: "NO", None: "n/a"}[t["met"]]]
-                          for t in results["targets"]]))
+                         [[t["target"], t["measured"], verdict(t)] for t in results["targets"]]))
     return "\n".join(out)
 
 
@@ -823,13 +822,29 @@ def unavailable_notes(rows: list[dict[str, Any]], key: str) -> list[str]:
     return [f"- {name}: unavailable: {why}" for name, why in seen]
 
 
+TARGET_STEPS = 1000
+"""The growth and resume targets are about step 1000 / a 1000-step run: smaller data is not judged."""
+
+
+def verdict(target: dict[str, Any]) -> str:
+    """The "met" column: yes, NO, n/a, or n/a (why) when the data was too small to judge."""
+    if target.get("not_judged"):
+        return f"n/a ({target['not_judged']})"
+    return {True: "yes", False: "NO", None: "n/a"}[target["met"]]
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
     plan = results["meta"]["plan"]
     over = {(r["system"], r["n"]): r for r in results.get("overhead", []) if r["status"] == "ok"}
+    too_small = "quick" if results["meta"]["mode"] == "quick" else f"below {TARGET_STEPS} steps"
 
-    def add(target: str, measured: str, met: bool | None) -> None:
-        found.append({"target": target, "measured": measured, "met": met})
+    def add(target: str, measured: str, met: bool | None, *, steps: int | None = None) -> None:
+        """Record a verdict; one measured on fewer than TARGET_STEPS ``steps`` is shown, not judged."""
+        row: dict[str, Any] = {"target": target, "measured": measured, "met": met}
+        if steps is not None and steps < TARGET_STEPS:
+            row.update(met=None, not_judged=too_small)
+        found.append(row)
 
     for n in plan["sizes"]:
         sqlite_row, floor_b = over.get(("tether-sqlite", n)), over.get(("floor-sqlite", n))
@@ -855,14 +870,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if growth and growth.get("wal_growth_ratio"):
         add(f"bytes per step at step {plan['growth_late']} <= 1.2x step {plan['growth_early']} (tether, SQLite WAL)",
             f"{growth['wal_growth_ratio']:.2f}x (payload {growth['payload_growth_ratio']:.2f}x)",
-            growth["wal_growth_ratio"] <= 1.2 and growth["payload_growth_ratio"] <= 1.2)
+            growth["wal_growth_ratio"] <= 1.2 and growth["payload_growth_ratio"] <= 1.2, steps=plan["growth_late"])
     biggest = plan["resume_sizes"][-1]
     for system in ("tether-sqlite", "tether-postgres"):
         row = next((r for r in results.get("resume", []) if r["system"] == system and r["status"] == "ok"
                     and r["history_steps"] == steps_of(biggest // 2)), None)
         if row:
             add(f"resume of a {row['history_steps']}-step run <= 20 ms ({system}, warm store)",
-                f"{row['resume_ms']:.1f} ms (load only {row['load_ms']:.1f} ms)", row["resume_ms"] <= 20)
+                f"{row['resume_ms']:.1f} ms (load only {row['load_ms']:.1f} ms)", row["resume_ms"] <= 20,
+                steps=row["history_steps"])
     return found
 
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fake_messages_api import FakeMessagesAPI
-from support import PG_URL, PgSchema, fresh_pg_schema, libpq_dsn
+from support import (
+    MERMAID_DIR,
+    MERMAID_HOME,
+    PG_URL,
+    PgSchema,
+    fresh_pg_schema,
+    graphviz_missing,
+    libpq_dsn,
+    mermaid_missing,
+    need_tool,
+)
 
 
 # PostgreSQL -----------------------------------------------------------------------------
@@ -38,6 +49,21 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'runs.db'}"
     schema: PgSchema = request.getfixturevalue("pg_schema")
     return schema.url
+
+
+# External tools -------------------------------------------------------------------------
+@pytest.fixture
+def graphviz() -> None:
+    """Graphviz's ``dot`` is on PATH (else skip, or fail under TETHER_REQUIRE_TOOLS=1)."""
+    need_tool(graphviz_missing())
+
+
+@pytest.fixture(scope="session")
+def mermaid_dir() -> Path:
+    """Where Mermaid's parser is installed: $TETHER_MERMAID_DIR, else tests/mermaid (else skip or fail)."""
+    where = Path(os.environ.get(MERMAID_DIR) or MERMAID_HOME)
+    need_tool(mermaid_missing(where))
+    return where
 
 
 # FakeMessagesAPI ------------------------------------------------------------------------

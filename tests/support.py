@@ -1,5 +1,6 @@
 """Helpers shared by the test modules: the ``tether`` command in a subprocess or a
-pseudo-terminal, PostgreSQL schemas, and the Anthropic client pointed at FakeMessagesAPI.
+pseudo-terminal, PostgreSQL schemas, the Anthropic client pointed at FakeMessagesAPI, and
+the external tools some tests need (Graphviz, Mermaid's parser).
 
 Imported as ``from support import ...`` (tests/ is on sys.path, like ``fake_messages_api``);
 the fixtures built on these live in conftest.py.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pexpect
+import pytest
 
 from fake_messages_api import FakeMessagesAPI
 
@@ -91,6 +94,54 @@ def flat(text: str) -> str:
 def screen_text(text: str) -> str:
     """What a terminal showed: escape codes removed, whitespace normalised."""
     return flat(ANSI.sub("", text))
+
+
+# External tools -------------------------------------------------------------------------------
+REQUIRE_TOOLS = "TETHER_REQUIRE_TOOLS"
+"""With this set to ``1`` (scripts/test sets it), a test whose external tool is missing fails
+instead of skipping, so a broken install cannot pass as a green run."""
+MERMAID_DIR = "TETHER_MERMAID_DIR"
+"""A directory where ``npm ci`` installed tests/mermaid/package.json (default: tests/mermaid)."""
+MERMAID_HOME = Path(__file__).resolve().parent / "mermaid"
+
+
+def need_tool(missing: str | None) -> None:
+    """Skip the test when ``missing`` names a missing tool, or fail it under :data:`REQUIRE_TOOLS`."""
+    if missing is None:
+        return
+    if os.environ.get(REQUIRE_TOOLS) == "1":
+        pytest.fail(f"{missing} ({REQUIRE_TOOLS}=1 requires it; scripts/setup installs it)")
+    pytest.skip(missing)
+
+
+def graphviz_missing() -> str | None:
+    """Why Graphviz's ``dot`` cannot run here, or None."""
+    return None if shutil.which("dot") else "Graphviz is not installed (apt-get install graphviz)"
+
+
+def mermaid_missing(where: Path) -> str | None:
+    """Why Mermaid's parser cannot run from ``where``, or None."""
+    if shutil.which("node") is None:
+        return "Node.js is not installed (apt-get install nodejs npm), so Mermaid's parser cannot run"
+    if not (where / "node_modules" / "mermaid").is_dir() or not (where / "node_modules" / "jsdom").is_dir():
+        return f"Mermaid's parser is not installed in {where} (scripts/setup runs `npm ci` in tests/mermaid)"
+    return None
+
+
+def mermaid_parse_errors(where: Path, texts: Mapping[str, str], scratch: Path) -> dict[str, str]:
+    """Feed each text (keyed by a file name) to Mermaid's own parser, installed in ``where``;
+    return name → first line of the error, for the texts it rejects (tests/mermaid/parse.mjs)."""
+    for name, text in texts.items():
+        (scratch / name).write_text(text, encoding="utf-8")
+    script = (MERMAID_HOME / "parse.mjs").read_text(encoding="utf-8")
+    command = ["node", "--input-type=module", "-e", script, *(str(scratch / name) for name in texts)]
+    completed = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=120, check=False)
+    errors = {}
+    for line in completed.stdout.splitlines():
+        path, _, error = line.partition("\t")
+        errors[Path(path).name] = error
+    assert completed.returncode == (1 if errors else 0), completed.stdout + completed.stderr  # it ran
+    return errors
 
 
 # The tether command in a subprocess -------------------------------------------------------

@@ -1,20 +1,23 @@
-"""``tether diagram``, run as a user would: ``python -m tether diagram ...`` in a subprocess."""
+"""``tether diagram``, run as a user would: ``python -m tether diagram ...`` in a subprocess,
+on runs made by ``tether run`` and by ``tether demo`` (whose overlays are checked against the
+counts their event logs record)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from support import run_tether
+from diagram_reading import check_state_diagram, dot_counts, dot_nodes, mermaid_counts, recorded_counts
+from support import demo_db_url, finish_tether, mermaid_parse_errors, run_tether, start_tether
 from tether import diagram as dg
+from tether.events import Event
+from tether.stores import open_store
 
-needs_dot = pytest.mark.skipif(
-    shutil.which("dot") is None, reason="Graphviz is not installed (apt-get install graphviz)"
-)
+needs_dot = pytest.mark.usefixtures("graphviz")
 X = dg.COUNT_MARK
 
 TOOLS = '''
@@ -81,6 +84,15 @@ def test_text_goes_to_a_file_with_o(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert done.stdout == ""
     assert (tmp_path / "graph.mmd").read_text(encoding="utf-8") == dg.to_mermaid()
+
+
+@pytest.mark.parametrize("target", ["no-such-dir/graph.mmd", "."])
+def test_an_unwritable_o_is_a_one_line_error(tmp_path: Path, target: str) -> None:
+    done = run_tether(tmp_path, "diagram", "-o", target)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith(f"error: cannot write {target}: "), done
+    assert len(done.stderr.strip().splitlines()) == 1, done  # no traceback
+    assert done.stdout == ""
 
 
 @pytest.mark.parametrize("image", ["svg", "png"])
@@ -158,3 +170,72 @@ def test_sequence_is_mermaid_only(workdir: Path, run_id: str) -> None:
         workdir, "diagram", "--run", run_id, "--kind", "sequence", "--format", "dot", "--db", "sqlite:///runs.db"
     )
     assert done.returncode == 2
+
+
+# The demo's runs, drawn and checked against their events ----------------------------------------
+@dataclass(frozen=True)
+class DemoRun:
+    """A run ``tether demo`` made, and where its database is."""
+
+    cwd: Path
+    run_id: str
+    db: str
+    status: str
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, DemoRun]:
+    """Two demo runs, started together: one approved to the end, one parked at its gate
+    (no terminal and no --approve-all: the approval is persisted and the command exits 3)."""
+    commands = {"approved": ("--approve-all",), "parked": ()}
+    started = {}
+    for name, options in commands.items():
+        cwd = tmp_path_factory.mktemp(f"demo-{name}")
+        started[name] = (cwd, start_tether(cwd, "demo", *options, "--json"))
+    runs = {}
+    for name, (cwd, process) in started.items():
+        done = finish_tether(process)
+        assert done.returncode == {"approved": 0, "parked": 3}[name], done
+        runs[name] = DemoRun(cwd, done.data["run_id"], demo_db_url(cwd / "tether-demo"), done.data["status"])
+    return runs
+
+
+def events_of(run: DemoRun) -> list[Event]:
+    """The run's event log, read from its database by this process."""
+    store = open_store(run.db)
+    try:
+        return store.load_events(run.run_id)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("name", "current"), [("approved", "done"), ("parked", "awaiting_approval")])
+def test_demo_run_overlay_draws_the_counts_its_events_record(
+    demo_runs: dict[str, DemoRun], name: str, current: str
+) -> None:
+    run = demo_runs[name]
+    assert run.status == current
+    moves, entries = recorded_counts(events_of(run))
+    assert moves[("executing_tool", "awaiting_approval", "Approval needed")] == 1  # the demo's gate
+    mermaid = run_tether(run.cwd, "diagram", "--run", run.run_id, "--db", run.db)
+    assert mermaid.returncode == 0, mermaid
+    check_state_diagram(mermaid.stdout)
+    assert mermaid_counts(mermaid.stdout) == (moves, entries)
+    assert f"    {current}:::active\n" in mermaid.stdout
+    assert "        run_python: needs approval, timeout 30s\n" in mermaid.stdout
+    dot = run_tether(run.cwd, "diagram", "--run", run.run_id, "--format", "dot", "--db", run.db)
+    assert dot.returncode == 0, dot
+    assert dot_counts(dot.stdout) == moves
+    assert dot_nodes(dot.stdout)[current]["fillcolor"] == dg.ACTIVE_FILL
+
+
+def test_demo_run_diagrams_pass_mermaids_own_parser(
+    demo_runs: dict[str, DemoRun], mermaid_dir: Path, tmp_path: Path
+) -> None:
+    texts = {}
+    for name, run in demo_runs.items():
+        for kind in ("graph", "sequence"):
+            done = run_tether(run.cwd, "diagram", "--run", run.run_id, "--kind", kind, "--db", run.db)
+            assert done.returncode == 0, done
+            texts[f"{name}-{kind}.mmd"] = done.stdout
+    assert mermaid_parse_errors(mermaid_dir, texts, tmp_path) == {}

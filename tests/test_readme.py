@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
+
+from tether import Agent, Runner
+from tether.diagram import COUNT_MARK
+from tether.testing import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,3 +27,23 @@ def test_readme_quick_start_is_the_two_scripts() -> None:
     assert commands == ["scripts/demo", "scripts/test"]
     for script in commands:
         assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def test_readme_diagram_example_runs_on_a_real_run() -> None:
+    """The ``from tether import diagram`` block, run on a finished run of a scripted agent."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\nfrom tether import diagram\n")
+    block = readme[start + len("```python\n") : readme.index("```\n", start + 10)]
+    agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
+    runner = Runner(agent)
+    result = runner.run("Say hi.")
+    found: dict[str, Any] = {"result": result, "runner": runner, "agent": agent}
+    if shutil.which("dot") is None:  # render needs Graphviz: check the rest without it
+        block = "\n".join(line for line in block.splitlines() if "diagram.render(" not in line)
+    exec(compile(block, "README.md", "exec"), found)
+    assert found["graph"].startswith("stateDiagram-v2\n")
+    assert f"thinking --> done : Answered {COUNT_MARK}1" in found["path"]
+    assert found["timeline"].endswith("Note over User,Model: run done\n")
+    assert "penwidth" in found["dot"]
+    if "svg" in found:
+        assert found["svg"].startswith(b"<?xml")

@@ -361,8 +361,10 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             session.err.print(f"[red]error:[/] {escape(str(error))}")
             return EXIT_FAILED
     if args.output:
-        with open(args.output, "wb") as file:
-            file.write(output.encode() if isinstance(output, str) else output)
+        try:
+            Path(args.output).write_bytes(output.encode() if isinstance(output, str) else output)
+        except OSError as error:  # a missing directory, no permission, a full disk: say so, no traceback
+            raise ConfigError(f"cannot write {args.output}: {error.strerror or error}") from error
     else:
         sys.stdout.write(str(output))
     return EXIT_DONE

@@ -9,12 +9,16 @@ only what they cannot express: classes of visited states, edge colours and width
 note, and node names that do not depend on memory addresses. Each renderer takes a
 :class:`Diagram` alone, so it is tested without a machine or a run.
 
+The public functions (:func:`to_mermaid`, :func:`to_dot`, :func:`render`, :func:`to_sequence`)
+take a machine or a run (:data:`RunRef`: a result, state, stored row or id, with the store that
+holds its events) and refuse anything else with a :class:`DiagramError`.
+
 A run's timeline is built the same way: :func:`timeline` folds its events into a small
 :class:`Timeline` of arrows and notes, and :func:`render_sequence` writes a Mermaid
 ``sequenceDiagram``.
 
-``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd`` and ``agent-machine.svg``
-(what ``scripts/diagrams`` runs to refresh ``diagrams/``).
+``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd``, ``agent-machine.dot`` and
+``agent-machine.svg`` (what ``scripts/diagrams`` runs to refresh ``diagrams/``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from html import escape as html_escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from statemachine import StateChart
 from statemachine.contrib.diagram.extract import extract
@@ -40,6 +44,9 @@ from tether.errors import TetherError
 from tether.events import Event
 from tether.history import text_of
 from tether.machine import AgentMachine
+from tether.runner import RunResult
+from tether.state import RunState
+from tether.stores import RunRecord, Store
 from tether.tools import Tool
 
 if TYPE_CHECKING:
@@ -47,6 +54,10 @@ if TYPE_CHECKING:
 
 MachineRef = type[StateChart[Any]] | StateChart[Any]
 """A machine class (or an instance, whose active state is then highlighted)."""
+RunRef = RunResult | RunState | RunRecord | str
+"""A run to draw: what a runner returned, its folded state, its stored row, or its id; its
+events are read from the store passed beside it."""
+Drawable = MachineRef | RunRef
 ImageFormat = Literal["svg", "png"]
 IMAGE_FORMATS: tuple[ImageFormat, ...] = ("svg", "png")
 GRAPHVIZ_HINT = (
@@ -374,37 +385,95 @@ def _stable_names(source: str) -> str:
     return _ADDRESS.sub(ordinal, source)
 
 
-# Public API: the machine graph -----------------------------------------------------------
+# Public API: the machine graph, or a run's path on it ------------------------------------
 def to_mermaid(
-    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+    machine_or_run: Drawable = AgentMachine,
+    *,
+    store: Store | None = None,
+    events: Sequence[Event] | None = None,
+    agent: Agent | None = None,
 ) -> str:
-    """Mermaid ``stateDiagram-v2`` of the machine, optionally with the agent's tools and a run."""
-    return render_mermaid(build(machine, events=events, agent=agent))
+    """Mermaid ``stateDiagram-v2`` of a machine or of a run's path, optionally with the agent's tools.
+
+    ``machine_or_run`` is a machine class or instance (``events=`` then overlays a run), or a
+    run (:data:`RunRef`), whose events are read from ``store``.
+
+    Raises:
+        DiagramError: not a machine or a run, a run without ``store=``, or events that do
+            not fit the machine.
+        RunNotFound: the store has no such run.
+    """
+    return render_mermaid(_build_for(machine_or_run, store, events, agent))
 
 
 def to_dot(
-    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+    machine_or_run: Drawable = AgentMachine,
+    *,
+    store: Store | None = None,
+    events: Sequence[Event] | None = None,
+    agent: Agent | None = None,
 ) -> str:
-    """Graphviz DOT of the machine, optionally with the agent's tools and a run."""
-    return render_dot(build(machine, events=events, agent=agent))
+    """Graphviz DOT of a machine or of a run's path; arguments and errors as :func:`to_mermaid`."""
+    return render_dot(_build_for(machine_or_run, store, events, agent))
 
 
 def render(
-    machine: MachineRef = AgentMachine,
+    machine_or_run: Drawable = AgentMachine,
     *,
+    store: Store | None = None,
     events: Sequence[Event] | None = None,
     agent: Agent | None = None,
     format: ImageFormat = "svg",
 ) -> bytes:
-    """SVG or PNG bytes, drawn by Graphviz's ``dot`` from :func:`to_dot`.
+    """SVG or PNG bytes, drawn by Graphviz's ``dot`` from :func:`to_dot` (same arguments).
 
     Raises:
         GraphvizNotFoundError: ``dot`` is not installed (the message names the package).
-        DiagramError: an unknown format.
+        DiagramError: an unknown format, or as :func:`to_mermaid`.
     """
     if format not in IMAGE_FORMATS:
         raise DiagramError(f"unknown image format {format!r}; one of {', '.join(IMAGE_FORMATS)}")
-    return graphviz(to_dot(machine, events=events, agent=agent), format)
+    return graphviz(to_dot(machine_or_run, store=store, events=events, agent=agent), format)
+
+
+def _build_for(
+    machine_or_run: Drawable, store: Store | None, events: Sequence[Event] | None, agent: Agent | None
+) -> Diagram:
+    """:func:`build` for what the public functions were given: a machine, or a run in a store."""
+    if _is_machine(machine_or_run):
+        if store is not None:
+            raise DiagramError("store= reads a run's events: pass the run (or its id) with it, not a machine")
+        return build(machine_or_run, events=events, agent=agent)
+    if events is not None:
+        raise DiagramError("give a run or events=, not both: a run's events are read from its store")
+    return build(AgentMachine, events=run_events(machine_or_run, store), agent=agent)
+
+
+def _is_machine(value: object) -> TypeGuard[MachineRef]:
+    return isinstance(value, StateChart) or (isinstance(value, type) and issubclass(value, StateChart))
+
+
+def run_events(run: object, store: Store | None) -> list[Event]:
+    """The events of a run (:data:`RunRef`), read from ``store``.
+
+    Raises:
+        DiagramError: ``run`` is not a run, or no store was given.
+        RunNotFound: the store has no such run.
+    """
+    if isinstance(run, str):
+        run_id = run
+    elif isinstance(run, RunResult):
+        run_id = run.run_id
+    elif isinstance(run, (RunState, RunRecord)):
+        run_id = run.id
+    else:
+        raise DiagramError(
+            f"cannot draw {type(run).__name__!s} {run!r:.60}: give a machine class or instance, "
+            "or a run (RunResult, RunState, RunRecord or run id) with store="
+        )
+    if store is None:
+        raise DiagramError(f"run {run_id}: its path is in its events; pass store= to read them")
+    return store.load_events(run_id)
 
 
 def graphviz(source: str, format: ImageFormat) -> bytes:
@@ -604,18 +673,33 @@ def _sequence_text(text: str) -> str:
     return " ".join(text.split()).translate(_ENTITIES)
 
 
-def to_sequence(events: Sequence[Event]) -> str:
-    """Mermaid ``sequenceDiagram`` of one run, from its events (``store.load_events``)."""
-    return render_sequence(timeline(events))
+def to_sequence(run_or_events: RunRef | Sequence[Event], *, store: Store | None = None) -> str:
+    """Mermaid ``sequenceDiagram`` of one run: its events, or the run (:data:`RunRef`) and its ``store``.
+
+    Raises:
+        DiagramError: neither events nor a run, or a run without ``store=``.
+        RunNotFound: the store has no such run.
+    """
+    if isinstance(run_or_events, Sequence) and not isinstance(run_or_events, str):
+        if store is not None:
+            raise DiagramError("store= reads a run's events: pass the run (or its id) with it, not events")
+        if not all(isinstance(event, Event) for event in run_or_events):
+            raise DiagramError("to_sequence() takes a run (with store=) or a list of Event")
+        return render_sequence(timeline(run_or_events))
+    return render_sequence(timeline(run_events(run_or_events, store)))
 
 
 # Generated files ----------------------------------------------------------------------------
-MERMAID_FILE, SVG_FILE = "agent-machine.mmd", "agent-machine.svg"
+MERMAID_FILE, DOT_FILE, SVG_FILE = "agent-machine.mmd", "agent-machine.dot", "agent-machine.svg"
 
 
 def generated() -> dict[str, bytes]:
-    """The files ``diagrams/`` holds, freshly drawn from :class:`AgentMachine`."""
-    return {MERMAID_FILE: to_mermaid().encode(), SVG_FILE: render(format="svg")}
+    """The files ``diagrams/`` holds, freshly drawn from :class:`AgentMachine`.
+
+    The DOT text is what the SVG is drawn from; unlike the SVG it does not depend on the
+    Graphviz version, so it can be compared exactly to tell whether ``diagrams/`` is stale.
+    """
+    return {MERMAID_FILE: to_mermaid().encode(), DOT_FILE: to_dot().encode(), SVG_FILE: render(format="svg")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

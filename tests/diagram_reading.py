@@ -1,0 +1,176 @@
+"""Reading generated diagrams back, for the diagram tests: a small Mermaid grammar of our own,
+DOT statements as dicts, and the counts a run overlay draws next to those its events record.
+
+The grammar accepts exactly the Mermaid lines tether writes and says which line is wrong;
+Mermaid's own parser (tests/mermaid) is the authority on what Mermaid accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from tether import diagram as dg
+from tether.events import Event
+from tether.machine import STATUS_VALUES, AgentMachine
+
+Move = tuple[str, str, str]
+"""(source state id, target state id, event display name)."""
+COUNTED = re.compile(rf"(?P<label>.+?) {dg.COUNT_MARK}(?P<n>\d+)(?: \[.*\])?")
+"""A label with the overlay's count: ``Decided <COUNT_MARK>1 [guard]``."""
+
+
+# A small Mermaid grammar of our own --------------------------------------------------------
+ID = r"[A-Za-z_][A-Za-z0-9_]*"
+CSS = r"[a-z-]+:[#A-Za-z0-9.%-]+(,[a-z-]+:[#A-Za-z0-9.%-]+)*"
+STATE_LINE = {
+    "direction": re.compile(r"direction (LR|RL|TB|BT)"),
+    "state": re.compile(rf'state "(?P<label>[^"]+)" as (?P<id>{ID})'),
+    "edge": re.compile(rf"(?P<src>{ID}|\[\*\]) --> (?P<dst>{ID}|\[\*\])( : (?P<label>[^:;\"]+))?"),
+    "classDef": re.compile(rf"classDef (?P<name>{ID}) {CSS}"),
+    "styled": re.compile(rf"(?P<id>{ID}):::(?P<cls>{ID})"),
+    "class": re.compile(rf"class (?P<ids>{ID}(,{ID})*) (?P<cls>{ID})"),
+    "note": re.compile(rf"note (left|right) of (?P<id>{ID})"),
+}
+
+
+def body(text: str, header: str) -> list[str]:
+    """The lines after the diagram's header line, which must be ``header``."""
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == header, f"expected {header!r} first, got {lines[0]!r}"
+    return lines[1:]
+
+
+def read_line(raw: str, grammar: dict[str, re.Pattern[str]], header: str) -> tuple[str, re.Match[str]]:
+    """Which kind of line ``raw`` is, and its match; an assertion names a line the grammar lacks."""
+    for kind, pattern in grammar.items():
+        if match := pattern.fullmatch(raw.strip()):
+            return kind, match
+    raise AssertionError(f"not Mermaid {header} as we write it: {raw!r}")
+
+
+def check_state_diagram(text: str) -> None:
+    """Every line is one we know how Mermaid reads; every id and class used is declared."""
+    declared: set[str] = set()
+    used: set[str] = set()
+    classes_defined: set[str] = set()
+    classes_used: set[str] = set()
+    in_note = False
+    for raw in body(text, "stateDiagram-v2"):
+        line = raw.strip()
+        if in_note:
+            assert line, "an empty line inside a note"
+            in_note = line != "end note"
+            continue
+        if not line:
+            continue
+        kind, match = read_line(raw, STATE_LINE, "stateDiagram-v2")
+        if kind == "state":
+            declared.add(match["id"])
+        elif kind == "edge":
+            used.update(x for x in (match["src"], match["dst"]) if x != "[*]")
+        elif kind == "classDef":
+            classes_defined.add(match["name"])
+        elif kind in ("styled", "note"):
+            used.add(match["id"])
+            if kind == "styled":
+                classes_used.add(match["cls"])
+            in_note = kind == "note"
+        elif kind == "class":
+            used.update(match["ids"].split(","))
+            classes_used.add(match["cls"])
+    assert not in_note, "a note is not closed with 'end note'"
+    assert used <= declared, f"undeclared states: {used - declared}"
+    assert classes_used <= classes_defined, f"classes without classDef: {classes_used - classes_defined}"
+
+
+TEXT = r"(?:[^;#<>\n]|#(?:\d+|[a-z]+);)+"  # Mermaid reads ; # < > as syntax: they must be entity codes
+SEQUENCE_LINE = {
+    "participant": re.compile(rf"participant (?P<id>{ID})( as [^;#<>:\n]+)?"),
+    "message": re.compile(rf"(?P<src>{ID})(->>|-->>|--x|-x)(?P<dst>{ID}): {TEXT}"),
+    "note": re.compile(rf"Note over (?P<ids>{ID}(,{ID})?): {TEXT}"),
+}
+
+
+def check_sequence_diagram(text: str) -> None:
+    """Participants are declared before use; message text cannot be read as syntax."""
+    declared: set[str] = set()
+    for raw in body(text, "sequenceDiagram"):
+        kind, match = read_line(raw, SEQUENCE_LINE, "sequenceDiagram")
+        if kind == "participant":
+            declared.add(match["id"])
+        elif kind == "message":
+            assert {match["src"], match["dst"]} <= declared, raw
+        else:
+            assert set(match["ids"].split(",")) <= declared, raw
+
+
+# A run's counts: recorded and drawn ------------------------------------------------------------
+def recorded_counts(events: Sequence[Event]) -> tuple[Counter[Move], Counter[str]]:
+    """What the run's transition events say: moves taken, and entries by state id."""
+    names = {event.id: event.name for event in AgentMachine.events}
+    moves: Counter[Move] = Counter()
+    entries: Counter[str] = Counter()
+    for event in events:
+        if event.type != "transition":
+            continue
+        entries[STATUS_VALUES[event.data["target"]]] += 1
+        if event.data["source"] is not None:
+            key = (STATUS_VALUES[event.data["source"]], STATUS_VALUES[event.data["target"]], names[event.data["event"]])
+            moves[key] += 1
+    return moves, entries
+
+
+def mermaid_counts(text: str) -> tuple[Counter[Move], Counter[str]]:
+    """What a Mermaid overlay draws: counts on edge labels, and on state labels."""
+    drawn: Counter[Move] = Counter()
+    visits: Counter[str] = Counter()
+    for line in text.split("\n"):
+        edge = STATE_LINE["edge"].fullmatch(line.strip())
+        if edge and edge["label"] and (counted := COUNTED.fullmatch(edge["label"])):
+            drawn[(edge["src"], edge["dst"], counted["label"])] += int(counted["n"])
+        state = STATE_LINE["state"].fullmatch(line.strip())
+        if state and (counted := COUNTED.fullmatch(state["label"])):
+            visits[state["id"]] = int(counted["n"])
+    return drawn, visits
+
+
+def dot_counts(source: str) -> Counter[Move]:
+    """What a DOT overlay draws on its edges; also checks each edge's colour and pen width
+    agree with its count (taken edges blue and wider, the rest grey)."""
+    drawn: Counter[Move] = Counter()
+    for (src, dst, label), attributes in dot_edges(source).items():
+        counted = COUNTED.fullmatch(label)
+        assert (attributes.get("color") == dg.VISITED_STROKE) == bool(counted), (src, dst, label)
+        if counted:
+            drawn[(src, dst, counted["label"])] += int(counted["n"])
+            assert attributes["penwidth"] == str(min(1 + int(counted["n"]), 5)), (src, dst, label)
+    return drawn
+
+
+# Reading DOT back ------------------------------------------------------------------------
+DOT_ATTRIBUTE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|<(?:[^<>]|<[^>]*>)*>|[^,\]\s]+)')
+
+
+def _attributes(text: str) -> dict[str, str]:
+    return {key: value.strip('"') for key, value in DOT_ATTRIBUTE.findall(text)}
+
+
+def dot_nodes(source: str) -> dict[str, dict[str, str]]:
+    """Node name → attributes, for the node statements of a DOT text."""
+    found = {}
+    for match in re.finditer(r"^(\w+) \[(.*)\];$", source, re.MULTILINE):
+        found[match[1]] = _attributes(match[2])
+    return found
+
+
+def dot_edges(source: str) -> dict[tuple[str, str, str], dict[str, str]]:
+    """(source, target, label text) → attributes, for the edge statements of a DOT text."""
+    found = {}
+    for match in re.finditer(r"^(\w+) -> (\w+) \[(.*)\];$", source, re.MULTILINE):
+        label = re.search(r'<font point-size="\d+">(.*?)(?:<br/>.*?)?</font>', match[3])
+        text = label[1] if label else ""
+        attributes = _attributes(re.sub(r"label=<.*>>,", "", match[3]))
+        found[(match[1], match[2], text)] = attributes
+    return found
