@@ -852,7 +852,8 @@ def test_a_gate_raising_on_a_mistyped_verdict_stops_the_drive_and_never_runs_the
 
 
 @pytest.mark.parametrize(
-    ("answer_", "shown"), [(None, "None"), ("deny", "'deny'"), ("allow", "'allow'"), (0, "0"), ({"x": "y" * 99}, "a dict")]
+    ("answer_", "shown"),
+    [(None, "None"), ("deny", "'deny'"), ("allow", "'allow'"), (0, "0"), ({"x": "y" * 99}, "a dict")],
 )
 def test_a_gate_answering_neither_a_verdict_nor_a_bool_asks_a_person(ran: Ran, answer_: Any, shown: str) -> None:
     @tool(approval=lambda arguments, context: answer_)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, Deny
@@ -170,11 +172,23 @@ class _Session:
 
             render_result(self.out, result)
             if result.status == "awaiting_approval":
-                self.out.print(
-                    f"Decide with [bold]tether approve {result.run_id} CALL_ID[/] or [bold]tether deny ...[/], "
-                    f"then [bold]tether resume {result.run_id}[/]" + self._db_hint()
-                )
+                self.out.print(self._decide_hint(result))
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
+
+    def _decide_hint(self, result: RunResult) -> Text:
+        """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
+        pending = [p["call_id"] for p in result.pending_approvals] or ["CALL_ID"]
+        run, db = result.run_id, self._db_hint()
+        each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
+        return Text.assemble(
+            "Decide with ",
+            (f"tether approve {run} {pending[0]}{db}", "bold"),
+            " or ",
+            (f"tether deny {run} {pending[0]}{db}", "bold"),
+            each,
+            ", then ",
+            (f"tether resume {run}{db}", "bold"),
+        )
 
     def _db_hint(self) -> str:
         return "" if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ else f" --db {self.db_url}"
@@ -222,9 +236,9 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     else:
         result = runner.decide(args.run_id, args.call_id, Deny(args.reason, actor=actor), fingerprint=args.fingerprint)
     verb = "approved" if args.command == "approve" else "denied"
-    session.out.print(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})")
+    session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
     if result.status != "awaiting_approval":
-        session.out.print(f"continue with: tether resume {args.run_id}{session._db_hint()}")
+        session.out.print(Text(f"continue with: tether resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
 
 
@@ -317,15 +331,15 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
     agent = agent_from_spec(spec)
     if not session.json:
         model = "Claude (" + agent.model_name + ")" if agent.model_name != DEMO_MODEL else "the offline scripted model"
-        session.out.print(f"[bold]tether demo[/]: workspace {demo.workspace()}, database {session.db_url}, {model}")
-        session.out.print(f"[bold]prompt[/]: {demo.PROMPT}")
+        about = f"workspace {demo.workspace()}, database {session.db_url}, {model}"
+        session.out.print(Text.assemble(("tether demo", "bold"), ": ", about))
+        session.out.print(Text.assemble(("prompt", "bold"), ": ", demo.PROMPT))
     runner = session.runner(args, agent)
     return session.finish(runner.run(demo.PROMPT))
 
 
 def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     """Text formats go to stdout unless -o; images need -o and Graphviz's ``dot``."""
-    from rich.markup import escape
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether import diagram
@@ -440,6 +454,11 @@ class _NoModel:
         raise ConfigError("this command does not call the model")
 
 
+def _print_error(label: str, error: Exception) -> None:
+    """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
     args = _parser().parse_args(argv)
@@ -455,13 +474,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
     except (ConfigError, RunNotFound) as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {error}")
+        _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]refused:[/] {error}")
+        _print_error("refused", error)
         return EXIT_FAILED
     except TetherError as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {error}")
+        _print_error("error", error)
         return EXIT_FAILED
     finally:
         if session is not None:

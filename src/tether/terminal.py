@@ -186,7 +186,7 @@ class TerminalApprover:
             Text.assemble(("call: ", "bold"), request.call_id),
             arguments,
         )
-        return Panel(body, title=f"[bold]{request.tool}[/]", border_style="yellow")
+        return Panel(body, title=Text(request.tool, style="bold"), border_style="yellow")
 
     def _ask(self, request: ApprovalRequest) -> Decision:
         while True:
@@ -212,7 +212,7 @@ class TerminalApprover:
                 if tool is not None:
                     value = tool.validate(value).model_dump(mode="json")
             except (ValueError, pydantic.ValidationError) as error:
-                self.console.print(f"[red]Not valid for {request.tool}: {error}[/]")
+                self.console.print(Text(f"Not valid for {request.tool}: {error}", style="red"))
                 continue
             if isinstance(value, dict):
                 return value
@@ -253,7 +253,8 @@ def render_events(console: Console, events: Sequence[Event]) -> None:
         detail = {k: v for k, v in event.data.items() if k not in ("content", "messages", "spec", "full_content")}
         if "content" in event.data and event.type == ev.TOOL_FINISHED:
             detail["content"] = _preview(str(event.data["content"]), 80)
-        table.add_row(str(event.seq), event.type, _preview(json.dumps(detail, ensure_ascii=False, default=str), 120))
+        detail_text = _preview(json.dumps(detail, ensure_ascii=False, default=str), 120)
+        table.add_row(str(event.seq), Text(event.type), Text(detail_text))  # Text: never read as markup
     console.print(table)
 
 
@@ -304,15 +305,15 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         if entry.truncated_from is not None:
             outcome += f" ({entry.truncated_from} chars, truncated for the model)"
         style = {"ok": "green", "error": "red", "denied": "red", "awaiting_approval": "yellow"}.get(entry.status, "")
-        table.add_row(
+        table.add_row(  # Text cells: inputs, reasons and ids are never read as markup
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.requested_at)),
-            entry.tool,
-            _preview(json.dumps(entry.input, ensure_ascii=False), 50),
-            verdict,
+            Text(entry.tool),
+            Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
+            Text(verdict),
             str(entry.attempts),
             Text(outcome, style=style),
             "-" if entry.duration is None else f"{entry.duration:.3f}",
-            f"{entry.run_id} {entry.call_id}",
+            Text(f"{entry.run_id} {entry.call_id}"),
         )
     console.print(table)
 
@@ -323,5 +324,5 @@ def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
     table.columns[0].no_wrap = True
     table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
     for row in rows:
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], row["run_id"])
+        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], Text(row["run_id"]))
     console.print(table)
