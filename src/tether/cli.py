@@ -1,7 +1,8 @@
 """The ``tether`` command line.
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval. ``--json`` prints exactly one JSON object on stdout and nothing else.
+3 awaiting approval, 130 interrupted (Ctrl-C while the model or a tool ran: the run resumes
+from its last committed step). ``--json`` prints exactly one JSON object on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from rich.text import Text
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
+from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
 from tether.machine import STATUS_VALUES
 from tether.runner import EventListener, Runner, RunResult, result_of
+from tether.state import RunState
 from tether.stores import Store, open_store
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING}
 
 
@@ -127,6 +130,8 @@ class _Session:
         self.db_url = _db_url(getattr(args, "db", None))
         self.store: Store = open_store(self.db_url)
         self.live: LiveView | None = None
+        self.run_id: str | None = args.run_id if args.command == "resume" else None
+        """The run being driven, once known: named when Ctrl-C stops the command."""
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver | None:
         if getattr(args, "approve_all", False):
@@ -140,7 +145,7 @@ class _Session:
         return None
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
-        listeners: list[EventListener] = []
+        listeners: list[EventListener] = [self._note_run]
         if not self.json:
             from tether.terminal import LiveView, ProgressPrinter
 
@@ -155,6 +160,15 @@ class _Session:
         return Runner(
             agent, self.store, approver=self.approver(args, agent), listeners=listeners, on_action=on_action
         )
+
+    def _note_run(self, state: RunState, event: Event) -> None:
+        self.run_id = state.id
+
+    def interrupted(self) -> None:
+        """Ctrl-C while work ran: take the spinner down, then say how to go on."""
+        self.close()
+        hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
+        self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
     def _show_retry_wait(self, seconds: float) -> None:
         self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s[/]")
@@ -482,6 +496,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TetherError as error:
         _print_error("error", error)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # the last committed step stands; an unfinished tool call is in doubt
+        if session is not None:
+            session.interrupted()
+        return EXIT_INTERRUPTED
     finally:
         if session is not None:
             session.close()

@@ -30,7 +30,7 @@ from tether.machine import ENDED_VALUES, bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
-from tether.rules import decide_call
+from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
 from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
 
@@ -259,11 +259,7 @@ def _context(state: RunState, agent: Agent, call: PendingCall, tool: Tool) -> Ap
 
 
 def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel) -> str | None:
-    """Why a ``deny`` rule (or the tool's approval callable) refuses these arguments; None if none does."""
-    verdict = decide_call(agent.policy, tool, arguments, _context(state, agent, call, tool)).verdict
-    if verdict.verdict != "deny":
-        return None
-    return verdict.reason or f"the approval gate of {tool.name!r} denies it"
+    return denial(agent.policy, tool, arguments, _context(state, agent, call, tool))
 
 
 def _verdict(

@@ -359,3 +359,14 @@ def decide_call(
     if match is None:
         return CallDecision(decide_approval(tool.approval, arguments, context), None, warnings)
     return CallDecision(ApprovalVerdict(VERDICTS[match.rule.action], match.reason), match, warnings)
+
+
+def denial(policy: Policy | None, tool: Tool, arguments: pydantic.BaseModel, context: ApprovalContext) -> str | None:
+    """Why the policy (or the tool's approval callable) denies this call; None when it does not.
+
+    Asked again of edited input, which must pass the same rules as the model's.
+    """
+    verdict = decide_call(policy, tool, arguments, context).verdict
+    if verdict.verdict != "deny":
+        return None
+    return verdict.reason or f"the approval gate of {tool.name!r} denies it"

@@ -236,6 +236,7 @@ class _RunnerBase:
                     reason=state.approval_reasons.get(call.call_id, ""),
                     description=tool.description if tool else "",
                     fingerprint=engine.fingerprint(call.input),
+                    tenant=state.tenant,
                 )
             )
         return requests

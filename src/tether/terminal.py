@@ -27,6 +27,8 @@ from tether.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.audit import AuditEntry
 from tether.events import Event
 from tether.pending import PendingApproval
+from tether.policies import ApprovalContext
+from tether.rules import denial
 from tether.runner import Activity, RunResult
 from tether.state import RunState
 
@@ -44,11 +46,11 @@ CHOICES = {
     "A": "always",
     "always": "always",
 }
-PROMPT = (
-    "[bold]approve[/] ([cyan]a[/]) / [bold]deny[/] ([cyan]d[/]) / [bold]edit[/] ([cyan]e[/]) / "
-    "approve this tool for the rest of the run ([cyan]A[/])"
+LEGEND = (
+    "a approve · d deny (then a reason for the model) · e edit the input as JSON\n"
+    "A approve the tool for the rest of the run · full words work too"
 )
-
+"""Printed once above the prompts, which stay short enough for 80 columns."""
 
 def _preview(text: str, limit: int = 160) -> str:
     flat = " ".join(text.split())
@@ -157,29 +159,36 @@ class TerminalApprover:
         """Show every pending call of the batch, then ask about each in turn.
 
         "A" answers ``Approve(remember_for_run=True)``: the run records it, so later calls
-        of the tool are not asked about, whichever process drives the run on.
+        of the tool are not asked about, whichever process drives the run on. Each prompt
+        names the call (``[2/3] delete toolu_3``), so same-tool calls are never confused.
         """
         decisions: dict[str, Decision] = {}
-        remembered: set[str] = set()  # "A" on an earlier call of this batch covers its siblings
-        title = f"{len(requests)} call(s) need your approval" if len(requests) > 1 else "Approval needed"
-        self.console.rule(f"[bold yellow]{title}")
+        remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
+        title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
+        self.console.rule(Text(title, style="bold yellow"))
         for request in requests:
-            self.console.print(self._panel(request))
+            self.console.print(self._panel(request), soft_wrap=False)  # see render_result
+        self.console.print(Text(LEGEND, style="dim"))
         try:
-            for request in requests:
+            for position, request in enumerate(requests, start=1):
+                label = request.tool + " " + request.call_id
+                if len(requests) > 1:
+                    label = f"[{position}/{len(requests)}] {label}"
                 if request.tool in remembered:
                     decisions[request.call_id] = Approve(actor=self.actor, remember_for_run=True)
+                    covered = f"{label}: approved ({request.tool} approved for the run with {remembered[request.tool]})"
+                    self.console.print(Text(covered, style="green"))
                     continue
-                decision = decisions[request.call_id] = self._ask(request)
+                decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
-                    remembered.add(request.tool)
+                    remembered[request.tool] = request.call_id
         except (EOFError, KeyboardInterrupt):
-            self.console.print("\n[yellow]No decision: the call stays pending and the run is parked.[/]")
+            self.console.print(Text("\nNo decision: the call stays pending and the run is parked.", style="yellow"))
             return {}
         return decisions
 
     def _panel(self, request: ApprovalRequest) -> Panel:
-        arguments = Syntax(json.dumps(request.input, indent=2, ensure_ascii=False), "json", theme="ansi_dark")
+        arguments = _json(request.input)
         body = Group(
             Text(request.description or "(no description)", style="italic"),
             Text.assemble(("why: ", "bold"), request.reason or "approval required"),
@@ -188,9 +197,10 @@ class TerminalApprover:
         )
         return Panel(body, title=Text(request.tool, style="bold"), border_style="yellow")
 
-    def _ask(self, request: ApprovalRequest) -> Decision:
+    def _ask(self, request: ApprovalRequest, label: str) -> Decision:
+        prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
-            answer = self.console.input(f"{request.tool}: {PROMPT} > ").strip()
+            answer = self.console.input(prompt).strip()
             choice = CHOICES.get(answer) or CHOICES.get(answer.lower())
             if choice == "approve":
                 return Approve(actor=self.actor)
@@ -201,22 +211,35 @@ class TerminalApprover:
                 return Deny(reason or "denied at the terminal", actor=self.actor)
             if choice == "edit":
                 return Approve(input=self._edit(request), actor=self.actor)
-            self.console.print("[red]Please answer a, d, e or A (or approve, deny, edit, always).[/]")
+            self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
     def _edit(self, request: ApprovalRequest) -> dict[str, Any]:
+        """Asked again until the JSON is valid for the tool and no deny rule forbids it."""
         tool = self.agent.tool_index.get(request.tool)
         while True:
             raw = self.console.input("New input as JSON > ").strip()
             try:
                 value = json.loads(raw)
-                if tool is not None:
-                    value = tool.validate(value).model_dump(mode="json")
+                arguments = tool.validate(value) if tool is not None else None
             except (ValueError, pydantic.ValidationError) as error:
                 self.console.print(Text(f"Not valid for {request.tool}: {error}", style="red"))
                 continue
-            if isinstance(value, dict):
+            if not isinstance(value, dict):
+                self.console.print(Text("The input must be a JSON object.", style="red"))
+                continue
+            if tool is None or arguments is None:
                 return value
-            self.console.print("[red]The input must be a JSON object.[/]")
+            context = ApprovalContext(
+                run_id=request.run_id,
+                tool=tool.name,
+                call_id=request.call_id,
+                tenant=request.tenant,
+                agent=self.agent.name,
+            )
+            why = denial(self.agent.policy, tool, arguments, context)
+            if why is None:
+                return arguments.model_dump(mode="json")
+            self.console.print(Text(f"Not allowed: {why}", style="red"))
 
 
 def render_result(console: Console, result: RunResult) -> None:
@@ -226,7 +249,7 @@ def render_result(console: Console, result: RunResult) -> None:
     if result.output:
         lines.append(Text(result.output))
     if result.result is not None:
-        lines.append(Syntax(json.dumps(result.result, indent=2, ensure_ascii=False), "json", theme="ansi_dark"))
+        lines.append(_json(result.result))
     if result.error:
         lines.append(Text(f"error: {result.error}", style="red"))
     for pending in result.pending_approvals:
@@ -243,7 +266,13 @@ def render_result(console: Console, result: RunResult) -> None:
             style="dim",
         )
     )
-    console.print(Panel(Group(*lines), title=f"run {result.run_id}", border_style=style))
+    # A soft-wrapping console (the CLI's, so ids stay whole) would crop every line in a panel.
+    console.print(Panel(Group(*lines), title=Text(f"run {result.run_id}"), border_style=style), soft_wrap=False)
+
+
+def _json(value: Any) -> Syntax:
+    """Highlighted JSON that wraps inside a panel instead of being cut at its edge."""
+    return Syntax(json.dumps(value, indent=2, ensure_ascii=False), "json", theme="ansi_dark", word_wrap=True)
 
 
 def render_events(console: Console, events: Sequence[Event]) -> None:
