@@ -527,6 +527,12 @@ def on_decision(
     edited_input = decision.input if isinstance(decision, Approve) else None
     remember_for_run = isinstance(decision, Approve) and decision.remember_for_run
     reason = decision.reason if isinstance(decision, Deny) else ""
+    earlier = state.decisions.get(call_id)
+    if earlier is not None:  # checked first: deciding a one-call batch already moved the run on
+        verdict = "approved" if earlier.approved else "denied"
+        raise ApprovalError(
+            f"call {call_id!r} was already decided ({verdict} by {earlier.actor})", run_id=state.id, call_id=call_id
+        )
     if state.status != "awaitingApproval":
         raise ApprovalError(
             f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
@@ -536,8 +542,6 @@ def on_decision(
         raise ApprovalError(
             f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
         )
-    if call_id in state.decisions:
-        raise ApprovalError(f"call {call_id!r} was already decided", run_id=state.id, call_id=call_id)
     shown = fingerprint(call.input)
     if expected_fingerprint is not None and expected_fingerprint != shown:
         raise ApprovalError(
