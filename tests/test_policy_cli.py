@@ -244,3 +244,34 @@ def test_resume_without_its_policy_file_is_a_usage_error(cli: Cli, tmp_path: Pat
     assert resumed.returncode == 2, resumed
     assert "rules.toml" in resumed.err
     assert cli.effects() == []  # never driven without its rules
+
+
+def test_a_rule_file_changed_since_the_run_started_is_warned_about_and_its_rules_apply(
+    cli: Cli, tmp_path: Path
+) -> None:
+    script = [
+        turn(("toolu_1", "send", {"to": "bob"})),
+        turn(("toolu_2", "refund", {"invoice": "I", "amount": 50})),
+        answer(),
+    ]
+    parked = cli.run(script)
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    [started] = events_of(cli.show(run_id), "run_started")
+    assert len(started["spec"]["policy_digest"]) == 64
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text("# reviewed by legal\n" + RULES.replace(" = ", "   =   "), encoding="utf-8")  # same rules
+    same = cli("approve", run_id, "toolu_1")
+    assert same.returncode == 0, same
+    assert "warning" not in same.err
+
+    rules.write_text(RULES.replace("gt = 100", "gt = 10"), encoding="utf-8")  # a stricter refund rule
+    resumed = cli("resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed
+    assert f"warning: policy file {rules.resolve()} changed since run {run_id} started: its current rules apply" in (
+        resumed.err
+    )
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == ["send bob"]  # the refund of 50 fell under the new rule
+    assert "deny-large-refunds" in str(tool_results(cli.show(run_id))["toolu_2"]["content"])

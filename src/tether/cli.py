@@ -24,7 +24,7 @@ from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
 from tether.events import Event
-from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
+from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.runner import EventListener, Runner, RunResult, result_of
 from tether.state import RunState
@@ -225,7 +225,13 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _agent_for(session: _Session, run_id: str) -> Agent:
-    return agent_from_spec(session.store.load_run(run_id).spec)
+    """The run's agent, warning (on stderr) when its rule file changed since it started."""
+    spec = session.store.load_run(run_id).spec
+    agent = agent_from_spec(spec)
+    changed = policy_change(run_id, spec, agent)
+    if changed is not None:
+        session.err.print(Text.assemble(("warning:", "yellow"), " ", changed))
+    return agent
 
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:

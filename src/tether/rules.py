@@ -27,7 +27,9 @@ halfway through a run. Nothing here does I/O but :meth:`Policy.from_file`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import operator
 import os
 import re
@@ -255,6 +257,11 @@ class Policy:
     rules: Sequence[Rule] = ()
     source: str | None = None
     """The file it was loaded from, if any (for messages)."""
+    digest: str | None = None
+    """SHA-256 of the rules as loaded (layout and comments aside); None for rules built in Python.
+
+    A run started with ``--policy`` records it, so a later command can tell the file changed.
+    """
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -310,7 +317,8 @@ class Policy:
         rules = []
         for index, item in enumerate(items, start=1):
             rules.append(_rule_from_dict(item, f"{where}: rule {index}"))
-        return cls(rules, source=source)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+        return cls(rules, source=source, digest=hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def _rule_from_dict(item: Any, where: str) -> Rule:
