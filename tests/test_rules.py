@@ -7,6 +7,7 @@ check which events were committed together (a warning travels with the tool's st
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -358,6 +359,20 @@ def test_warn_records_a_warning_with_the_start_and_the_call_proceeds(ran: Ran) -
     assert isinstance(r.store, WritesStore)
     assert ["warning", "tool_started"] in r.store.writes  # one commit: the warning is logged before the tool runs
     assert "is_error" not in tool_results(r, result.run_id)["toolu_1"]
+
+
+def test_warn_is_also_logged_on_the_tether_policy_logger_once_committed(
+    ran: Ran, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tether.policy")
+    policy = Policy([Rule(tags="network", action="warn", name="egress", message="leaves the machine")])
+    r = runner([calls(use("toolu_1", "fetch", {"url": "https://a"})), answer()], policy, ran=ran)
+    result = r.run("Go.")
+    [record] = [rec for rec in caplog.records if rec.name == "tether.policy"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == f"run {result.run_id}, call toolu_1 (fetch): rule 1 (egress): leaves the machine"
+    fields = ("run_id", "call_id", "tool", "rule", "rule_name")
+    assert [getattr(record, name) for name in fields] == [result.run_id, "toolu_1", "fetch", 1, "egress"]
 
 
 def test_warn_is_recorded_once_for_a_retried_call() -> None:

@@ -357,3 +357,16 @@ def test_ctrl_c_while_the_model_thinks_exits_130_and_the_run_resumes(
     resumed = run_tether(tmp_path, "resume", row["run_id"], "--json", "--db", db, env=env)
     assert resumed.returncode == 0, resumed
     assert resumed.data["output"] == "Hello again."
+
+
+# Off a terminal ----------------------------------------------------------------------------------------
+def test_a_parked_run_prints_commands_with_the_real_call_ids(ws: Workspace) -> None:
+    (ws.root / "script.json").write_text(json.dumps(BATCH), encoding="utf-8")
+    model = ["--model", "scripted:script.json"]
+    parked = run_tether(ws.root, "run", "Clean up.", "--tools", "mytools:TOOLS", *model, "--db", ws.db)
+    assert parked.returncode == 3, parked
+    run_id, text = ws.only_run(), screen_text(parked.stdout)
+    assert (
+        f"Decide with tether approve {run_id} toolu_1 --db {ws.db} or tether deny {run_id} toolu_1 --db {ws.db} "
+        f"(and likewise for toolu_2, toolu_3), then tether resume {run_id} --db {ws.db}"
+    ) in text

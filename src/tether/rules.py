@@ -4,8 +4,9 @@ A :class:`Policy` is an ordered list of :class:`Rule` s, declared in Python or l
 TOML or YAML file, and held by an :class:`~tether.agent.Agent` (so agents sharing tools can
 hold different permissions). For each call the rules are read in order:
 
-- a matching ``warn`` rule records a ``warning`` event and reading goes on (like a firewall's
-  LOG target, a warning never grants or takes away permission);
+- a matching ``warn`` rule records a ``warning`` event (also logged on the ``tether.policy``
+  logger once committed) and reading goes on (like a firewall's LOG target, a warning never
+  grants or takes away permission);
 - the first matching ``allow``, ``require_approval`` or ``deny`` rule decides;
 - when none decides, the tool's own ``approval=`` setting does.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import operator
 import os
 import re
@@ -42,7 +44,9 @@ from typing import Any, Final, Literal, get_args
 
 import pydantic
 
+from tether import events as ev
 from tether.errors import ConfigError
+from tether.events import Event
 from tether.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
 from tether.tools import Tool
 
@@ -63,6 +67,8 @@ VERDICTS: Final[Mapping[str, Verdict]] = {"allow": "allow", "require_approval": 
 RULE_KEYS: Final = ("name", "tool", "tags", "tags_all", "when", "action", "message")
 """Keys a rule in a file may have (a typo is an error, not a rule that never matches)."""
 YAML_SUFFIXES: Final = (".yaml", ".yml")
+POLICY_LOG = logging.getLogger("tether.policy")
+"""Where committed ``warn``-rule warnings are logged (level WARNING), beside their events."""
 
 
 # Argument predicates ---------------------------------------------------------------------
@@ -378,3 +384,21 @@ def denial(policy: Policy | None, tool: Tool, arguments: pydantic.BaseModel, con
     if verdict.verdict != "deny":
         return None
     return verdict.reason or f"the approval gate of {tool.name!r} denies it"
+
+
+def log_warnings(run_id: str, events: Sequence[Event]) -> None:
+    """Log the ``warn``-rule warnings among a step's committed events on :data:`POLICY_LOG`.
+
+    Called by the drivers after each commit, so a warning is logged once, whichever process
+    made it; the record's ``extra`` fields (run_id, call_id, tool, rule, rule_name) suit
+    structured log handlers.
+    """
+    for event in events:
+        data = event.data
+        if event.type != ev.WARNING or "rule" not in data:
+            continue
+        fields = {key: data.get(key) for key in ("call_id", "tool", "rule", "rule_name")}
+        POLICY_LOG.warning(
+            "run %s, call %s (%s): %s", run_id, data.get("call_id"), data.get("tool"), data.get("message"),
+            extra={"run_id": run_id, **fields},
+        )
