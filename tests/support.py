@@ -68,6 +68,23 @@ def token_usage(inp: int, out: int, created: int = 0, read: int = 0) -> dict[str
     }
 
 
+# What `tether show --json` printed -----------------------------------------------------------
+def tool_results(shown: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ``tool_result`` blocks of a shown run's history, by ``tool_use_id``."""
+    return {
+        block["tool_use_id"]: block
+        for message in shown["messages"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    }
+
+
+def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    """A shown run's events of one type, oldest first."""
+    return [event for event in shown["events"] if event["type"] == kind]
+
+
 # Environment and text ---------------------------------------------------------------------
 CLEAN_ENV_PREFIXES = ("ANTHROPIC", "TETHER")
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from support import events_of, tool_results
+
 DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
 
 TOOLS_MODULE = textwrap.dedent(
@@ -151,18 +153,6 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-def tool_results(shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        block["tool_use_id"]: block
-        for message in shown["messages"]
-        if message["role"] == "user" and isinstance(message["content"], list)
-        for block in message["content"]
-        if block.get("type") == "tool_result"
-    }
-
-
-def events_of(shown: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [event for event in shown["events"] if event["type"] == kind]
 
 
 def test_a_deny_rule_gives_the_model_an_error_and_the_tool_never_runs(cli: Cli) -> None:

@@ -25,12 +25,14 @@ from support import (
     ANSI,
     DEMO_PROMPT,
     demo_db_url,
+    events_of,
     fake_api_env,
     finish_terminal,
     model_reply,
     run_tether,
     screen_text,
     spawn_tether,
+    tool_results,
     tool_use,
     tool_use_turn,
     transcript,
@@ -141,20 +143,6 @@ def panel_text(child: pexpect.spawn) -> str:
     return " ".join(BOX.sub(" ", ANSI.sub("", transcript(child))).split())
 
 
-def results_of(shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        block["tool_use_id"]: block
-        for message in shown["messages"]
-        if message["role"] == "user" and isinstance(message["content"], list)
-        for block in message["content"]
-        if block.get("type") == "tool_result"
-    }
-
-
-def events_of(shown: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [event for event in shown["events"] if event["type"] == kind]
-
-
 # A batch of gated calls, on an 80-column terminal ------------------------------------------------
 BATCH = [
     tool_use_turn(
@@ -193,7 +181,7 @@ def test_a_batch_shows_every_call_asks_each_by_position_and_a_covers_same_tool_s
 
     assert ws.effects() == ["delete /a", "delete /c"]
     data = ws.show(ws.only_run())
-    results = results_of(data)
+    results = tool_results(data)
     assert results["toolu_2"]["is_error"] is True
     assert "too chatty" in results["toolu_2"]["content"]
     decided = {d["call_id"]: d for d in events_of(data, "approval_decided")}
@@ -259,7 +247,7 @@ def test_an_edit_to_other_input_runs_the_tool_with_it_and_the_result_says_so(
     shown = run_tether(tmp_path, "show", row["run_id"], "--json", "--db", db).data
     [decided] = events_of(shown, "approval_decided")
     assert decided["input"] == {"path": "hello.py"}
-    result = results_of(shown)["toolu_demo_run"]
+    result = tool_results(shown)["toolu_demo_run"]
     assert result["content"].startswith("(Note: a reviewer edited the input before running the tool.)")
     assert "hello from the edit" in result["content"]
 
