@@ -8,6 +8,7 @@ the fixtures built on these live in conftest.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
 """What the demo's fib.py prints once its run_python call is approved."""
 
-DEMO_PROMPT = r"run_python: [^\n]*approve[^\n]*> "
+DEMO_PROMPT = r"run_python toolu_demo_run[^\n]*: approve[^\n]*> "
 """The terminal approval prompt for the demo's gated run_python call (a pexpect pattern)."""
 
 
@@ -68,6 +69,23 @@ def token_usage(inp: int, out: int, created: int = 0, read: int = 0) -> dict[str
         "cache_creation_input_tokens": created,
         "cache_read_input_tokens": read,
     }
+
+
+# What `tether show --json` printed -----------------------------------------------------------
+def tool_results(shown: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ``tool_result`` blocks of a shown run's history, by ``tool_use_id``."""
+    return {
+        block["tool_use_id"]: block
+        for message in shown["messages"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    }
+
+
+def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    """A shown run's events of one type, oldest first."""
+    return [event for event in shown["events"] if event["type"] == kind]
 
 
 # Environment and text ---------------------------------------------------------------------
@@ -258,19 +276,29 @@ def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
 
 # The tether command in a pseudo-terminal --------------------------------------------------
 def spawn_tether(
-    cwd: Path, *args: str, timeout: float = 20, env: Mapping[str, str] | None = None
+    cwd: Path, *args: str, timeout: float = 20, columns: int = 200, env: Mapping[str, str] | None = None
 ) -> pexpect.spawn:
-    """``python -m tether ARGS`` in ``cwd`` on a 50x200 xterm (pexpect), :func:`clean_env` plus ``env``."""
-    return pexpect.spawn(
+    """``python -m tether ARGS`` in ``cwd`` on a 50-line xterm ``columns`` wide (pexpect),
+    :func:`clean_env` plus ``env``; everything it shows is kept for :func:`transcript`."""
+    child = pexpect.spawn(
         sys.executable,
         ["-m", "tether", *args],
         cwd=str(cwd),
-        env=clean_env(TERM="xterm", **(env or {})),
+        env=clean_env(TERM="xterm", COLUMNS=str(columns), **(env or {})),
         encoding="utf-8",
         codec_errors="replace",
         timeout=timeout,
-        dimensions=(50, 200),
+        dimensions=(50, columns),
     )
+    child.logfile_read = io.StringIO()
+    return child
+
+
+def transcript(child: pexpect.spawn) -> str:
+    """Everything a :func:`spawn_tether` child showed so far, escape codes included."""
+    log = child.logfile_read
+    assert isinstance(log, io.StringIO)
+    return log.getvalue()
 
 
 def finish_terminal(child: pexpect.spawn) -> tuple[int | None, str]:

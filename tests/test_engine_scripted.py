@@ -564,15 +564,16 @@ def test_approve_with_edited_input_is_validated_and_used(kind: str, ran: Calls) 
 
 def test_a_second_decision_on_the_same_call_is_refused(kind: str, ran: Calls) -> None:
     h, parked = gated_run(kind, ran)
-    h.decide(parked.run_id, "toolu_1", Approve())
-    with pytest.raises(ApprovalError):
+    h.decide(parked.run_id, "toolu_1", Approve(actor="alice"))
+    already = r"call 'toolu_1' was already decided \(approved by alice\)"  # not "run ... is not awaiting"
+    with pytest.raises(ApprovalError, match=already):
         h.decide(parked.run_id, "toolu_1", Deny("changed my mind"))
-    with pytest.raises(ApprovalError):
+    with pytest.raises(ApprovalError, match=already):
         h.decide(parked.run_id, "toolu_1", Approve())
     result = h.drive(parked.run_id)
     assert result.status == "done"
     assert ran.log == [("delete", "/tmp/x")]
-    with pytest.raises(ApprovalError):
+    with pytest.raises(ApprovalError, match=already):
         h.decide(parked.run_id, "toolu_1", Approve())
     h.verify()
 

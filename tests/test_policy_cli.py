@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from support import events_of, tool_results
+
 DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
 
 TOOLS_MODULE = textwrap.dedent(
@@ -151,18 +153,6 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-def tool_results(shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        block["tool_use_id"]: block
-        for message in shown["messages"]
-        if message["role"] == "user" and isinstance(message["content"], list)
-        for block in message["content"]
-        if block.get("type") == "tool_result"
-    }
-
-
-def events_of(shown: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [event for event in shown["events"] if event["type"] == kind]
 
 
 def test_a_deny_rule_gives_the_model_an_error_and_the_tool_never_runs(cli: Cli) -> None:
@@ -244,3 +234,34 @@ def test_resume_without_its_policy_file_is_a_usage_error(cli: Cli, tmp_path: Pat
     assert resumed.returncode == 2, resumed
     assert "rules.toml" in resumed.err
     assert cli.effects() == []  # never driven without its rules
+
+
+def test_a_rule_file_changed_since_the_run_started_is_warned_about_and_its_rules_apply(
+    cli: Cli, tmp_path: Path
+) -> None:
+    script = [
+        turn(("toolu_1", "send", {"to": "bob"})),
+        turn(("toolu_2", "refund", {"invoice": "I", "amount": 50})),
+        answer(),
+    ]
+    parked = cli.run(script)
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    [started] = events_of(cli.show(run_id), "run_started")
+    assert len(started["spec"]["policy_digest"]) == 64
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text("# reviewed by legal\n" + RULES.replace(" = ", "   =   "), encoding="utf-8")  # same rules
+    same = cli("approve", run_id, "toolu_1")
+    assert same.returncode == 0, same
+    assert "warning" not in same.err
+
+    rules.write_text(RULES.replace("gt = 100", "gt = 10"), encoding="utf-8")  # a stricter refund rule
+    resumed = cli("resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed
+    assert f"warning: policy file {rules.resolve()} changed since run {run_id} started: its current rules apply" in (
+        resumed.err
+    )
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == ["send bob"]  # the refund of 50 fell under the new rule
+    assert "deny-large-refunds" in str(tool_results(cli.show(run_id))["toolu_2"]["content"])

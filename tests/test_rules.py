@@ -7,6 +7,7 @@ check which events were committed together (a warning travels with the tool's st
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
-from tether.errors import ConfigError, ToolDefinitionError
+from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
 from tether.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.policies import ApprovalContext, ApprovalVerdict
@@ -358,6 +359,20 @@ def test_warn_records_a_warning_with_the_start_and_the_call_proceeds(ran: Ran) -
     assert isinstance(r.store, WritesStore)
     assert ["warning", "tool_started"] in r.store.writes  # one commit: the warning is logged before the tool runs
     assert "is_error" not in tool_results(r, result.run_id)["toolu_1"]
+
+
+def test_warn_is_also_logged_on_the_tether_policy_logger_once_committed(
+    ran: Ran, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tether.policy")
+    policy = Policy([Rule(tags="network", action="warn", name="egress", message="leaves the machine")])
+    r = runner([calls(use("toolu_1", "fetch", {"url": "https://a"})), answer()], policy, ran=ran)
+    result = r.run("Go.")
+    [record] = [rec for rec in caplog.records if rec.name == "tether.policy"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == f"run {result.run_id}, call toolu_1 (fetch): rule 1 (egress): leaves the machine"
+    fields = ("run_id", "call_id", "tool", "rule", "rule_name")
+    assert [getattr(record, name) for name in fields] == [result.run_id, "toolu_1", "fetch", 1, "egress"]
 
 
 def test_warn_is_recorded_once_for_a_retried_call() -> None:
@@ -765,3 +780,117 @@ def test_approve_for_the_run_never_skips_an_in_doubt_rerun(ran: Ran) -> None:
     r.decide(parked.run_id, "toolu_2", Deny("it probably ran"))
     assert r.drive(parked.run_id).status == "done"
     assert ran.log == [("delete_file", "/a")]
+
+
+# Edited input is judged by the rules too -----------------------------------------------------------
+ASK_FOR_REFUNDS = Rule(tool="refund", action="require_approval", name="ask-refunds")
+REFUND_SMALL = [calls(use("toolu_1", "refund", {"invoice": "I-9", "amount": 5})), answer()]
+
+
+@pytest.mark.parametrize("for_run", [False, True])
+def test_an_edit_a_deny_rule_forbids_is_refused_and_nothing_is_recorded(ran: Ran, for_run: bool) -> None:
+    r = runner(REFUND_SMALL, Policy([LARGE_REFUNDS, ASK_FOR_REFUNDS]), ran=ran)
+    parked = r.run("Refund I-9.")
+    assert [p["call_id"] for p in parked.pending_approvals] == ["toolu_1"]
+    edit = Approve(input={"invoice": "I-9", "amount": 5000}, actor="mallory", remember_for_run=for_run)
+    with pytest.raises(ApprovalError, match=r"rule 1 \(deny-large-refunds\): over 100: ask a manager") as raised:
+        r.decide(parked.run_id, "toolu_1", edit)
+    assert "nothing was recorded" in str(raised.value)
+    assert (raised.value.run_id, raised.value.call_id) == (parked.run_id, "toolu_1")
+    assert events(r, parked.run_id, "approval_decided") == []
+    assert r.drive(parked.run_id).status == "awaiting_approval"  # still pending, still parked
+    assert ran.log == []
+
+    r.decide(parked.run_id, "toolu_1", Approve(input={"invoice": "I-9", "amount": 50}, actor="alice"))
+    assert r.drive(parked.run_id).status == "done"
+    assert ran.log == [("refund", 50)]
+
+
+def test_an_edit_the_tools_own_approval_callable_denies_is_refused(ran: Ran) -> None:
+    def gate(arguments: Any, context: ApprovalContext) -> ApprovalVerdict:
+        if arguments.amount > 100:
+            return ApprovalVerdict("deny", "refunds over 100 need a manager")
+        return ApprovalVerdict("require_approval", "refunds need a person")
+
+    @tool(approval=gate)
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        ran.log.append(("refund", amount))
+        return "refunded"
+
+    r = runner(REFUND_SMALL, tools=[refund])
+    parked = r.run("Refund I-9.")
+    assert parked.pending_approvals[0]["reason"] == "refunds need a person"
+    with pytest.raises(ApprovalError, match="refunds over 100 need a manager"):
+        r.decide(parked.run_id, "toolu_1", Approve(input={"invoice": "I-9", "amount": 5000}))
+    assert events(r, parked.run_id, "approval_decided") == []
+    r.decide(parked.run_id, "toolu_1", Deny("no"))
+    assert r.drive(parked.run_id).status == "done"
+    assert ran.log == []
+
+
+def test_an_edit_decided_before_a_stricter_rule_arrived_is_denied_when_it_would_run(ran: Ran) -> None:
+    store = MemoryStore()
+    lenient = runner(REFUND_SMALL, Policy([ASK_FOR_REFUNDS]), ran=ran, store=store)
+    parked = lenient.run("Refund I-9.")
+    lenient.decide(parked.run_id, "toolu_1", Approve(input={"invoice": "I-9", "amount": 5000}))
+    strict = runner(REFUND_SMALL, Policy([LARGE_REFUNDS, ASK_FOR_REFUNDS]), ran=ran, store=store)
+    result = strict.drive(parked.run_id)
+    assert result.status == "done"
+    assert ran.log == []
+    block = tool_results(strict, parked.run_id)["toolu_1"]
+    assert block["is_error"] is True
+    assert "denied by policy: rule 1 (deny-large-refunds)" in block["content"]
+    [finished] = events(strict, parked.run_id, "tool_finished")
+    assert finished["denied_by"] == "policy"
+
+
+# Verdicts are checked ------------------------------------------------------------------------------
+def test_a_mistyped_verdict_is_an_error_listing_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match=r"'denied'.*'allow', 'require_approval', 'deny'"):
+        ApprovalVerdict("denied", "typo")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="reason must be a string"):
+        ApprovalVerdict("deny", None)  # type: ignore[arg-type]
+
+
+def test_a_gate_raising_on_a_mistyped_verdict_stops_the_drive_and_never_runs_the_tool(ran: Ran) -> None:
+    @tool(approval=lambda arguments, context: ApprovalVerdict("denied", "typo"))  # type: ignore[arg-type]
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        ran.log.append(("refund", amount))
+        return "refunded"
+
+    r = runner(REFUND_SMALL, tools=[refund])
+    with pytest.raises(ConfigError, match="unknown approval verdict 'denied'"):
+        r.run("Refund I-9.")
+    assert ran.log == []
+
+
+@pytest.mark.parametrize(
+    ("answer_", "shown"),
+    [(None, "None"), ("deny", "'deny'"), ("allow", "'allow'"), (0, "0"), ({"x": "y" * 99}, "a dict")],
+)
+def test_a_gate_answering_neither_a_verdict_nor_a_bool_asks_a_person(ran: Ran, answer_: Any, shown: str) -> None:
+    @tool(approval=lambda arguments, context: answer_)
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        ran.log.append(("refund", amount))
+        return "refunded"
+
+    r = runner(REFUND_SMALL, tools=[refund])
+    parked = r.run("Refund I-9.")
+    assert parked.status == "awaiting_approval"
+    [pending] = parked.pending_approvals
+    assert pending["reason"] == f"the approval gate of 'refund' returned {shown}, not an ApprovalVerdict or a bool"
+    assert ran.log == []
+
+
+@pytest.mark.parametrize(("answer_", "status"), [(True, "awaiting_approval"), (False, "done")])
+def test_a_gate_answering_a_bool_asks_on_true_and_allows_on_false(ran: Ran, answer_: bool, status: str) -> None:
+    @tool(approval=lambda arguments, context: answer_)
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        ran.log.append(("refund", amount))
+        return "refunded"
+
+    assert runner(REFUND_SMALL, tools=[refund]).run("Refund I-9.").status == status

@@ -158,8 +158,18 @@ def test_a_second_decision_is_a_conflict(service: Service) -> None:
     assert service.decide(run["run_id"], {"approve": True}).status == 200
     again = service.decide(run["run_id"], {"approve": False})
     assert again.status == 409
-    assert again.body["error"]["code"] == "not_pending"
+    assert again.body["error"]["code"] == "decision_refused"
+    assert "was already decided (approved by api (acme))" in again.body["error"]["message"]
     assert service.request("GET", f"/runs/{run['run_id']}").body["status"] == "done"
+
+
+def test_approve_for_the_rest_of_the_run(service: Service) -> None:
+    run = service.park()
+    decided = service.decide(run["run_id"], {"approve": True, "remember_for_run": True, "actor": "alice"})
+    assert decided.status == 200, decided
+    assert decided.body["status"] == "done"
+    [event] = [e for e in service.store.load_events(run["run_id"], tenant="acme") if e.type == "approval_decided"]
+    assert (event.data["remember_for_run"], event.data["actor"]) == (True, "alice")
 
 
 def test_a_stale_fingerprint_is_a_conflict_and_changes_nothing(service: Service) -> None:
@@ -183,6 +193,8 @@ def test_a_stale_fingerprint_is_a_conflict_and_changes_nothing(service: Service)
         ({"approve": "yes"}, "invalid_body"),
         ({"reason": "approve missing"}, "invalid_body"),
         ({"approve": False, "input": {"path": "fib.py"}}, "invalid_body"),
+        ({"approve": False, "remember_for_run": True}, "invalid_body"),
+        ({"approve": True, "remember_for_run": "yes"}, "invalid_body"),
     ],
 )
 def test_invalid_decisions_are_422_and_leave_the_call_pending(

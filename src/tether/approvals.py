@@ -25,6 +25,8 @@ class ApprovalRequest:
     description: str
     fingerprint: str
     """Hash of the exact arguments shown; a decision is bound to it."""
+    tenant: str | None = None
+    """The run's tenant (what an approval callable sees when edited input is checked)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The ``tether`` command line.
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval. ``--json`` prints exactly one JSON object on stdout and nothing else.
+3 awaiting approval, 130 interrupted (Ctrl-C while the model or a tool ran: the run resumes
+from its last committed step). ``--json`` prints exactly one JSON object on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
-from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
+from tether.events import Event
+from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.runner import EventListener, Runner, RunResult, result_of
+from tether.state import RunState
 from tether.stores import Store, open_store
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING}
 
 
@@ -125,6 +130,8 @@ class _Session:
         self.db_url = _db_url(getattr(args, "db", None))
         self.store: Store = open_store(self.db_url)
         self.live: LiveView | None = None
+        self.run_id: str | None = args.run_id if args.command == "resume" else None
+        """The run being driven, once known: named when Ctrl-C stops the command."""
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver | None:
         if getattr(args, "approve_all", False):
@@ -138,7 +145,7 @@ class _Session:
         return None
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
-        listeners: list[EventListener] = []
+        listeners: list[EventListener] = [self._note_run]
         if not self.json:
             from tether.terminal import LiveView, ProgressPrinter
 
@@ -160,6 +167,15 @@ class _Session:
             on_text=on_text,
         )
 
+    def _note_run(self, state: RunState, event: Event) -> None:
+        self.run_id = state.id
+
+    def interrupted(self) -> None:
+        """Ctrl-C while work ran: take the spinner down, then say how to go on."""
+        self.close()
+        hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
+        self.err.print(Text(f"interrupted{hint}", style="yellow"))
+
     def _show_retry_wait(self, seconds: float) -> None:
         self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s[/]")
 
@@ -176,11 +192,23 @@ class _Session:
 
             render_result(self.out, result)
             if result.status == "awaiting_approval":
-                self.out.print(
-                    f"Decide with [bold]tether approve {result.run_id} CALL_ID[/] or [bold]tether deny ...[/], "
-                    f"then [bold]tether resume {result.run_id}[/]" + self._db_hint()
-                )
+                self.out.print(self._decide_hint(result))
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
+
+    def _decide_hint(self, result: RunResult) -> Text:
+        """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
+        pending = [p["call_id"] for p in result.pending_approvals] or ["CALL_ID"]
+        run, db = result.run_id, self._db_hint()
+        each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
+        return Text.assemble(
+            "Decide with ",
+            (f"tether approve {run} {pending[0]}{db}", "bold"),
+            " or ",
+            (f"tether deny {run} {pending[0]}{db}", "bold"),
+            each,
+            ", then ",
+            (f"tether resume {run}{db}", "bold"),
+        )
 
     def _db_hint(self) -> str:
         return "" if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ else f" --db {self.db_url}"
@@ -203,7 +231,13 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _agent_for(session: _Session, run_id: str) -> Agent:
-    return agent_from_spec(session.store.load_run(run_id).spec)
+    """The run's agent, warning (on stderr) when its rule file changed since it started."""
+    spec = session.store.load_run(run_id).spec
+    agent = agent_from_spec(spec)
+    changed = policy_change(run_id, spec, agent)
+    if changed is not None:
+        session.err.print(Text.assemble(("warning:", "yellow"), " ", changed))
+    return agent
 
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
@@ -228,9 +262,9 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     else:
         result = runner.decide(args.run_id, args.call_id, Deny(args.reason, actor=actor), fingerprint=args.fingerprint)
     verb = "approved" if args.command == "approve" else "denied"
-    session.out.print(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})")
+    session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
     if result.status != "awaiting_approval":
-        session.out.print(f"continue with: tether resume {args.run_id}{session._db_hint()}")
+        session.out.print(Text(f"continue with: tether resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
 
 
@@ -323,15 +357,15 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
     agent = agent_from_spec(spec)
     if not session.json:
         model = "Claude (" + agent.model_name + ")" if agent.model_name != DEMO_MODEL else "the offline scripted model"
-        session.out.print(f"[bold]tether demo[/]: workspace {demo.workspace()}, database {session.db_url}, {model}")
-        session.out.print(f"[bold]prompt[/]: {demo.PROMPT}")
+        about = f"workspace {demo.workspace()}, database {session.db_url}, {model}"
+        session.out.print(Text.assemble(("tether demo", "bold"), ": ", about))
+        session.out.print(Text.assemble(("prompt", "bold"), ": ", demo.PROMPT))
     runner = session.runner(args, agent)
     return session.finish(runner.run(demo.PROMPT))
 
 
 def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     """Text formats go to stdout unless -o; images need -o and Graphviz's ``dot``."""
-    from rich.markup import escape
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether import diagram
@@ -448,6 +482,11 @@ class _NoModel:
         raise ConfigError("this command does not call the model")
 
 
+def _print_error(label: str, error: Exception) -> None:
+    """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
     args = _parser().parse_args(argv)
@@ -463,14 +502,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
     except (ConfigError, RunNotFound) as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {error}")
+        _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]refused:[/] {error}")
+        _print_error("refused", error)
         return EXIT_FAILED
     except TetherError as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {error}")
+        _print_error("error", error)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # the last committed step stands; an unfinished tool call is in doubt
+        if session is not None:
+            session.interrupted()
+        return EXIT_INTERRUPTED
     finally:
         if session is not None:
             session.close()

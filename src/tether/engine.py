@@ -30,7 +30,7 @@ from tether.machine import ENDED_VALUES, bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
-from tether.rules import decide_call
+from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
 from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
 
@@ -197,6 +197,9 @@ def _call_action(
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
         return Commit(_result(call, f"Error: the call was denied by {decision.actor}{why}", True))
+    edited_input = decision.input if decision is not None else None
+    if edited_input is not None:
+        arguments = tool.validate(edited_input)  # validated when decided; the rules judge what runs
     warnings: list[Record] = []
     in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
@@ -204,6 +207,11 @@ def _call_action(
         if isinstance(gate, Step):
             return Commit(gate)
         warnings = gate
+    elif edited_input is not None:
+        # on_decision refuses an edit a rule denies; this holds should the rules change after it
+        denial = _denial(state, agent, call, tool, arguments)
+        if denial is not None:
+            return Commit(_denied_by_policy(call, denial, []))
     if tool.final:
         data = arguments.model_dump(mode="json")
         final = _result(call, "Final result recorded.", False, final_result=data)
@@ -214,11 +222,9 @@ def _call_action(
     due = state.retry_due.get(call.call_id)
     if due is not None and due > now:
         return WaitUntil(due)
-    edited = decision is not None and decision.input is not None
-    if edited:
-        arguments = tool.validate(decision.input if decision else None)
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
+    edited = edited_input is not None
     return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
 
 
@@ -232,15 +238,28 @@ def _gate(
     """
     verdict, warnings = _verdict(state, agent, call, tool, arguments)
     if verdict.verdict == "deny":
-        message = f"Error: the call was denied by policy: {verdict.reason}"
-        denied = _result(call, message, True, denied_by="policy", reason=verdict.reason)
-        return Step(denied.trigger, [*warnings, *denied.records])
+        return _denied_by_policy(call, verdict.reason, warnings)
     if call.call_id in state.in_flight and not tool.idempotent:
         reason = "it was interrupted mid-run and may already have run; run it again?"
         return _approval_step(state, agent, call, reason, warnings)
-    if verdict.verdict == "require_approval":
-        return _approval_step(state, agent, call, verdict.reason, warnings)
-    return warnings
+    if verdict.verdict == "allow":
+        return warnings
+    return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
+
+
+def _denied_by_policy(call: PendingCall, reason: str, warnings: list[Record]) -> Step:
+    denied = _result(call, f"Error: the call was denied by policy: {reason}", True, denied_by="policy", reason=reason)
+    return Step(denied.trigger, [*warnings, *denied.records])
+
+
+def _context(state: RunState, agent: Agent, call: PendingCall, tool: Tool) -> ApprovalContext:
+    return ApprovalContext(
+        run_id=state.id, tool=tool.name, call_id=call.call_id, tenant=state.tenant, agent=agent.name
+    )
+
+
+def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel) -> str | None:
+    return denial(agent.policy, tool, arguments, _context(state, agent, call, tool))
 
 
 def _verdict(
@@ -251,10 +270,7 @@ def _verdict(
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """
-    context = ApprovalContext(
-        run_id=state.id, tool=tool.name, call_id=call.call_id, tenant=state.tenant, agent=agent.name
-    )
-    decided = decide_call(agent.policy, tool, arguments, context)
+    decided = decide_call(agent.policy, tool, arguments, _context(state, agent, call, tool))
     verdict = decided.verdict
     if verdict.verdict == "require_approval" and tool.name in state.approved_tools:
         verdict = ApprovalVerdict("allow", f"{tool.name} was approved for the rest of the run")
@@ -511,6 +527,12 @@ def on_decision(
     edited_input = decision.input if isinstance(decision, Approve) else None
     remember_for_run = isinstance(decision, Approve) and decision.remember_for_run
     reason = decision.reason if isinstance(decision, Deny) else ""
+    earlier = state.decisions.get(call_id)
+    if earlier is not None:  # checked first: deciding a one-call batch already moved the run on
+        verdict = "approved" if earlier.approved else "denied"
+        raise ApprovalError(
+            f"call {call_id!r} was already decided ({verdict} by {earlier.actor})", run_id=state.id, call_id=call_id
+        )
     if state.status != "awaitingApproval":
         raise ApprovalError(
             f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
@@ -520,8 +542,6 @@ def on_decision(
         raise ApprovalError(
             f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
         )
-    if call_id in state.decisions:
-        raise ApprovalError(f"call {call_id!r} was already decided", run_id=state.id, call_id=call_id)
     shown = fingerprint(call.input)
     if expected_fingerprint is not None and expected_fingerprint != shown:
         raise ApprovalError(
@@ -534,11 +554,19 @@ def on_decision(
         if tool is None:
             raise ApprovalError(f"unknown tool {call.tool!r}", run_id=state.id, call_id=call_id)
         try:
-            edited_input = tool.validate(edited_input).model_dump(mode="json")
+            arguments = tool.validate(edited_input)
         except pydantic.ValidationError as error:
             raise ApprovalError(
                 f"edited input is invalid for tool {tool.name!r}: {error}", run_id=state.id, call_id=call_id
             ) from error
+        denial = _denial(state, agent, call, tool, arguments)  # the rules judge what will run
+        if denial is not None:
+            raise ApprovalError(
+                f"call {call_id!r}: the edited input is denied by policy ({denial}); nothing was recorded",
+                run_id=state.id,
+                call_id=call_id,
+            )
+        edited_input = arguments.model_dump(mode="json")
     data = {
         "call_id": call_id,
         "tool": call.tool,

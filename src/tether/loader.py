@@ -92,7 +92,8 @@ def agent_from_spec(
     ``spec["env"]`` holds ``TETHER_*`` settings the tools read (e.g. the demo's workspace);
     they are restored so a run resumed from another directory behaves the same.
     ``spec["policy"]`` is an absolute rule file path, read again here: a missing or
-    invalid file is a :class:`ConfigError`, never a run without its rules.
+    invalid file is a :class:`ConfigError`, never a run without its rules. The agent's
+    spec carries the rules' digest, which a new run records (see :func:`policy_change`).
     """
     env = {k: str(v) for k, v in (spec.get("env") or {}).items() if k.startswith(ENV_PREFIX)}
     os.environ.update(env)
@@ -104,6 +105,7 @@ def agent_from_spec(
         raise ConfigError(f"--tools: {error}") from error
     max_steps = spec.get("max_steps")
     policy_file = spec.get("policy")
+    policy = Policy.from_file(policy_file) if policy_file else None
     return Agent(
         model=model or load_model(model_spec),
         tools=tools,
@@ -115,7 +117,20 @@ def agent_from_spec(
             "system": spec.get("system"),
             "cwd": spec.get("cwd") or os.getcwd(),
             **({"env": env} if env else {}),
-            **({"policy": policy_file} if policy_file else {}),
+            **({"policy": policy_file, "policy_digest": policy.digest} if policy is not None else {}),
         },
-        policy=Policy.from_file(policy_file) if policy_file else None,
+        policy=policy,
     )
+
+
+def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None:
+    """A warning when the run's rule file no longer holds the rules the run started with.
+
+    The current rules apply (tightening a rule file is how a person stops parked runs
+    doing something); the warning says so. None when nothing changed or the run is too
+    old to have recorded a digest.
+    """
+    recorded, policy = spec.get("policy_digest"), agent.policy
+    if recorded is None or policy is None or policy.digest == recorded:
+        return None
+    return f"policy file {spec.get('policy')} changed since run {run_id} started: its current rules apply"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from tether.errors import ConfigError
 from tether.faults import Classifier, ErrorClass, classify
 
 RetryOn = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -75,16 +76,28 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy()
 
 Verdict = Literal["allow", "require_approval", "deny"]
+VERDICT_VALUES: tuple[Verdict, ...] = get_args(Verdict)
 
 
 @dataclass(frozen=True)
 class ApprovalVerdict:
-    """What an approval policy says about one call."""
+    """What an approval policy says about one call.
+
+    Checked when built: a mistyped verdict (``"denied"``) is an error, never a silent allow.
+    """
 
     verdict: Verdict
     """allow: run it; require_approval: park for a person; deny: answer with an error."""
     reason: str = ""
     """Why (shown to the person, or to the model on a denial)."""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICT_VALUES:
+            raise ConfigError(
+                f"unknown approval verdict {self.verdict!r} (expected one of {', '.join(map(repr, VERDICT_VALUES))})"
+            )
+        if not isinstance(self.reason, str):
+            raise ConfigError(f"ApprovalVerdict.reason must be a string, not {self.reason!r}")
 
 
 ALLOW = ApprovalVerdict("allow")
@@ -108,7 +121,12 @@ ApprovalSetting = bool | ApprovalCallable
 
 
 def decide_approval(setting: ApprovalSetting, args: Any, context: ApprovalContext) -> ApprovalVerdict:
-    """Apply a tool's ``approval=`` setting to one call."""
+    """Apply a tool's ``approval=`` setting to one call.
+
+    A callable answers with an :class:`ApprovalVerdict` or a bool (True: ask a person). Any
+    other answer (a forgotten ``return`` gives None, a string like ``"deny"``) never allows:
+    a person is asked, and told why.
+    """
     if setting is True:
         return REQUIRE_APPROVAL
     if setting is False:
@@ -116,7 +134,15 @@ def decide_approval(setting: ApprovalSetting, args: Any, context: ApprovalContex
     answer = setting(args, context)
     if isinstance(answer, ApprovalVerdict):
         return answer
-    return REQUIRE_APPROVAL if answer else ALLOW
+    if isinstance(answer, bool):
+        return REQUIRE_APPROVAL if answer else ALLOW
+    shown = repr(answer)
+    if len(shown) > 60:
+        shown = f"a {type(answer).__name__}"
+    return ApprovalVerdict(
+        "require_approval",
+        f"the approval gate of {context.tool!r} returned {shown}, not an ApprovalVerdict or a bool",
+    )
 
 
 @dataclass(frozen=True)

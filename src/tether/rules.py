@@ -4,8 +4,9 @@ A :class:`Policy` is an ordered list of :class:`Rule` s, declared in Python or l
 TOML or YAML file, and held by an :class:`~tether.agent.Agent` (so agents sharing tools can
 hold different permissions). For each call the rules are read in order:
 
-- a matching ``warn`` rule records a ``warning`` event and reading goes on (like a firewall's
-  LOG target, a warning never grants or takes away permission);
+- a matching ``warn`` rule records a ``warning`` event (also logged on the ``tether.policy``
+  logger once committed) and reading goes on (like a firewall's LOG target, a warning never
+  grants or takes away permission);
 - the first matching ``allow``, ``require_approval`` or ``deny`` rule decides;
 - when none decides, the tool's own ``approval=`` setting does.
 
@@ -27,7 +28,10 @@ halfway through a run. Nothing here does I/O but :meth:`Policy.from_file`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import logging
 import operator
 import os
 import re
@@ -40,7 +44,9 @@ from typing import Any, Final, Literal, get_args
 
 import pydantic
 
+from tether import events as ev
 from tether.errors import ConfigError
+from tether.events import Event
 from tether.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
 from tether.tools import Tool
 
@@ -61,6 +67,8 @@ VERDICTS: Final[Mapping[str, Verdict]] = {"allow": "allow", "require_approval": 
 RULE_KEYS: Final = ("name", "tool", "tags", "tags_all", "when", "action", "message")
 """Keys a rule in a file may have (a typo is an error, not a rule that never matches)."""
 YAML_SUFFIXES: Final = (".yaml", ".yml")
+POLICY_LOG = logging.getLogger("tether.policy")
+"""Where committed ``warn``-rule warnings are logged (level WARNING), beside their events."""
 
 
 # Argument predicates ---------------------------------------------------------------------
@@ -255,6 +263,11 @@ class Policy:
     rules: Sequence[Rule] = ()
     source: str | None = None
     """The file it was loaded from, if any (for messages)."""
+    digest: str | None = None
+    """SHA-256 of the rules as loaded (layout and comments aside); None for rules built in Python.
+
+    A run started with ``--policy`` records it, so a later command can tell the file changed.
+    """
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -310,7 +323,8 @@ class Policy:
         rules = []
         for index, item in enumerate(items, start=1):
             rules.append(_rule_from_dict(item, f"{where}: rule {index}"))
-        return cls(rules, source=source)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+        return cls(rules, source=source, digest=hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def _rule_from_dict(item: Any, where: str) -> Rule:
@@ -359,3 +373,32 @@ def decide_call(
     if match is None:
         return CallDecision(decide_approval(tool.approval, arguments, context), None, warnings)
     return CallDecision(ApprovalVerdict(VERDICTS[match.rule.action], match.reason), match, warnings)
+
+
+def denial(policy: Policy | None, tool: Tool, arguments: pydantic.BaseModel, context: ApprovalContext) -> str | None:
+    """Why the policy (or the tool's approval callable) denies this call; None when it does not.
+
+    Asked again of edited input, which must pass the same rules as the model's.
+    """
+    verdict = decide_call(policy, tool, arguments, context).verdict
+    if verdict.verdict != "deny":
+        return None
+    return verdict.reason or f"the approval gate of {tool.name!r} denies it"
+
+
+def log_warnings(run_id: str, events: Sequence[Event]) -> None:
+    """Log the ``warn``-rule warnings among a step's committed events on :data:`POLICY_LOG`.
+
+    Called by the drivers after each commit, so a warning is logged once, whichever process
+    made it; the record's ``extra`` fields (run_id, call_id, tool, rule, rule_name) suit
+    structured log handlers.
+    """
+    for event in events:
+        data = event.data
+        if event.type != ev.WARNING or "rule" not in data:
+            continue
+        fields = {key: data.get(key) for key in ("call_id", "tool", "rule", "rule_name")}
+        POLICY_LOG.warning(
+            "run %s, call %s (%s): %s", run_id, data.get("call_id"), data.get("tool"), data.get("message"),
+            extra={"run_id": run_id, **fields},
+        )

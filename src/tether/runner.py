@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether import cache, engine, leases
+from tether import cache, engine, leases, rules
 from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approver, Decision
 from tether.compat import check_compatible
@@ -194,6 +194,7 @@ class _RunnerBase:
 
     def _persist(self, state: RunState, produced: list[Event]) -> None:
         self.store.append(record_of(state), state.version - 1, produced)
+        rules.log_warnings(state.id, produced)
         self._notify(state, produced)
 
     def _commit(self, state: RunState, step: engine.Step) -> None:
@@ -247,6 +248,7 @@ class _RunnerBase:
                     reason=state.approval_reasons.get(call.call_id, ""),
                     description=tool.description if tool else "",
                     fingerprint=engine.fingerprint(call.input),
+                    tenant=state.tenant,
                 )
             )
         return requests

@@ -27,6 +27,8 @@ from tether.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.audit import AuditEntry
 from tether.events import Event
 from tether.pending import PendingApproval
+from tether.policies import ApprovalContext
+from tether.rules import denial
 from tether.runner import Activity, RunResult
 from tether.state import RunState
 
@@ -44,11 +46,11 @@ CHOICES = {
     "A": "always",
     "always": "always",
 }
-PROMPT = (
-    "[bold]approve[/] ([cyan]a[/]) / [bold]deny[/] ([cyan]d[/]) / [bold]edit[/] ([cyan]e[/]) / "
-    "approve this tool for the rest of the run ([cyan]A[/])"
+LEGEND = (
+    "a approve · d deny (then a reason for the model) · e edit the input as JSON\n"
+    "A approve the tool for the rest of the run · full words work too"
 )
-
+"""Printed once above the prompts, which stay short enough for 80 columns."""
 
 def _preview(text: str, limit: int = 160) -> str:
     flat = " ".join(text.split())
@@ -186,40 +188,48 @@ class TerminalApprover:
         """Show every pending call of the batch, then ask about each in turn.
 
         "A" answers ``Approve(remember_for_run=True)``: the run records it, so later calls
-        of the tool are not asked about, whichever process drives the run on.
+        of the tool are not asked about, whichever process drives the run on. Each prompt
+        names the call (``[2/3] delete toolu_3``), so same-tool calls are never confused.
         """
         decisions: dict[str, Decision] = {}
-        remembered: set[str] = set()  # "A" on an earlier call of this batch covers its siblings
-        title = f"{len(requests)} call(s) need your approval" if len(requests) > 1 else "Approval needed"
-        self.console.rule(f"[bold yellow]{title}")
+        remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
+        title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
+        self.console.rule(Text(title, style="bold yellow"))
         for request in requests:
-            self.console.print(self._panel(request))
+            self.console.print(self._panel(request), soft_wrap=False)  # see render_result
+        self.console.print(Text(LEGEND, style="dim"))
         try:
-            for request in requests:
+            for position, request in enumerate(requests, start=1):
+                label = request.tool + " " + request.call_id
+                if len(requests) > 1:
+                    label = f"[{position}/{len(requests)}] {label}"
                 if request.tool in remembered:
                     decisions[request.call_id] = Approve(actor=self.actor, remember_for_run=True)
+                    covered = f"{label}: approved ({request.tool} approved for the run with {remembered[request.tool]})"
+                    self.console.print(Text(covered, style="green"))
                     continue
-                decision = decisions[request.call_id] = self._ask(request)
+                decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
-                    remembered.add(request.tool)
+                    remembered[request.tool] = request.call_id
         except (EOFError, KeyboardInterrupt):
-            self.console.print("\n[yellow]No decision: the call stays pending and the run is parked.[/]")
+            self.console.print(Text("\nNo decision: the call stays pending and the run is parked.", style="yellow"))
             return {}
         return decisions
 
     def _panel(self, request: ApprovalRequest) -> Panel:
-        arguments = Syntax(json.dumps(request.input, indent=2, ensure_ascii=False), "json", theme="ansi_dark")
+        arguments = _json(request.input)
         body = Group(
             Text(request.description or "(no description)", style="italic"),
             Text.assemble(("why: ", "bold"), request.reason or "approval required"),
             Text.assemble(("call: ", "bold"), request.call_id),
             arguments,
         )
-        return Panel(body, title=f"[bold]{request.tool}[/]", border_style="yellow")
+        return Panel(body, title=Text(request.tool, style="bold"), border_style="yellow")
 
-    def _ask(self, request: ApprovalRequest) -> Decision:
+    def _ask(self, request: ApprovalRequest, label: str) -> Decision:
+        prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
-            answer = self.console.input(f"{request.tool}: {PROMPT} > ").strip()
+            answer = self.console.input(prompt).strip()
             choice = CHOICES.get(answer) or CHOICES.get(answer.lower())
             if choice == "approve":
                 return Approve(actor=self.actor)
@@ -230,22 +240,35 @@ class TerminalApprover:
                 return Deny(reason or "denied at the terminal", actor=self.actor)
             if choice == "edit":
                 return Approve(input=self._edit(request), actor=self.actor)
-            self.console.print("[red]Please answer a, d, e or A (or approve, deny, edit, always).[/]")
+            self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
     def _edit(self, request: ApprovalRequest) -> dict[str, Any]:
+        """Asked again until the JSON is valid for the tool and no deny rule forbids it."""
         tool = self.agent.tool_index.get(request.tool)
         while True:
             raw = self.console.input("New input as JSON > ").strip()
             try:
                 value = json.loads(raw)
-                if tool is not None:
-                    value = tool.validate(value).model_dump(mode="json")
+                arguments = tool.validate(value) if tool is not None else None
             except (ValueError, pydantic.ValidationError) as error:
-                self.console.print(f"[red]Not valid for {request.tool}: {error}[/]")
+                self.console.print(Text(f"Not valid for {request.tool}: {error}", style="red"))
                 continue
-            if isinstance(value, dict):
+            if not isinstance(value, dict):
+                self.console.print(Text("The input must be a JSON object.", style="red"))
+                continue
+            if tool is None or arguments is None:
                 return value
-            self.console.print("[red]The input must be a JSON object.[/]")
+            context = ApprovalContext(
+                run_id=request.run_id,
+                tool=tool.name,
+                call_id=request.call_id,
+                tenant=request.tenant,
+                agent=self.agent.name,
+            )
+            why = denial(self.agent.policy, tool, arguments, context)
+            if why is None:
+                return arguments.model_dump(mode="json")
+            self.console.print(Text(f"Not allowed: {why}", style="red"))
 
 
 def render_result(console: Console, result: RunResult) -> None:
@@ -255,7 +278,7 @@ def render_result(console: Console, result: RunResult) -> None:
     if result.output:
         lines.append(Text(result.output))
     if result.result is not None:
-        lines.append(Syntax(json.dumps(result.result, indent=2, ensure_ascii=False), "json", theme="ansi_dark"))
+        lines.append(_json(result.result))
     if result.error:
         lines.append(Text(f"error: {result.error}", style="red"))
     for pending in result.pending_approvals:
@@ -272,7 +295,13 @@ def render_result(console: Console, result: RunResult) -> None:
             style="dim",
         )
     )
-    console.print(Panel(Group(*lines), title=f"run {result.run_id}", border_style=style))
+    # A soft-wrapping console (the CLI's, so ids stay whole) would crop every line in a panel.
+    console.print(Panel(Group(*lines), title=Text(f"run {result.run_id}"), border_style=style), soft_wrap=False)
+
+
+def _json(value: Any) -> Syntax:
+    """Highlighted JSON that wraps inside a panel instead of being cut at its edge."""
+    return Syntax(json.dumps(value, indent=2, ensure_ascii=False), "json", theme="ansi_dark", word_wrap=True)
 
 
 def render_events(console: Console, events: Sequence[Event]) -> None:
@@ -282,7 +311,8 @@ def render_events(console: Console, events: Sequence[Event]) -> None:
         detail = {k: v for k, v in event.data.items() if k not in ("content", "messages", "spec", "full_content")}
         if "content" in event.data and event.type == ev.TOOL_FINISHED:
             detail["content"] = _preview(str(event.data["content"]), 80)
-        table.add_row(str(event.seq), event.type, _preview(json.dumps(detail, ensure_ascii=False, default=str), 120))
+        detail_text = _preview(json.dumps(detail, ensure_ascii=False, default=str), 120)
+        table.add_row(str(event.seq), Text(event.type), Text(detail_text))  # Text: never read as markup
     console.print(table)
 
 
@@ -333,15 +363,15 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         if entry.truncated_from is not None:
             outcome += f" ({entry.truncated_from} chars, truncated for the model)"
         style = {"ok": "green", "error": "red", "denied": "red", "awaiting_approval": "yellow"}.get(entry.status, "")
-        table.add_row(
+        table.add_row(  # Text cells: inputs, reasons and ids are never read as markup
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.requested_at)),
-            entry.tool,
-            _preview(json.dumps(entry.input, ensure_ascii=False), 50),
-            verdict,
+            Text(entry.tool),
+            Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
+            Text(verdict),
             str(entry.attempts),
             Text(outcome, style=style),
             "-" if entry.duration is None else f"{entry.duration:.3f}",
-            f"{entry.run_id} {entry.call_id}",
+            Text(f"{entry.run_id} {entry.call_id}"),
         )
     console.print(table)
 
@@ -352,5 +382,5 @@ def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
     table.columns[0].no_wrap = True
     table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
     for row in rows:
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], row["run_id"])
+        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], Text(row["run_id"]))
     console.print(table)

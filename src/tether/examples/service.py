@@ -14,8 +14,9 @@ POST     /runs                                   ``{"prompt": str, "wait": bool 
 GET      /runs/{run_id}                          → 200 run (read from the run's row, no replay)
 GET      /approvals?run_id=                      → 200 ``{"pending": [...]}`` (the tenant's calls)
 POST     /runs/{run_id}/approvals/{call_id}      ``{"approve": bool, "reason": str, "input": {...},
-                                                 "actor": str, "fingerprint": str}`` → the
-                                                 decision is recorded, the run driven on: 200 run
+                                                 "actor": str, "fingerprint": str,
+                                                 "remember_for_run": bool}`` → the decision is
+                                                 recorded, the run driven on: 200 run
 =======  ======================================  =================================================
 
 A run is its row: the keys ``tether run --json`` prints (``run_id, status, output, result,
@@ -23,8 +24,8 @@ error, steps, tool_calls, usage, pending_approvals``) and any the row adds. Erro
 ``{"error": {"code": str, "message": str}}`` with: 400 no ``X-Tenant`` or a body that is
 not a JSON object; 403 a ``?tenant=`` other than the header's; 404 unknown run, call or
 route; 409 a decision that cannot apply (already decided, decided concurrently, the
-fingerprint does not match the arguments, the run is not parked); 422 a body field of the
-wrong type, or edited input the tool's schema rejects.
+fingerprint does not match the arguments, edited input a deny rule forbids, the run is not
+parked); 422 a body field of the wrong type, or edited input the tool's schema rejects.
 
 Decisions are safe from any number of processes: the store's optimistic concurrency
 lets exactly one of two racing decisions through; the other gets 409.
@@ -150,9 +151,12 @@ class _Service:
         edited = _field(body, "input", dict, default=None)
         actor = _field(body, "actor", str, default="") or f"api ({tenant})"
         fingerprint = _field(body, "fingerprint", str, default=None)
-        if edited is not None and not approve:
-            raise ServiceError(422, "invalid_body", "input (edited arguments) goes with an approval only")
-        decision: Decision = Approve(input=edited, actor=actor) if approve else Deny(reason, actor=actor)
+        for_run = _field(body, "remember_for_run", bool, default=False)  # approve the tool for the rest of the run
+        if (edited is not None or for_run) and not approve:
+            raise ServiceError(422, "invalid_body", "input and remember_for_run go with an approval only")
+        decision: Decision = (
+            Approve(input=edited, actor=actor, remember_for_run=for_run) if approve else Deny(reason, actor=actor)
+        )
         run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
         payload = await run_in_threadpool(self._decide_and_drive, tenant, run_id, call_id, decision, fingerprint)
         return JSONResponse(payload)
@@ -164,13 +168,14 @@ class _Service:
         runner = self.runner(tenant)
         state = runner.load(run_id, tenant=tenant)
         call = next((c for c in state.pending_approvals() if c.call_id == call_id), None)
-        if call is None or state.status != "awaitingApproval":
+        decided = call_id in state.decisions  # runner.decide refuses it, naming who decided
+        if not decided and (call is None or state.status != "awaitingApproval"):
             if not _requested(state, call_id):
                 raise ServiceError(404, "call_not_found", f"run {run_id} has no tool call {call_id!r}")
             raise ServiceError(
                 409, "not_pending", f"call {call_id!r} is not waiting for a decision (run status {state.status})"
             )
-        if isinstance(decision, Approve) and decision.input is not None:
+        if call is not None and isinstance(decision, Approve) and decision.input is not None:
             tool = runner.agent.tool_index.get(call.tool)
             try:
                 if tool is not None:

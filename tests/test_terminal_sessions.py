@@ -1,0 +1,360 @@
+"""Whole terminal sessions in a real pseudo-terminal (pexpect): a batch of gated calls, an edit
+to other input, EOF and Ctrl-C at every prompt, narrow terminals, and Ctrl-C while work runs.
+
+Runs use a tools module written beside them (each tool run leaves a line in ``effects.log``)
+and a scripted model (``--model scripted:script.json``), or Claude's client against
+FakeMessagesAPI where a model call must hang.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from fake_messages_api import FakeMessagesAPI
+from support import (
+    ANSI,
+    DEMO_PROMPT,
+    demo_db_url,
+    events_of,
+    fake_api_env,
+    finish_terminal,
+    model_reply,
+    run_tether,
+    screen_text,
+    spawn_tether,
+    tool_results,
+    tool_use,
+    tool_use_turn,
+    transcript,
+)
+
+TOOLS_MODULE = textwrap.dedent(
+    '''
+    """Tools for the terminal session tests; each run leaves a line in effects.log."""
+
+    import time
+    from pathlib import Path
+
+    from tether import tool
+
+    HERE = Path(__file__).parent
+
+
+    def _effect(line: str) -> None:
+        with (HERE / "effects.log").open("a", encoding="utf-8") as log:
+            log.write(line + "\\n")
+
+
+    @tool(approval=True)
+    def delete(path: str) -> str:
+        """Delete a file (pretend: the call is only logged)."""
+        _effect(f"delete {path}")
+        return f"deleted {path}"
+
+
+    @tool(approval=True)
+    def send(to: str, body: str) -> str:
+        """Send a message."""
+        _effect(f"send {to}")
+        return f"sent to {to}"
+
+
+    @tool
+    def wait_for(flag: str) -> str:
+        """Wait (at most 60 s) until a file named ``flag`` exists beside this module."""
+        _effect(f"waiting for {flag}")
+        deadline = time.monotonic() + 60
+        while not (HERE / flag).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _effect(f"wait_for {flag}")
+        return f"{flag} is there"
+
+
+    TOOLS = [delete, send, wait_for]
+    '''
+)
+LONG_BODY = "Hello Bob, " + "this line goes on and on " * 12 + "END-OF-BODY"
+LONG_ANSWER = "Cleaned up as asked: " + "every word of this answer must reach the screen " * 5 + "THE-END"
+BOX = re.compile(r"[│╭╮╰╯─]")
+
+
+class Workspace:
+    """A directory with the tools module, a model script and a SQLite database."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.db = f"sqlite:///{root / 'runs.db'}"
+        (root / "mytools.py").write_text(TOOLS_MODULE, encoding="utf-8")
+
+    def spawn_run(self, script: list[dict[str, Any]], *extra: str, columns: int = 200) -> pexpect.spawn:
+        (self.root / "script.json").write_text(json.dumps(script), encoding="utf-8")
+        model = ["--model", "scripted:script.json"]
+        return spawn_tether(
+            self.root, "run", "Clean up.", "--tools", "mytools:TOOLS", *model, "--db", self.db, *extra, columns=columns
+        )
+
+    def effects(self) -> list[str]:
+        log = self.root / "effects.log"
+        return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+    def show(self, run_id: str) -> dict[str, Any]:
+        shown = run_tether(self.root, "show", run_id, "--json", "--db", self.db)
+        assert shown.returncode == 0, shown
+        return shown.data
+
+    def only_run(self) -> str:
+        listed = run_tether(self.root, "runs", "--json", "--db", self.db)
+        assert listed.returncode == 0, listed
+        [row] = listed.data["runs"]
+        return str(row["run_id"])
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path)
+
+
+@pytest.fixture
+def children() -> Iterator[list[pexpect.spawn]]:
+    """Spawned commands, killed at the end whatever happened."""
+    spawned: list[pexpect.spawn] = []
+    yield spawned
+    for child in spawned:
+        child.close(force=True)
+
+
+def prompt(label: str) -> str:
+    """The approval prompt of one call (a pexpect pattern); escape codes may sit in between."""
+    return re.escape(label) + r"[^\n]*: approve[^\n]*> "
+
+
+def panel_text(child: pexpect.spawn) -> str:
+    """What the session showed, escape codes and panel borders removed, whitespace normalised."""
+    return " ".join(BOX.sub(" ", ANSI.sub("", transcript(child))).split())
+
+
+# A batch of gated calls, on an 80-column terminal ------------------------------------------------
+BATCH = [
+    tool_use_turn(
+        tool_use("toolu_1", "delete", {"path": "/a"}),
+        tool_use("toolu_2", "send", {"to": "bob", "body": LONG_BODY}),
+        tool_use("toolu_3", "delete", {"path": "/c"}),
+    ),
+    model_reply([{"type": "text", "text": LONG_ANSWER}], "end_turn"),
+]
+
+
+def test_a_batch_shows_every_call_asks_each_by_position_and_a_covers_same_tool_siblings(
+    ws: Workspace, children: list[pexpect.spawn]
+) -> None:
+    child = ws.spawn_run(BATCH, columns=80)
+    children.append(child)
+    child.expect("3 calls need your approval")
+    child.expect(prompt("[1/3] delete toolu_1"))
+    child.sendline("A")
+    child.expect(prompt("[2/3] send toolu_2"))
+    child.sendline("d")
+    child.expect(r"reason[^\n]*> ")
+    child.sendline("too chatty")
+    child.expect(re.escape("[3/3] delete toolu_3: approved (delete approved for the run with toolu_1)"))
+    status, _ = finish_terminal(child)
+    assert status == 0, transcript(child)
+
+    shown = panel_text(child)
+    for call in ("toolu_1", "toolu_2", "toolu_3"):
+        assert f"call: {call}" in shown  # one panel per call, all before the first question
+    assert shown.index("call: toolu_3") < shown.index("[1/3] delete toolu_1")
+    assert "END-OF-BODY" in shown  # the long argument wraps inside its panel, never cut at the edge
+    prompts = [line for line in ANSI.sub("", transcript(child)).splitlines() if ": approve? [a/d/e/A] > " in line]
+    assert len(prompts) == 2
+    assert all(len(line) <= 80 for line in prompts), prompts
+
+    assert ws.effects() == ["delete /a", "delete /c"]
+    data = ws.show(ws.only_run())
+    results = tool_results(data)
+    assert results["toolu_2"]["is_error"] is True
+    assert "too chatty" in results["toolu_2"]["content"]
+    decided = {d["call_id"]: d for d in events_of(data, "approval_decided")}
+    assert decided["toolu_3"]["approved"] is True
+    assert decided["toolu_3"]["reason"] == "delete approved for the run with toolu_1"
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_results_panel_wraps_the_answer_and_the_usage_line(
+    ws: Workspace, children: list[pexpect.spawn], columns: int
+) -> None:
+    child = ws.spawn_run([model_reply([{"type": "text", "text": LONG_ANSWER}], "end_turn")], columns=columns)
+    children.append(child)
+    status, _ = finish_terminal(child)
+    assert status == 0, transcript(child)
+    shown = panel_text(child)
+    assert f"status: done {LONG_ANSWER}" in shown
+    usage = "1 model call(s), 0 tool call(s); tokens in 10, out 5, cache write 0, cache read 0; cost"
+    assert usage in shown
+    assert "(model not priced)" in shown
+    panel = [line for line in ANSI.sub("", transcript(child)).splitlines() if line[:1] in ("╭", "│", "╰")]
+    assert panel
+    assert all(len(line) <= columns for line in panel), panel
+
+
+def test_an_edit_denied_by_a_rule_is_asked_again_at_the_terminal(ws: Workspace, children: list[pexpect.spawn]) -> None:
+    rules = '[[rules]]\nname = "keep-etc"\ntool = "delete"\nwhen = { path = { matches = "^/etc" } }\naction = "deny"\n'
+    (ws.root / "rules.toml").write_text(rules, encoding="utf-8")
+    script = [tool_use_turn(tool_use("toolu_1", "delete", {"path": "/tmp/x"})), model_reply([], "end_turn")]
+    child = ws.spawn_run(script, "--policy", "rules.toml")
+    children.append(child)
+    child.expect(prompt("delete toolu_1"))
+    child.sendline("e")
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline('{"path": "/etc/passwd"}')
+    child.expect(re.escape("Not allowed: rule 1 (keep-etc): this call is not allowed"))
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline('{"path": "/tmp/y"}')
+    status, _ = finish_terminal(child)
+    assert status == 0, transcript(child)
+    assert ws.effects() == ["delete /tmp/y"]
+
+
+# The demo: an edit to other input, and no decision at the later prompts ----------------------------
+def test_an_edit_to_other_input_runs_the_tool_with_it_and_the_result_says_so(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    workspace = tmp_path / "tether-demo"
+    workspace.mkdir()
+    (workspace / "hello.py").write_text("print('hello from the edit')\n", encoding="utf-8")
+    child = spawn_tether(tmp_path, "demo")
+    children.append(child)
+    child.expect(DEMO_PROMPT)
+    child.sendline("e")
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline('{"path": "hello.py"}')
+    status, output = finish_terminal(child)
+    assert status == 0, output
+    assert "printed: hello from the edit" in output
+
+    db = demo_db_url(workspace)
+    [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
+    shown = run_tether(tmp_path, "show", row["run_id"], "--json", "--db", db).data
+    [decided] = events_of(shown, "approval_decided")
+    assert decided["input"] == {"path": "hello.py"}
+    result = tool_results(shown)["toolu_demo_run"]
+    assert result["content"].startswith("(Note: a reviewer edited the input before running the tool.)")
+    assert "hello from the edit" in result["content"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "asked", "how"),
+    [
+        ("d", r"reason[^\n]*> ", "eof"),
+        ("d", r"reason[^\n]*> ", "ctrl-c"),
+        ("e", r"JSON[^\n]*> ", "eof"),
+        ("e", r"JSON[^\n]*> ", "ctrl-c"),
+    ],
+)
+def test_no_answer_at_the_reason_or_edit_prompt_leaves_the_run_parked(
+    tmp_path: Path, children: list[pexpect.spawn], choice: str, asked: str, how: str
+) -> None:
+    child = spawn_tether(tmp_path, "demo")
+    children.append(child)
+    child.expect(DEMO_PROMPT)
+    child.sendline(choice)
+    child.expect(asked)
+    if how == "eof":
+        child.sendeof()
+    else:
+        child.sendintr()
+    status, output = finish_terminal(child)
+    assert status == 3, output
+    assert "No decision: the call stays pending and the run is parked." in output
+
+    db = demo_db_url(tmp_path / "tether-demo")
+    [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
+    shown = run_tether(tmp_path, "show", row["run_id"], "--json", "--db", db).data
+    assert shown["status"] == "awaiting_approval"
+    assert events_of(shown, "approval_decided") == []
+
+
+# Ctrl-C while work runs ------------------------------------------------------------------------------
+def interrupt_when(child: pexpect.spawn, doing: str, started: Callable[[], bool]) -> str:
+    """Press Ctrl-C once the spinner shows ``doing`` and the work has ``started``; the screen after."""
+    child.expect(doing)
+    deadline = time.monotonic() + 20
+    while not started():  # the spinner shows just before the work begins
+        assert time.monotonic() < deadline, "the work never started"
+        time.sleep(0.02)
+    child.sendintr()
+    status, output = finish_terminal(child)
+    assert status == 130, output
+    assert "Traceback" not in output
+    assert "KeyboardInterrupt" not in output
+    return output
+
+
+def test_ctrl_c_while_a_tool_runs_exits_130_and_the_run_resumes(ws: Workspace, children: list[pexpect.spawn]) -> None:
+    script = [tool_use_turn(tool_use("toolu_1", "wait_for", {"flag": "go"})), model_reply([], "end_turn")]
+    child = ws.spawn_run(script)
+    children.append(child)
+    output = interrupt_when(child, "running wait_for", started=lambda: bool(ws.effects()))
+    run_id = ws.only_run()
+    assert f"interrupted; resume with: tether resume {run_id} --db {ws.db}" in output
+    assert ws.effects() == ["waiting for go"]
+
+    (ws.root / "go").touch()
+    resumed = run_tether(ws.root, "resume", run_id, "--approve-all", "--json", "--db", ws.db)
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["status"] == "done"
+    assert ws.effects() == ["waiting for go", "waiting for go", "wait_for go"]
+    [asked] = events_of(ws.show(run_id), "approval_requested")  # not idempotent: a person says run it again
+    assert "interrupted mid-run" in asked["calls"][0]["reason"]
+
+
+def test_ctrl_c_while_the_model_thinks_exits_130_and_the_run_resumes(
+    api: FakeMessagesAPI, tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    arrived, released = threading.Event(), threading.Event()
+
+    def hang(request: dict[str, Any]) -> dict[str, Any]:
+        arrived.set()
+        released.wait(30)
+        return {"content": [{"type": "text", "text": "too late"}]}
+
+    api.reply_with(hang)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    env = fake_api_env(api)
+    child = spawn_tether(tmp_path, "run", "Hi.", "--model", "claude-test", "--db", db, env=env)
+    children.append(child)
+    try:
+        output = interrupt_when(child, "calling the model", started=arrived.is_set)
+    finally:
+        released.set()
+    [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
+    assert row["status"] == "thinking"
+    assert f"interrupted; resume with: tether resume {row['run_id']} --db {db}" in screen_text(output)
+
+    api.reply_text("Hello again.")
+    resumed = run_tether(tmp_path, "resume", row["run_id"], "--json", "--db", db, env=env)
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["output"] == "Hello again."
+
+
+# Off a terminal ----------------------------------------------------------------------------------------
+def test_a_parked_run_prints_commands_with_the_real_call_ids(ws: Workspace) -> None:
+    (ws.root / "script.json").write_text(json.dumps(BATCH), encoding="utf-8")
+    model = ["--model", "scripted:script.json"]
+    parked = run_tether(ws.root, "run", "Clean up.", "--tools", "mytools:TOOLS", *model, "--db", ws.db)
+    assert parked.returncode == 3, parked
+    run_id, text = ws.only_run(), screen_text(parked.stdout)
+    assert (
+        f"Decide with tether approve {run_id} toolu_1 --db {ws.db} or tether deny {run_id} toolu_1 --db {ws.db} "
+        f"(and likewise for toolu_2, toolu_3), then tether resume {run_id} --db {ws.db}"
+    ) in text
