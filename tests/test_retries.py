@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from support import clean_env, run_python
-from tether import Agent, Approve, Deny, RetryPolicy, Runner, tool
+from support import Cli, CliResult, clean_env, flat, run_python
+from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, tool
 from tether.faults import classify
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry
@@ -273,3 +273,130 @@ def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     # the persisted due time was kept: not re-run at once on resume, nor with a fresh full delay
     assert second_attempt - first_attempt >= 1.5
     assert second_attempt - killed_at < 1.5
+
+
+# Parking while a retry is due later ----------------------------------------------------
+def failing_once(delay: float) -> tuple[list[int], object]:
+    attempts: list[int] = []
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=delay, max_delay=delay))
+    def flaky() -> str:
+        """Fails on its first attempt."""
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("reset")
+        return "fine"
+
+    return attempts, flaky
+
+
+def test_a_drive_with_max_wait_parks_a_later_retry_and_a_later_drive_runs_it() -> None:
+    now = [1000.0]
+    attempts, flaky = failing_once(60.0)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]), clock=lambda: now[0])
+
+    parked = runner.run("go", max_wait=0)
+    assert parked.status == "waiting_retry"
+    assert parked.next_due_at == 1060.0
+    assert len(attempts) == 1
+    row = runner.store.load_run(parked.run_id)
+    assert row.status == "executingTool"
+    assert row.summary["next_due_at"] == 1060.0  # persisted: any process can find it
+    assert runner.store.list_due(1059.0) == []
+    assert [r.id for r in runner.store.list_due(1060.0)] == [parked.run_id]
+
+    now[0] = 1030.0  # too early: the drive parks again without running anything
+    early = runner.drive(parked.run_id, max_wait=10)
+    assert (early.status, early.next_due_at, len(attempts)) == ("waiting_retry", 1060.0, 1)
+
+    now[0] = 1060.0
+    done = runner.drive(parked.run_id, max_wait=0)
+    assert done.status == "done"
+    assert done.next_due_at is None
+    assert len(attempts) == 2
+    assert runner.store.load_run(parked.run_id).summary["next_due_at"] is None
+    assert runner.store.list_due(2000.0) == []
+
+
+def test_a_retry_due_within_max_wait_is_waited_for() -> None:
+    attempts, flaky = failing_once(0.01)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]))
+    result = runner.run("go", max_wait=30)
+    assert result.status == "done"
+    assert len(attempts) == 2
+
+
+async def test_the_async_driver_parks_a_later_retry_too() -> None:
+    now = [1000.0]
+    attempts, flaky = failing_once(60.0)
+    runner = AsyncRunner(
+        Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]), clock=lambda: now[0]
+    )
+    parked = await runner.run("go", max_wait=0)
+    assert (parked.status, parked.next_due_at) == ("waiting_retry", 1060.0)
+    now[0] = 1061.0
+    assert (await runner.drive(parked.run_id, max_wait=0)).status == "done"
+    assert len(attempts) == 2
+
+
+WAITING_TOOLS = textwrap.dedent(
+    '''
+    from pathlib import Path
+
+    from tether import RetryPolicy, tool
+
+
+    def fails_first(name: str) -> None:
+        counter = Path(name + ".count")
+        calls = (int(counter.read_text()) if counter.exists() else 0) + 1
+        counter.write_text(str(calls))
+        if calls == 1:
+            raise ConnectionError("flap")
+
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=0.5))
+    def soon() -> str:
+        """Fails once; retried half a second later."""
+        fails_first("soon")
+        return "soon ok"
+
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=3600, max_delay=3600))
+    def later() -> str:
+        """Fails once; retried an hour later."""
+        fails_first("later")
+        return "later ok"
+    '''
+)
+
+
+def test_the_cli_parks_a_long_retry_wait_and_runs_due_finds_it(tmp_path: Path) -> None:
+    (tmp_path / "waiting.py").write_text(WAITING_TOOLS)
+    for name in ("soon", "later"):
+        turns = [use(f"t_{name}", name), answer(f"{name} done")]
+        (tmp_path / f"{name}.json").write_text(json.dumps(turns))
+    cli = Cli(tmp_path)
+
+    def run(name: str, *extra: str) -> CliResult:
+        return cli("run", "go", "--tools", f"waiting:{name}", "--model", f"scripted:{name}.json", *extra)
+
+    later = run("later")  # the default --max-wait (30 s) is shorter than the hour
+    assert later.returncode == 4, later
+    assert "resume after" in flat(later.stdout)
+    soon = run("soon", "--max-wait", "0", "--json")
+    assert soon.returncode == 4, soon
+    assert soon.data["status"] == "waiting_retry"
+    due_at = soon.data["next_due_at"]
+    assert isinstance(due_at, float)
+
+    listed = cli("runs", "--json").data["runs"]
+    assert {r["status"] for r in listed} == {"waiting_retry"}
+    time.sleep(max(0.0, due_at - time.time()))  # wait until the retry is due, not a timing check
+    due = cli("runs", "--due", "--json").data["runs"]
+    assert [r["run_id"] for r in due] == [soon.data["run_id"]]
+    assert due[0]["next_due_at"] == due_at
+
+    resumed = cli("resume", soon.data["run_id"], "--json")
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["output"] == "soon done"
+    assert cli("runs", "--due", "--json").data["runs"] == []

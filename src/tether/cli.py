@@ -1,7 +1,9 @@
 """The ``tether`` command line.
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval. ``--json`` prints exactly one JSON object on stdout and nothing else.
+3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
+e.g. from cron with ``tether runs --due``). ``--json`` prints exactly one JSON object on
+stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from tether.approvals import Approve, Approver, AutoApprover, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
 from tether.machine import STATUS_VALUES
-from tether.runner import EventListener, Runner, RunResult, result_of
-from tether.stores import Store, open_store
+from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of
+from tether.stores import RunRecord, Store, open_store
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
-STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING}
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
+STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
+DEFAULT_MAX_WAIT = 30.0
+"""Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
 
 def _db_url(value: str | None) -> str:
@@ -58,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
+    _add_max_wait(resume)
     with_approvals(resume)
 
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
@@ -79,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
     runs.add_argument("--status", help="done, failed, awaiting_approval, cancelled, thinking, executing_tool")
+    runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
     runs.add_argument("--json", action="store_true")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
@@ -174,6 +180,13 @@ class _Session:
                     f"Decide with [bold]tether approve {result.run_id} CALL_ID[/] or [bold]tether deny ...[/], "
                     f"then [bold]tether resume {result.run_id}[/]" + self._db_hint()
                 )
+            elif result.status == WAITING_RETRY and result.next_due_at is not None:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
+                self.out.print(
+                    f"A tool retry is due at {when}: resume after {when} with "
+                    f"[bold]tether resume {result.run_id}[/]" + self._db_hint()
+                    + " (or let [bold]tether runs --due[/] find it)"
+                )
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _db_hint(self) -> str:
@@ -193,7 +206,7 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.max_steps is None:
         spec["max_steps"] = agent.limits.max_steps
     runner = session.runner(args, agent)
-    return session.finish(runner.run(args.prompt, continue_from=args.continue_from))
+    return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
 
 
 def _agent_for(session: _Session, run_id: str) -> Agent:
@@ -202,7 +215,7 @@ def _agent_for(session: _Session, run_id: str) -> Agent:
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     runner = session.runner(args, _agent_for(session, args.run_id))
-    return session.finish(runner.drive(args.run_id))
+    return session.finish(runner.drive(args.run_id, max_wait=args.max_wait))
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
@@ -254,18 +267,22 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if status not in by_id and status not in STATUS_VALUES:
             raise ConfigError(f"unknown status {status!r}; one of {', '.join(sorted(by_id))}")
         status = by_id.get(status, status)
+    if args.due and status is not None:
+        raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
+    records = session.store.list_due(time.time()) if args.due else session.store.list_runs(status=status)
     rows = [
         {
             "run_id": r.id,
-            "status": STATUS_VALUES.get(r.status, r.status),
+            "status": _listed_status(r),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
             "updated_at": r.updated_at,
             "updated": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
+            "next_due_at": r.summary.get("next_due_at"),
             "error": r.summary.get("error"),
         }
-        for r in session.store.list_runs(status=status)
+        for r in records
     ]
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
@@ -274,6 +291,13 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 
     render_runs(session.out, rows)
     return EXIT_DONE
+
+
+def _listed_status(record: RunRecord) -> str:
+    """The status ``tether runs`` shows: the machine's, or waiting_retry while a retry is pending."""
+    if record.summary.get("next_due_at") is not None:
+        return WAITING_RETRY
+    return STATUS_VALUES.get(record.status, record.status)
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
@@ -371,6 +395,26 @@ def _add_decision(decide: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_max_wait(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=DEFAULT_MAX_WAIT,
+        metavar="SECONDS",
+        help=f"sleep at most this long for a tool retry, else park the run (exit 4); default {DEFAULT_MAX_WAIT:g}",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be >= 0")
+    return value
+
+
 def _add_run(run: argparse.ArgumentParser) -> None:
     """``tether run``'s options (apart, to keep :func:`_parser` readable)."""
     run.add_argument("prompt")
@@ -385,6 +429,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         "--continue", dest="continue_from", metavar="RUN_ID", help="continue an earlier run's conversation"
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_max_wait(run)
 
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:

@@ -2,8 +2,9 @@
 
 :class:`Runner` (sync) and :class:`AsyncRunner` share everything but the I/O calls in
 :meth:`drive`: loading, persisting, approvals and results live in :class:`_RunnerBase`.
-A drive ends when the run is done, failed, cancelled, or parked awaiting a decision the
-approver (if any) did not give.
+A drive ends when the run is done, failed, cancelled, parked awaiting a decision the
+approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
+holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class RunResult:
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
     cost_usd: float | None = None
     """Summed cost of the run's model calls; None when a model's price is unknown."""
+    next_due_at: float | None = None
+    """Unix time the next tool retry is due, while the run waits for one (status ``waiting_retry``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
@@ -67,14 +70,22 @@ class RunResult:
             "tool_calls": self.tool_calls,
             "usage": self.usage.to_dict(),
             "pending_approvals": self.pending_approvals,
+            "next_due_at": self.next_due_at,
         }
+
+
+WAITING_RETRY = "waiting_retry"
+"""The status of a run executing tools whose next step is a retry due later (not a machine state:
+the run is in ``executing_tool``; a drive with ``max_wait`` parks it there)."""
 
 
 def result_of(state: RunState) -> RunResult:
     """Summarise a run state."""
+    due = state.next_due_at
+    status = STATUS_VALUES.get(state.status or "", state.status or "unknown")
     return RunResult(
         run_id=state.id,
-        status=STATUS_VALUES.get(state.status or "", state.status or "unknown"),
+        status=WAITING_RETRY if due is not None else status,
         output=state.output if state.status == "done" else None,
         result=state.result if state.has_final_result else None,
         error=state.error,
@@ -82,6 +93,7 @@ def result_of(state: RunState) -> RunResult:
         tool_calls=state.tool_calls,
         usage=state.usage,
         cost_usd=None if state.cost_unknown else round(state.cost_usd, 8),
+        next_due_at=due,
         pending_approvals=[
             {
                 "call_id": c.call_id,
@@ -298,6 +310,10 @@ class _RunnerBase:
             raise RunBusy(state.id, action.call_id, action.owner)
         return action
 
+    def _parks(self, wait: engine.WaitUntil, max_wait: float | None) -> bool:
+        """Whether a drive allowed to sleep ``max_wait`` seconds leaves this wait for later."""
+        return max_wait is not None and wait.due_at - self.clock() > max_wait
+
     def _model_step(self, state: RunState, response: ModelResponse | ModelError, started: float) -> None:
         if isinstance(response, ModelError):
             self._commit(state, engine.on_model_error(response))
@@ -322,30 +338,45 @@ class _RunnerBase:
 class Runner(_RunnerBase):
     """Drives runs synchronously."""
 
-    def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
-        """Start a run and drive it as far as it goes."""
-        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+    def run(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+    ) -> RunResult:
+        """Start a run and drive it as far as it goes (see :meth:`drive` for ``max_wait``)."""
+        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
-    def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
+    def drive(self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None) -> RunResult:
+        """Take steps until the run finishes or parks.
+
+        ``max_wait`` bounds how long the drive sleeps for a tool retry: a retry due later
+        parks the run (status ``waiting_retry``, ``next_due_at`` set, no thread held) for a
+        later drive; ``0`` never sleeps, None (the default) waits however long.
+        """
         state = self._state(run, tenant)
         self._retry_if_resumable(state)
         with leases.driving() as owner:
-            while self.step(state, owner=owner):
+            while self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    def step(self, state: RunState, *, owner: str) -> bool:
+    def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
 
         ``owner`` identifies the drive (see :func:`tether.leases.driving`); it is recorded
         with each tool start so other processes can tell a running call from a crashed one.
+        A retry due more than ``max_wait`` seconds from now is left for later (False).
         """
         action = self._next(state, owner)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
+            return False
         self._announce(state, action)
         if isinstance(action, engine.WaitUntil):
             time.sleep(max(0.0, action.due_at - self.clock()))
@@ -374,26 +405,37 @@ class Runner(_RunnerBase):
 class AsyncRunner(_RunnerBase):
     """Drives runs inside an event loop; sync tools run in threads."""
 
-    async def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
-        """Start a run and drive it as far as it goes."""
-        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+    async def run(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+    ) -> RunResult:
+        """Start a run and drive it as far as it goes (see :meth:`Runner.drive` for ``max_wait``)."""
+        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
-    async def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
+    async def drive(
+        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None
+    ) -> RunResult:
+        """Take steps until the run finishes or parks (see :meth:`Runner.drive`)."""
         state = self._state(run, tenant)
         self._retry_if_resumable(state)
         with leases.driving() as owner:
-            while await self.step(state, owner=owner):
+            while await self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    async def step(self, state: RunState, *, owner: str) -> bool:
+    async def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
         action = self._next(state, owner)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
+            return False
         self._announce(state, action)
         if isinstance(action, engine.WaitUntil):
             await asyncio.sleep(max(0.0, action.due_at - self.clock()))

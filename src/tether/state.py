@@ -129,6 +129,20 @@ class RunState:
         """The batch's calls without a result, in call order."""
         return [c for c in self.batch if c.call_id not in self.outcomes]
 
+    @property
+    def next_due_at(self) -> float | None:
+        """When the retry the run waits for is due (None unless one is pending).
+
+        The first unfinished call's with a retry scheduled, in call order, as the engine picks it.
+        """
+        if self.status != "executingTool":
+            return None
+        for call in self.unfinished_calls():
+            due = self.retry_due.get(call.call_id)
+            if due is not None and call.call_id not in self.in_flight:
+                return due
+        return None
+
     def pending_approvals(self) -> list[PendingCall]:
         """Calls waiting for a person, in call order."""
         waiting = set(self.awaiting) - set(self.decisions)

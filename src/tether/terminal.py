@@ -221,7 +221,9 @@ class TerminalApprover:
 
 def render_result(console: Console, result: RunResult) -> None:
     """The end of a drive: status, answer or error, pending calls, usage."""
-    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow"}.get(result.status, "white")
+    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow", "waiting_retry": "yellow"}.get(
+        result.status, "white"
+    )
     lines: list[Any] = [Text.assemble(("status: ", "bold"), (result.status, style))]
     if result.output:
         lines.append(Text(result.output))
@@ -229,6 +231,9 @@ def render_result(console: Console, result: RunResult) -> None:
         lines.append(Syntax(json.dumps(result.result, indent=2, ensure_ascii=False), "json", theme="ansi_dark"))
     if result.error:
         lines.append(Text(f"error: {result.error}", style="red"))
+    if result.next_due_at is not None:
+        due = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
+        lines.append(Text(f"next tool retry due at {due}", style="yellow"))
     for pending in result.pending_approvals:
         lines.append(
             Text(f"pending: {pending['call_id']} {pending['tool']} {json.dumps(pending['input'])}", style="yellow")
