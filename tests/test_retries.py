@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -140,20 +141,126 @@ def test_escalation_denied_reports_the_denial() -> None:
 
 
 def test_hung_sync_tool_times_out_without_hanging_the_run() -> None:
+    release = threading.Event()
+
     @tool(timeout=0.2, retry=RetryPolicy(max_attempts=2, initial_delay=0))
     def hang() -> str:
         """Never returns in time."""
-        time.sleep(3)
+        release.wait(10)
         return "late"
 
     runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
-    started = time.monotonic()
     result = runner.run("go")
-    assert time.monotonic() - started < 2.5
+    release.set()
+    assert result.status == "done"
     (block,) = tool_results(runner, result.run_id)
     assert block["is_error"] is True
     assert "timed out after 0.2s" in str(block["content"])
-    assert len(events_of(runner, result.run_id, "retry_scheduled")) == 1
+    # not idempotent: it may still complete, so it is never re-run behind the model's back
+    assert "may still complete" in str(block["content"])
+    assert events_of(runner, result.run_id, "retry_scheduled") == []
+    (finished,) = events_of(runner, result.run_id, "tool_finished")
+    assert finished["in_doubt"] is True
+    (warning,) = events_of(runner, result.run_id, "warning")
+    assert warning["abandoned_thread"] is True
+    assert warning["call_id"] == "t1"
+
+
+class Overlap:
+    """Counts a tool's executions and how many ever ran at once; each blocks until released."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.started = 0
+        self.effects = 0
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self) -> str:
+        with self.lock:
+            self.started += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.threads.append(threading.current_thread())
+        self.release.wait(10)
+        with self.lock:
+            self.effects += 1  # the side effect, once the call completes
+            self.running -= 1
+        return "late"
+
+    def finish(self) -> None:
+        self.release.set()
+        for thread in self.threads:
+            thread.join(10)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_attempts_of_a_hung_sync_tool_never_overlap(idempotent: bool) -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0)
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=idempotent)(lambda: work())
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    result = runner.run("go")
+    work.finish()
+    assert result.status == "done"
+    assert (work.started, work.most, work.effects) == (1, 1, 1)  # one thread, one side effect
+    scheduled = events_of(runner, result.run_id, "retry_scheduled")
+    (block,) = tool_results(runner, result.run_id)
+    if idempotent:  # retried, but each retry waited for the thread still running instead of starting one
+        assert len(scheduled) == 2
+        assert "still running from an earlier attempt" in str(block["content"])
+        assert "(after 3 attempts)" in str(block["content"])
+    else:
+        assert scheduled == []
+        assert "may still complete" in str(block["content"])
+
+
+async def test_attempts_of_a_hung_sync_tool_never_overlap_in_the_async_driver() -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0)
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=True)(lambda: work())
+    runner = AsyncRunner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    result = await runner.run("go")
+    work.finish()
+    assert result.status == "done"
+    assert (work.started, work.most, work.effects) == (1, 1, 1)
+    assert len(events_of(runner, result.run_id, "retry_scheduled")) == 2
+
+
+def test_a_timed_out_tool_gets_a_cancel_signal_and_a_retry_runs_once_it_stopped() -> None:
+    seen: list[str] = []
+
+    @tool(timeout=0.2, idempotent=True, retry=RetryPolicy(max_attempts=2, initial_delay=0))
+    def crawl(url: str, cancel: threading.Event) -> str:
+        """Stops early when its attempt is cancelled."""
+        if not seen:
+            seen.append("first")
+            cancel.wait(10)
+            seen.append("cancelled" if cancel.is_set() else "not cancelled")
+            raise RuntimeError("stopped early")
+        seen.append("second")
+        return f"crawled {url}"
+
+    assert "cancel" not in crawl.input_schema()["properties"]  # not the model's to give
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "crawl", {"url": "x"}), answer()]), tools=[crawl]))
+    result = runner.run("go")
+    assert result.status == "done"
+    assert seen == ["first", "cancelled", "second"]  # the retry waited for the first attempt to end
+    assert tool_results(runner, result.run_id)[0]["content"] == "crawled x"
+
+
+def test_a_timeout_of_a_non_idempotent_tool_escalates_when_the_policy_says_so() -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0, on_exhausted="escalate")
+    hang = tool(name="hang", timeout=0.1, retry=policy)(lambda: work())
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    parked = runner.run("go")
+    (pending,) = parked.pending_approvals
+    assert "may still complete" in pending["reason"]
+    work.finish()
+    assert work.started == 1
 
 
 @pytest.mark.parametrize(

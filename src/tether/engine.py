@@ -456,15 +456,24 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
     error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
     message = _describe_tool_error(tool, error, error_class)
     wants_retry = isinstance(error, RetryLater) or policy.matches(error)
-    if wants_retry and action.attempt < policy.max_attempts:
+    lingering = isinstance(error, ToolTimeout) and error.still_running
+    records: list[Record] = [_abandoned_thread(action)] if lingering else []
+    in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
+    if wants_retry and action.attempt < policy.max_attempts and not in_doubt:
         due = now + policy.delay(action.attempt)
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
-        return Step("retry_scheduled", [(ev.RETRY_SCHEDULED, data)])
+        return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
+    if in_doubt:
+        message += "; it may still complete, so it was not run again automatically (the tool is not idempotent)"
     if action.attempt > 1:
         message += f" (after {action.attempt} attempts)"
-    finished = (ev.TOOL_FINISHED, {**facts, "content": message, "is_error": True, "error_class": error_class})
+    extra = {"in_doubt": True} if in_doubt else {}
+    finished = (
+        ev.TOOL_FINISHED,
+        {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
+    )
     if policy.on_exhausted == "fail" and wants_retry:
-        return Step("fail", [finished], error=f"{message}; the tool's retry policy fails the run")
+        return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
     if policy.on_exhausted == "escalate" and wants_retry:
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
         item = {
@@ -475,8 +484,18 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
             "fingerprint": fingerprint(call.input),
             "last_error": message,
         }
-        return Step("approval_needed", [(ev.APPROVAL_REQUESTED, {"calls": [item], "escalation": True})])
-    return Step("tool_finished", [finished])
+        return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, {"calls": [item], "escalation": True})])
+    return Step("tool_finished", [*records, finished])
+
+
+def _abandoned_thread(action: RunTool) -> Record:
+    """The warning that a timed-out sync attempt's thread runs on (Python cannot stop one)."""
+    message = (
+        f"tool {action.tool.name!r} call {action.call.call_id}: a thread of it is still running after its "
+        "timeout (Python cannot stop a thread); no attempt of this call starts in this process until it ends"
+    )
+    data = {"message": message, "call_id": action.call.call_id, "tool": action.tool.name, "abandoned_thread": True}
+    return ev.WARNING, data
 
 
 def _describe_tool_error(tool: Tool, error: BaseException, error_class: str) -> str:

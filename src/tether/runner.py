@@ -395,7 +395,7 @@ class Runner(_RunnerBase):
             began = time.perf_counter()
             outcome: str | BaseException
             try:
-                outcome = action.tool.execute(action.arguments, action.call.call_id)
+                outcome = action.tool.execute(action.arguments, action.call.call_id, run_id=state.id)
             except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
                 outcome = error
             self._tool_step(state, action, outcome, began)
@@ -458,7 +458,7 @@ class AsyncRunner(_RunnerBase):
             began = time.perf_counter()
             outcome: str | BaseException
             try:
-                outcome = await action.tool.aexecute(action.arguments, action.call.call_id)
+                outcome = await action.tool.aexecute(action.arguments, action.call.call_id, run_id=state.id)
             except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
                 outcome = error
             self._tool_step(state, action, outcome, began)
