@@ -178,7 +178,8 @@ class Overlap:
         self.release = threading.Event()
         self.threads: list[threading.Thread] = []
 
-    def __call__(self) -> str:
+    def run(self) -> str:
+        """Block until released."""
         with self.lock:
             self.started += 1
             self.running += 1
@@ -200,7 +201,7 @@ class Overlap:
 def test_attempts_of_a_hung_sync_tool_never_overlap(idempotent: bool) -> None:
     work = Overlap()
     policy = RetryPolicy(max_attempts=3, initial_delay=0)
-    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=idempotent)(lambda: work())
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=idempotent)(work.run)
     runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
     result = runner.run("go")
     work.finish()
@@ -220,7 +221,7 @@ def test_attempts_of_a_hung_sync_tool_never_overlap(idempotent: bool) -> None:
 async def test_attempts_of_a_hung_sync_tool_never_overlap_in_the_async_driver() -> None:
     work = Overlap()
     policy = RetryPolicy(max_attempts=3, initial_delay=0)
-    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=True)(lambda: work())
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=True)(work.run)
     runner = AsyncRunner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
     result = await runner.run("go")
     work.finish()
@@ -254,7 +255,7 @@ def test_a_timed_out_tool_gets_a_cancel_signal_and_a_retry_runs_once_it_stopped(
 def test_a_timeout_of_a_non_idempotent_tool_escalates_when_the_policy_says_so() -> None:
     work = Overlap()
     policy = RetryPolicy(max_attempts=3, initial_delay=0, on_exhausted="escalate")
-    hang = tool(name="hang", timeout=0.1, retry=policy)(lambda: work())
+    hang = tool(name="hang", timeout=0.1, retry=policy)(work.run)
     runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
     parked = runner.run("go")
     (pending,) = parked.pending_approvals

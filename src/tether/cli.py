@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from tether.approvals import Approve, Approver, AutoApprover, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
 from tether.machine import STATUS_VALUES
+from tether.policies import Budget
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of
 from tether.stores import RunRecord, Store, open_store
 
@@ -200,6 +201,7 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
         "system": args.system,
         "cwd": os.getcwd(),
         "max_steps": args.max_steps,
+        "budget": _budget(args),
         **({"policy": str(Path(args.policy).resolve())} if args.policy else {}),
     }
     agent = agent_from_spec(spec)
@@ -405,6 +407,32 @@ def _add_max_wait(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The Budget the run flags ask for, in its stored form (None when no flag sets a limit)."""
+    limits = {
+        "max_cost_usd": args.max_cost,
+        "max_total_tokens": args.max_tokens,
+        "max_tool_calls": args.max_tool_calls,
+        "max_seconds": args.max_seconds,
+    }
+    if all(value is None for value in limits.values()):
+        return None
+    return Budget(**{k: v for k, v in limits.items() if v is not None}, on_limit=args.on_limit).to_dict()
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -423,7 +451,22 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
     run.add_argument("--system", help="system prompt")
-    run.add_argument("--max-steps", type=int, help="cap on model invocations")
+    run.add_argument("--max-steps", type=int, help="cap on model invocations: reaching it fails the run")
+    budget = run.add_argument_group(
+        "budget", "warned about at 80 percent; at the limit one last model call without tools gives the answer"
+    )
+    budget.add_argument("--max-cost", type=_positive(float), metavar="USD", help="cost of the run's model calls")
+    budget.add_argument(
+        "--max-tokens", type=_positive(int), metavar="N", help="input plus output tokens of the run (cache included)"
+    )
+    budget.add_argument("--max-tool-calls", type=_positive(int), metavar="N", help="tool executions of the run")
+    budget.add_argument("--max-seconds", type=_positive(float), metavar="S", help="wall-clock time of the run")
+    budget.add_argument(
+        "--on-limit",
+        choices=["final_answer", "fail"],
+        default="final_answer",
+        help="what a budget limit does (default: %(default)s)",
+    )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
         "--continue", dest="continue_from", metavar="RUN_ID", help="continue an earlier run's conversation"

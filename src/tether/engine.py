@@ -63,7 +63,7 @@ class RunTool:
     max_result_chars: int | None = None
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
     warnings: tuple[Record, ...] = ()
-    """Policy ``warn`` records, committed with the start so the log has them before the tool runs."""
+    """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def next_action(state: RunState, agent: Agent, *, now: float, abandoned: Collect
         return Commit(_failure(f"max_steps limit reached: {max_steps} model invocations"))
     budget = agent.limits.budget
     if budget is not None and not state.final_answer_requested:
-        hit = budgets.reached(budget, state, now=now)
+        hit = budgets.reached(agent, state, now=now)
         if hit is not None:
             if budget.on_limit == "fail":
                 return Commit(_failure(f"budget exceeded: {hit.describe()}"))
@@ -197,6 +197,13 @@ def _call_action(
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
         return Commit(_result(call, f"Error: the call was denied by {decision.actor}{why}", True))
+    budget = agent.limits.budget
+    spent_up = None if tool.final else budgets.reached(agent, state, now=now, only=budgets.TOOL_LIMITS)
+    if budget is not None and spent_up is not None:  # tools would spend more: stop before asking anyone
+        if budget.on_limit == "fail":
+            return Commit(_failure(f"budget exceeded: {spent_up.describe()}"))
+        message = f"Error: not run: the budget is used up ({spent_up.describe()})"
+        return Commit(_result(call, message, True, budget_limit=spent_up.limit))
     warnings: list[Record] = []
     in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
@@ -219,6 +226,7 @@ def _call_action(
         arguments = tool.validate(decision.input if decision else None)
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
+    warnings += budgets.new_warnings(agent, state, now=now, tool_calls=1)
     return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
 
 
@@ -310,11 +318,9 @@ def on_model_response(
     if state.final_answer_requested and step.trigger == "tools_requested":
         discarded = [(kind, {**data, "discarded": True}) for kind, data in step.records]
         return Step("fail", discarded, error="the budget is used up and the model still asked for tools")
-    budget = agent.limits.budget
-    if budget is not None:
-        for reading in budgets.new_warnings(budget, state, now=now, usage=response.usage, cost=cost or 0.0):
-            message = f"budget {reading.fraction:.0%} spent: {reading.describe()}"
-            step.records.append((ev.WARNING, {"message": message, "budget": reading.limit}))
+    step.records += budgets.new_warnings(agent, state, now=now, usage=response.usage, cost=cost or 0.0, model_calls=1)
+    if cost is None:
+        step.records += budgets.unknown_cost_warning(agent, state, response.model or agent.model_name)
     return step
 
 

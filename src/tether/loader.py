@@ -16,7 +16,7 @@ from typing import Any
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter
-from tether.policies import Limits
+from tether.policies import Budget, Limits
 from tether.rules import Policy
 from tether.tools import Tool, tools_by_name
 
@@ -102,13 +102,12 @@ def agent_from_spec(
         tools_by_name(tools)
     except ToolDefinitionError as error:
         raise ConfigError(f"--tools: {error}") from error
-    max_steps = spec.get("max_steps")
     policy_file = spec.get("policy")
     return Agent(
         model=model or load_model(model_spec),
         tools=tools,
         system=spec.get("system"),
-        limits=Limits(max_steps=max_steps) if max_steps is not None else Limits(),
+        limits=limits_from_spec(spec),
         model_name=model_spec,
         spec={
             "tools": list(spec.get("tools", [])),
@@ -119,3 +118,17 @@ def agent_from_spec(
         },
         policy=Policy.from_file(policy_file) if policy_file else None,
     )
+
+
+def limits_from_spec(spec: dict[str, Any]) -> Limits:
+    """The limits a run was started with: ``max_steps``, ``max_tool_calls`` and its budget."""
+    options: dict[str, Any] = {}
+    for name in ("max_steps", "max_tool_calls"):
+        if spec.get(name) is not None:
+            options[name] = spec[name]
+    if spec.get("budget"):
+        try:
+            options["budget"] = Budget.from_dict(dict(spec["budget"]))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"invalid budget: {error}") from error
+    return Limits(**options)

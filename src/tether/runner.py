@@ -135,6 +135,9 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     return {
         "tokens": float(earlier.get("tokens", 0)) + tokens,
         "cost_usd": float(earlier.get("cost_usd", 0.0)) + parent.cost_usd,
+        "model_calls": int(earlier.get("model_calls", 0)) + parent.steps,
+        "tool_calls": int(earlier.get("tool_calls", 0)) + parent.tool_calls,
+        "started_at": float(earlier.get("started_at", parent.created_at)),
     }
 
 
@@ -177,6 +180,8 @@ class _RunnerBase:
             **self.agent.spec,
             "model": self.agent.model_name,
             "max_steps": self.agent.limits.max_steps,
+            "max_tool_calls": self.agent.limits.max_tool_calls,
+            "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
             "machine_version": MACHINE_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
         }

@@ -97,7 +97,7 @@ class RunState:
     cost_unknown: bool = False
     """Some call's model had no known price, so ``cost_usd`` is a lower bound."""
     budget_warned: set[str] = field(default_factory=set)
-    """Budget limits already warned about (each is warned once)."""
+    """Limits already warned about (each is warned once; see :attr:`tether.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
     output: str | None = None
@@ -268,6 +268,8 @@ def _transition(state: RunState, data: dict[str, Any]) -> None:
 def _warning(state: RunState, data: dict[str, Any]) -> None:
     if data.get("budget"):
         state.budget_warned.add(str(data["budget"]))
+    if data.get("limit"):  # a hard cap of Limits (see tether.budgets.Reading.key)
+        state.budget_warned.add(f"limits.{data['limit']}")
 
 
 def _budget_exhausted(state: RunState, data: dict[str, Any]) -> None:
