@@ -251,6 +251,8 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
     if session.json:
         payload: dict[str, Any] = result.to_dict()
         payload["cost_usd"] = result.cost_usd
+        payload["model_seconds"] = result.model_seconds
+        payload["tool_seconds"] = result.tool_seconds
         payload["messages"] = state.messages
         payload["events"] = [event.to_dict() for event in events]
         print(json.dumps(payload, ensure_ascii=False, default=str))

@@ -490,7 +490,8 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
             "fingerprint": fingerprint(call.input),
             "last_error": message,
         }
-        return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, {"calls": [item], "escalation": True})])
+        data = {"calls": [item], "escalation": True, "duration": facts["duration"]}
+        return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, data)])
     return Step("tool_finished", [*records, finished])
 
 

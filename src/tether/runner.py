@@ -57,6 +57,10 @@ class RunResult:
     """Summed cost of the run's model calls; None when a model's price is unknown."""
     next_due_at: float | None = None
     """Unix time the next tool retry is due, while the run waits for one (status ``waiting_retry``)."""
+    model_seconds: float = 0.0
+    """Summed latency of the run's model calls."""
+    tool_seconds: float = 0.0
+    """Summed duration of the run's tool attempts."""
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
@@ -94,6 +98,8 @@ def result_of(state: RunState) -> RunResult:
         usage=state.usage,
         cost_usd=None if state.cost_unknown else round(state.cost_usd, 8),
         next_due_at=due,
+        model_seconds=round(state.model_seconds, 6),
+        tool_seconds=round(state.tool_seconds, 6),
         pending_approvals=[
             {
                 "call_id": c.call_id,

@@ -96,6 +96,10 @@ class RunState:
     """Summed cost of the model calls whose price was known."""
     cost_unknown: bool = False
     """Some call's model had no known price, so ``cost_usd`` is a lower bound."""
+    model_seconds: float = 0.0
+    """Summed latency of the model calls."""
+    tool_seconds: float = 0.0
+    """Summed duration of the tool attempts."""
     budget_warned: set[str] = field(default_factory=set)
     """Limits already warned about (each is warned once; see :attr:`tether.budgets.Reading.key`)."""
     final_answer_requested: bool = False
@@ -179,6 +183,7 @@ def _run_started(state: RunState, data: dict[str, Any]) -> None:
 
 def _model_responded(state: RunState, data: dict[str, Any]) -> None:
     state.steps += 1
+    state.model_seconds += float(data.get("latency") or 0.0)
     state.usage = state.usage + Usage.from_dict(data.get("usage"))
     if data.get("cost_usd") is None:
         state.cost_unknown = True
@@ -215,6 +220,7 @@ def _tool_started(state: RunState, data: dict[str, Any]) -> None:
 
 def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
     call_id = data["call_id"]
+    state.tool_seconds += float(data.get("duration") or 0.0)
     state.outcomes[call_id] = ToolOutcome(data["content"], bool(data.get("is_error")))
     if state.in_flight.pop(call_id, None) is not None:
         state.tool_calls += 1
@@ -224,12 +230,14 @@ def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
 
 
 def _retry_scheduled(state: RunState, data: dict[str, Any]) -> None:
+    state.tool_seconds += float(data.get("duration") or 0.0)
     state.in_flight.pop(data["call_id"], None)
     state.tool_calls += 1
     state.retry_due[data["call_id"]] = float(data["due_at"])
 
 
 def _approval_requested(state: RunState, data: dict[str, Any]) -> None:
+    state.tool_seconds += float(data.get("duration") or 0.0)  # an escalation's failed attempt
     state.awaiting = [item["call_id"] for item in data["calls"]]
     for call_id in state.awaiting:
         state.decisions.pop(call_id, None)  # a call asked about again needs a new decision

@@ -244,22 +244,49 @@ def render_result(console: Console, result: RunResult) -> None:
             f"{result.steps} model call(s), {result.tool_calls} tool call(s); tokens in {usage.input_tokens}, "
             f"out {usage.output_tokens}, cache write {usage.cache_creation_input_tokens}, "
             f"cache read {usage.cache_read_input_tokens}; "
-            + (f"cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "cost unknown (model not priced)"),
+            + (f"cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "cost unknown (model not priced)")
+            + f"; model {result.model_seconds:.2f}s, tools {result.tool_seconds:.2f}s",
             style="dim",
         )
     )
     console.print(Panel(Group(*lines), title=f"run {result.run_id}", border_style=style))
 
 
+_MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
+"""Event fields not repeated in the detail column: too long, or shown in their own columns."""
+
+
 def render_events(console: Console, events: Sequence[Event]) -> None:
-    """The event log as a table."""
-    table = Table("seq", "type", "detail", show_lines=False)
+    """The event log as a table, with each step's tokens, cost, model latency and tool time."""
+    table = Table("seq", "type", show_lines=False)
+    for header in ("tokens in/out/cache w/r", "cost $", "model s", "tool s"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("detail")
     for event in events:
-        detail = {k: v for k, v in event.data.items() if k not in ("content", "messages", "spec", "full_content")}
-        if "content" in event.data and event.type == ev.TOOL_FINISHED:
-            detail["content"] = _preview(str(event.data["content"]), 80)
-        table.add_row(str(event.seq), event.type, _preview(json.dumps(detail, ensure_ascii=False, default=str), 120))
+        data = event.data
+        detail = {k: v for k, v in data.items() if k not in _MEASURES}
+        if "content" in data and event.type == ev.TOOL_FINISHED:
+            detail["content"] = _preview(str(data["content"]), 80)
+        tokens = ""
+        if event.type == ev.MODEL_RESPONDED:
+            usage = data.get("usage") or {}
+            kinds = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            tokens = "/".join(str(usage.get(kind) or 0) for kind in kinds)
+        cost = data.get("cost_usd")
+        table.add_row(
+            str(event.seq),
+            event.type,
+            tokens,
+            f"{cost:.6f}" if isinstance(cost, int | float) else ("?" if event.type == ev.MODEL_RESPONDED else ""),
+            _seconds(data.get("latency")),
+            _seconds(data.get("duration")),
+            _preview(json.dumps(detail, ensure_ascii=False, default=str), 160),
+        )
     console.print(table)
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else ""
 
 
 def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None:
