@@ -336,6 +336,8 @@ def _response_step(
         "id": response.id,
         "latency": round(latency, 6),
     }
+    if response.retry_waits:
+        record["retry_waits"] = list(response.retry_waits)  # the API asked to wait this long first
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
@@ -389,10 +391,15 @@ def on_model_error(error: ModelError) -> Step:
 
     A transient failure (rate limit, overload, 5xx, network) leaves the run resumable.
     """
+    records: list[Record] = []
+    if error.retry_waits:
+        waits = ", ".join(f"{wait:g}s" for wait in error.retry_waits)
+        message = f"the model API was retried {len(error.retry_waits)} time(s), waiting {waits}, before the call failed"
+        records.append((ev.WARNING, {"message": message, "retry_waits": list(error.retry_waits)}))
     if error.retryable:
         message = f"model call failed: {error} (transient: resume the run to try again)"
-        return Step("fail", error=message, retryable=True)
-    return _failure(f"model call failed: {error}")
+        return Step("fail", records, error=message, retryable=True)
+    return Step("fail", records, error=f"model call failed: {error}")
 
 
 def retry_after_failure() -> Step:

@@ -101,6 +101,8 @@ class LiveView:
         self.console = console
         self.enabled = console.is_terminal and not console.is_dumb_terminal
         self._live: Live | None = None
+        self._prefix = ""
+        """The spinner's state and step, kept for a model retry wait announced mid-call."""
 
     @property
     def active(self) -> bool:
@@ -111,7 +113,18 @@ class LiveView:
         """Show (or update) the spinner for work that is about to start."""
         if not self.enabled:
             return
-        spinner = Spinner("dots", Text(describe_activity(state, action)), style="cyan")
+        self._prefix = activity_prefix(state, action)
+        self._spin(describe_activity(state, action))
+
+    def waiting_for_model(self, seconds: float, retry: int) -> bool:
+        """Say the model API asked to wait before retry number ``retry``; False if not shown."""
+        if not self.enabled or self._live is None:
+            return False
+        self._spin(f"{self._prefix} · API asked to wait {seconds:.0f}s (retry {retry})…")
+        return True
+
+    def _spin(self, text: str) -> None:
+        spinner = Spinner("dots", Text(text), style="cyan")
         if self._live is None:
             self._live = Live(spinner, console=self.console, transient=True, refresh_per_second=12.5)
             self._live.start(refresh=True)
@@ -130,11 +143,15 @@ class LiveView:
             live.stop()
 
 
+def activity_prefix(state: RunState, action: Activity) -> str:
+    """The run's state and step number while ``action`` is under way."""
+    step = state.steps + 1 if isinstance(action, engine.CallModel) else state.steps  # a model call is the step
+    return f"{state.status} · step {step}"
+
+
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
     """One line: the run's state, its step count and the work under way."""
-    step = state.steps
     if isinstance(action, engine.CallModel):
-        step += 1  # this call is the step
         doing = "calling the model"
     elif isinstance(action, engine.RunTool):
         attempt = f" (attempt {action.attempt})" if action.attempt > 1 else ""
@@ -142,7 +159,7 @@ def describe_activity(state: RunState, action: Activity, *, now: float | None = 
     else:
         wait = max(0.0, action.due_at - (time.time() if now is None else now))
         doing = f"waiting {wait:.0f}s to retry"
-    return f"{state.status} · step {step} · {doing}…"
+    return f"{activity_prefix(state, action)} · {doing}…"
 
 
 class TerminalApprover:

@@ -8,9 +8,12 @@ error that remains after them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import anthropic
@@ -26,8 +29,21 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_RETRY_WAIT = 60.0
 """Cap on one SDK retry wait: the SDK honours any Retry-After the API sends, without bound."""
 
-RetryWaitListener = Callable[[float], None]
-"""Told how long the SDK is about to wait before retrying (for a live view)."""
+RetryWaitListener = Callable[[float, int], None]
+"""Told how long the SDK is about to wait before a retry, and which retry (1 = the first),
+for a live view."""
+_call_waits: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("tether_call_waits", default=None)
+"""The waits of the call under way in this thread or task (see :func:`_collecting_waits`)."""
+
+
+@contextmanager
+def _collecting_waits() -> Iterator[list[float]]:
+    waits: list[float] = []
+    token = _call_waits.set(waits)
+    try:
+        yield waits
+    finally:
+        _call_waits.reset(token)
 
 
 class _CappedRetries:
@@ -40,10 +56,15 @@ class _CappedRetries:
     max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT
     on_retry_wait: RetryWaitListener | None = None
 
-    def _calculate_retry_timeout(self, *args: Any, **kwargs: Any) -> float:
-        wait = min(float(super()._calculate_retry_timeout(*args, **kwargs)), self.max_retry_wait)  # type: ignore[misc]
+    def _calculate_retry_timeout(self, remaining_retries: int, options: Any, *args: Any, **kwargs: Any) -> float:
+        computed = super()._calculate_retry_timeout(remaining_retries, options, *args, **kwargs)  # type: ignore[misc]
+        wait = min(float(computed), self.max_retry_wait)
+        retry = options.get_max_retries(self.max_retries) - remaining_retries + 1  # type: ignore[attr-defined]
+        waits = _call_waits.get()
+        if waits is not None:
+            waits.append(round(wait, 3))
         if self.on_retry_wait is not None:
-            self.on_retry_wait(wait)
+            self.on_retry_wait(wait, retry)
         return wait
 
 
@@ -112,29 +133,31 @@ class AnthropicModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
-        try:
-            if self._client is None:
-                self._client = self._configure(_Client(**self._options))
-            message = self._client.messages.create(**self._params(request))
-        except anthropic.AnthropicError as error:
-            raise translate_error(error) from error
-        except TypeError as error:  # the SDK's way of saying no credentials were found
-            raise _credentials_error(error) from error
-        return _response(message)
+        with _collecting_waits() as waits:
+            try:
+                if self._client is None:
+                    self._client = self._configure(_Client(**self._options))
+                message = self._client.messages.create(**self._params(request))
+            except anthropic.AnthropicError as error:
+                raise translate_error(error, waits) from error
+            except TypeError as error:  # the SDK's way of saying no credentials were found
+                raise _credentials_error(error) from error
+        return _response(message, waits)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
         loop = asyncio.get_running_loop()
-        try:
-            if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
-                self._async_client = self._configure(_AsyncClient(**self._options))
-                self._async_loop = weakref.ref(loop)
-            message = await self._async_client.messages.create(**self._params(request))
-        except anthropic.AnthropicError as error:
-            raise translate_error(error) from error
-        except TypeError as error:
-            raise _credentials_error(error) from error
-        return _response(message)
+        with _collecting_waits() as waits:
+            try:
+                if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
+                    self._async_client = self._configure(_AsyncClient(**self._options))
+                    self._async_loop = weakref.ref(loop)
+                message = await self._async_client.messages.create(**self._params(request))
+            except anthropic.AnthropicError as error:
+                raise translate_error(error, waits) from error
+            except TypeError as error:
+                raise _credentials_error(error) from error
+        return _response(message, waits)
 
     def _configure(self, client: _ClientT) -> _ClientT:
         client.max_retry_wait = self.max_retry_wait
@@ -160,26 +183,29 @@ def _credentials_error(error: TypeError) -> ModelError:
     return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})")
 
 
-def _response(message: Any) -> ModelResponse:
+def _response(message: Any, waits: list[float]) -> ModelResponse:
     data = message.model_dump(mode="json", exclude_none=False)
     # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
     # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
     data["content"] = [{k: v for k, v in block.items() if v is not None} for block in data.get("content") or []]
-    return ModelResponse.from_dict(data)
+    return dataclasses.replace(ModelResponse.from_dict(data), retry_waits=tuple(waits))
 
 
-def translate_error(error: anthropic.AnthropicError) -> ModelError:
-    """Turn an SDK error into a :class:`ModelError` that says what happened."""
+def translate_error(error: anthropic.AnthropicError, waits: list[float] | None = None) -> ModelError:
+    """Turn an SDK error into a :class:`ModelError` that says what happened (and how long it waited)."""
+    retry_waits = tuple(waits or ())
     if isinstance(error, anthropic.APIStatusError):
         message = _api_message(error)
         status = error.status_code
         if status == 400 and "prompt is too long" in message.lower():
-            return ModelError(f"context window exceeded: {message}", status=status)
+            return ModelError(f"context window exceeded: {message}", status=status, retry_waits=retry_waits)
         retryable = status in (408, 409, 429) or status >= 500
-        return ModelError(f"Anthropic API error {status}: {message}", status=status, retryable=retryable)
+        return ModelError(
+            f"Anthropic API error {status}: {message}", status=status, retryable=retryable, retry_waits=retry_waits
+        )
     if isinstance(error, anthropic.APIConnectionError):
-        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True)
-    return ModelError(f"Anthropic client error: {error}")
+        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True, retry_waits=retry_waits)
+    return ModelError(f"Anthropic client error: {error}", retry_waits=retry_waits)
 
 
 def _api_message(error: anthropic.APIStatusError) -> str:
