@@ -56,7 +56,7 @@ TOOLS_MODULE = textwrap.dedent(
         calls = (int(counter.read_text()) if counter.exists() else 0) + 1
         counter.write_text(str(calls))
         if calls == 1:
-            raise RuntimeError("transient failure")
+            raise ConnectionError("transient failure")
         return f"flaky ok {x}"
 
 

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import httpx2
 import pytest
 
-from support import Cli, CliResult, clean_env, flat, run_python
-from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, tool
+from support import Cli, CliResult, clean_env, closed_port, flat, run_python
+from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
 from tether.faults import classify
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry
@@ -38,12 +42,23 @@ def events_of(runner: Runner, run_id: str, kind: str) -> list[dict[str, object]]
     return [e.data for e in runner.store.load_events(run_id) if e.type == kind]
 
 
-class HTTPError(Exception):
-    """Shaped like httpx.HTTPStatusError: the status lives on .response.status_code."""
+def http_status_error(status: int) -> httpx.HTTPStatusError:
+    """What httpx raises for a response with this status (``raise_for_status``)."""
+    response = httpx.Response(status, request=httpx.Request("GET", "https://api.example.test/items"))
+    try:
+        response.raise_for_status()
+    except httpx.HTTPStatusError as error:
+        return error
+    raise AssertionError(f"{status} did not raise")
 
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.response = type("Response", (), {"status_code": status})()
+
+def raised(call: Callable[[], object]) -> BaseException:
+    """The exception a real library call raises."""
+    try:
+        call()
+    except Exception as error:
+        return error
+    raise AssertionError("nothing was raised")
 
 
 def test_flaky_tool_is_retried_with_backoff_and_succeeds() -> None:
@@ -267,22 +282,98 @@ def test_a_timeout_of_a_non_idempotent_tool_escalates_when_the_policy_says_so() 
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (HTTPError(429), "retryable"),
-        (HTTPError(503), "retryable"),
-        (HTTPError(400), "user_fixable"),
-        (HTTPError(422), "user_fixable"),
-        (HTTPError(401), "permission"),
-        (HTTPError(403), "permission"),
-        (HTTPError(409), "conflict"),
+        (http_status_error(429), "retryable"),
+        (http_status_error(503), "retryable"),
+        (http_status_error(408), "retryable"),
+        (http_status_error(400), "user_fixable"),
+        (http_status_error(404), "user_fixable"),
+        (http_status_error(422), "user_fixable"),
+        (http_status_error(401), "permission"),
+        (http_status_error(403), "permission"),
+        (http_status_error(409), "conflict"),
+        (httpx.ConnectTimeout("connect timed out"), "retryable"),
+        (httpx.ReadTimeout("read timed out"), "retryable"),
+        (httpx.PoolTimeout("no connection free"), "retryable"),
+        (httpx.ReadError("connection reset"), "retryable"),
+        (httpx.RemoteProtocolError("server disconnected"), "retryable"),
+        (httpx2.ReadTimeout("read timed out"), "retryable"),
         (TimeoutError(), "retryable"),
         (ConnectionResetError(), "retryable"),
+        (socket.gaierror(-3, "Temporary failure in name resolution"), "retryable"),
+        (OSError(113, "No route to host"), "retryable"),
         (PermissionError(), "permission"),
+        (FileExistsError(), "conflict"),
+        (FileNotFoundError(2, "No such file", "x.txt"), "user_fixable"),
+        (ValueError("bad"), "user_fixable"),
+        (KeyError("missing"), "user_fixable"),
+        (IndexError("out of range"), "user_fixable"),
         (TypeError("bug"), "fatal"),
-        (RuntimeError("odd"), "retryable"),
+        (AttributeError("bug"), "fatal"),
+        (RuntimeError("odd"), "fatal"),
+        (Exception("unknown"), "fatal"),
     ],
+    ids=repr,
 )
 def test_errors_are_classified(error: BaseException, expected: str) -> None:
     assert classify(error) == expected
+
+
+def test_errors_raised_by_real_httpx_calls_are_classified() -> None:
+    port = closed_port()
+    assert classify(raised(lambda: httpx.get(f"http://127.0.0.1:{port}/", timeout=5))) == "retryable"
+    assert classify(raised(lambda: httpx.get("ftp://example.test/"))) == "user_fixable"  # UnsupportedProtocol
+    assert classify(raised(lambda: httpx.get("http://a" + "b" * 70_000 + ".test/"))) == "user_fixable"  # InvalidURL
+    assert classify(raised(lambda: httpx2.get("ftp://example.test/"))) == "user_fixable"
+
+    def answer_with(status: int) -> httpx.Client:
+        return httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(status)))
+
+    with answer_with(429) as client:
+        assert classify(raised(lambda: client.get("https://api.example.test/").raise_for_status())) == "retryable"
+    with answer_with(422) as client:
+        assert classify(raised(lambda: client.get("https://api.example.test/").raise_for_status())) == "user_fixable"
+
+
+def test_errors_raised_by_real_requests_calls_are_classified() -> None:
+    requests = pytest.importorskip("requests")
+    port = closed_port()
+    assert classify(raised(lambda: requests.get(f"http://127.0.0.1:{port}/", timeout=5))) == "retryable"
+    assert classify(raised(lambda: requests.get("not a url"))) == "user_fixable"  # MissingSchema
+    assert classify(raised(lambda: requests.get("gopher://example.test/"))) == "user_fixable"  # InvalidSchema
+    assert classify(requests.exceptions.ReadTimeout("read timed out")) == "retryable"
+    for status, expected in [(503, "retryable"), (404, "user_fixable"), (403, "permission")]:
+        response = requests.models.Response()
+        response.status_code, response.url, response.reason = status, "https://api.example.test/", "x"
+        assert classify(raised(response.raise_for_status)) == expected
+    assert classify(requests.exceptions.RequestException("something else")) == "fatal"  # not OSError's default
+
+
+def test_only_retryable_errors_are_retried_by_default() -> None:
+    tried: dict[str, int] = {}
+    failures = {
+        "bug": TypeError("unsupported operand"),
+        "odd": RuntimeError("unexpected state"),
+        "bad_input": KeyError("no such item"),
+        "network": httpx.ConnectError("connection refused"),
+    }
+
+    def failing(name: str) -> Tool:
+        def run() -> str:
+            tried[name] = tried.get(name, 0) + 1
+            raise failures[name]
+
+        return tool(name=name, description=name, retry=RetryPolicy(max_attempts=3, initial_delay=0))(run)
+
+    uses = [block for name in failures for block in use(name, name)["content"]]
+    script = [{"content": uses, "stop_reason": "tool_use"}, answer()]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[failing(name) for name in failures]))
+    result = runner.run("go")
+    assert tried == {"bug": 1, "odd": 1, "bad_input": 1, "network": 3}
+    contents = {b["tool_use_id"]: str(b["content"]) for b in tool_results(runner, result.run_id)}
+    assert contents["bug"].startswith("Error (fatal)")
+    assert contents["odd"].startswith("Error (fatal)")
+    assert contents["bad_input"].startswith("Error (user_fixable)")
+    assert contents["network"].startswith("Error (retryable)")
 
 
 def test_classification_drives_the_default_retry_and_can_be_overridden() -> None:
@@ -292,13 +383,13 @@ def test_classification_drives_the_default_retry_and_can_be_overridden() -> None
     def forbidden() -> str:
         """Not allowed."""
         seen.append("forbidden")
-        raise HTTPError(403)
+        raise http_status_error(403)
 
     @tool(retry=RetryPolicy(max_attempts=3, initial_delay=0, classify=lambda e: "retryable"))
     def forbidden_but_retried() -> str:
         """The override says retry."""
         seen.append("overridden")
-        raise HTTPError(403)
+        raise http_status_error(403)
 
     script = [{"content": [*use("a", "forbidden")["content"], *use("b", "forbidden_but_retried")["content"]],
                "stop_reason": "tool_use"}, answer()]
