@@ -192,7 +192,9 @@ def _call_action(
     try:
         arguments = tool.validate(call.input)
     except pydantic.ValidationError as error:
-        return Commit(_result(call, f"Error: invalid arguments for tool {tool.name!r}: {error}", True))
+        full = f"Error: invalid arguments for tool {tool.name!r}: {error}"
+        shown = f"Error: invalid arguments for tool {tool.name!r}: {_capped(str(error), agent.limits.max_result_chars)}"
+        return Commit(_result(call, shown, True, **_full_content(shown, full)))
     decision = state.decisions.get(call.call_id)
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
@@ -437,11 +439,10 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
 
 
 def _success(action: RunTool, content: str, **extra: Any) -> Step:
-    limit = action.max_result_chars
-    if limit is not None and len(content) > limit:
-        # The model sees the head; the event keeps the whole value, for people and audits.
-        extra.update(full_content=content, truncated_from=len(content))
-        content = truncate_result(content, limit)
+    # The model sees the head; the event keeps the whole value, for people and audits.
+    shown = _capped(content, action.max_result_chars)
+    extra.update(_full_content(shown, content))
+    content = shown
     if action.edited:
         content = f"(Note: a reviewer edited the input before running the tool.)\n{content}"
     return _result(action.call, content, False, **extra)
@@ -464,10 +465,13 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         "duration": round(duration, 6),
         "error_type": type(error).__name__,
     }
+    limit = action.max_result_chars
     if isinstance(error, ModelRetry):
-        return _result(call, f"Error: {error}", True, **facts, error_class="user_fixable")
+        shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
+        return _result(call, shown, True, **facts, error_class="user_fixable", **_full_content(shown, full))
     error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
-    message = _describe_tool_error(tool, error, error_class)
+    message = _describe_tool_error(tool, error, error_class, _capped(str(error), limit))
+    full_message = _describe_tool_error(tool, error, error_class, str(error))
     wants_retry = isinstance(error, RetryLater) or policy.matches(error)
     lingering = isinstance(error, ToolTimeout) and error.still_running
     records: list[Record] = [_abandoned_thread(action)] if lingering else []
@@ -476,11 +480,14 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         due = now + policy.delay(action.attempt)
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
         return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
+    suffix = ""
     if in_doubt:
-        message += "; it may still complete, so it was not run again automatically (the tool is not idempotent)"
+        suffix += "; it may still complete, so it was not run again automatically (the tool is not idempotent)"
     if action.attempt > 1:
-        message += f" (after {action.attempt} attempts)"
-    extra = {"in_doubt": True} if in_doubt else {}
+        suffix += f" (after {action.attempt} attempts)"
+    message, full_message = message + suffix, full_message + suffix
+    extra: dict[str, Any] = {"in_doubt": True} if in_doubt else {}
+    extra.update(_full_content(message, full_message))
     finished = (
         ev.TOOL_FINISHED,
         {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
@@ -512,12 +519,23 @@ def _abandoned_thread(action: RunTool) -> Record:
     return ev.WARNING, data
 
 
-def _describe_tool_error(tool: Tool, error: BaseException, error_class: str) -> str:
+def _describe_tool_error(tool: Tool, error: BaseException, error_class: str, text: str) -> str:
+    """The model's ``is_error`` text for ``error``, whose own message is ``text``."""
     if isinstance(error, ToolTimeout):
-        return f"Error ({error_class}): tool {tool.name!r} {error}"
+        return f"Error ({error_class}): tool {tool.name!r} {text}"
     if isinstance(error, UnserializableResult):
-        return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {error}"
-    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {error}"
+        return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {text}"
+    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {text}"
+
+
+def _capped(text: str, limit: int | None) -> str:
+    """``text`` cut to the agent's result cap (an exception's message can be as long as any result)."""
+    return text if limit is None else truncate_result(text, limit)
+
+
+def _full_content(shown: str, full: str) -> dict[str, Any]:
+    """What a ``tool_finished`` event keeps besides what the model saw, when that was cut."""
+    return {} if shown == full else {"full_content": full, "truncated_from": len(full)}
 
 
 def fingerprint(arguments: Any) -> str:
