@@ -19,7 +19,9 @@ import pytest
 
 from support import Cli, CliResult, clean_env, closed_port, flat, run_python
 from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
+from tether.errors import RunNotFound, StoreError
 from tether.faults import classify
+from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry
 
@@ -452,17 +454,27 @@ DRIVER = textwrap.dedent(
 )
 
 
+def scheduled(store: SQLStore, run_id: str) -> bool:
+    """Whether the run's retry_scheduled event is committed (polled from outside the driver)."""
+    try:
+        return any(event.type == "retry_scheduled" for event in store.load_events(run_id))
+    except (RunNotFound, StoreError):  # not created yet (or the schema is being created)
+        return False
+
+
 def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     first = subprocess.Popen([sys.executable, str(script), str(tmp_path), "run_retry"], env=clean_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     log = tmp_path / "attempts.log"
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     deadline = time.monotonic() + 30
-    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+    while not scheduled(store, "run_retry") and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.3)  # the retry is scheduled and committed; the driver is waiting for it
-    first.send_signal(signal.SIGKILL)
+    store.close()
+    assert first.poll() is None, "the driver ended before its retry was due"
+    first.send_signal(signal.SIGKILL)  # the retry is committed; the driver is waiting for it
     first.communicate(timeout=10)
     killed_at = time.time()
     second = run_python(str(script), str(tmp_path), "run_retry")
