@@ -386,6 +386,17 @@ def test_cache_values_round_trip_exactly(store: Store) -> None:
         assert store.cache_get(key, 0.0) == value
 
 
+def test_cache_purge_deletes_only_expired_entries(store: Store) -> None:
+    store.cache_put("old", "tool", "a", 100.0)
+    store.cache_put("at_now", "tool", "b", 200.0)
+    store.cache_put("live", "tool", "c", 300.0)
+    assert store.cache_purge(200.0) == 2  # expired at expires_at exactly, as cache_get says
+    assert store.cache_get("live", 200.0) == "c"
+    store.cache_put("old", "tool", "again", 500.0)  # a purged key can be cached again
+    assert store.cache_get("old", 200.0) == "again"
+    assert store.cache_purge(200.0) == 0
+
+
 def test_cache_is_independent_of_runs(store: Store) -> None:
     store.cache_put("k", "tool", "v", 1e12)
     store.create_run(record(status="done", updated_at=1.0), events(0))

@@ -64,7 +64,7 @@ class AuditEntry:
     error_type: str | None = None
     """The exception class the last attempt raised."""
     error_class: str | None = None
-    """retryable, permanent, user_fixable... when the engine classified the error."""
+    """retryable, user_fixable, permission, conflict or fatal, when the engine classified the error."""
     duration: float | None = None
     """Seconds spent running the tool, over all attempts (None: it never ran)."""
     started_at: float | None = None

@@ -492,7 +492,10 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Parked and in-progress runs are never touched: only final statuses can be chosen."""
+    """Parked and in-progress runs are never touched: only final statuses can be chosen.
+
+    Expired tool-cache entries go too (they are never read again, whatever their age).
+    """
     from tether.audit import parse_since
 
     try:
@@ -501,12 +504,15 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
     statuses = set(args.status or ["done", "failed", "cancelled"])
     deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses)
+    expired = session.store.cache_purge(time.time())
     if session.json:
-        print(json.dumps({"deleted": deleted, "before": cutoff, "statuses": sorted(statuses)}))
+        report = {"deleted": deleted, "before": cutoff, "statuses": sorted(statuses), "cache_deleted": expired}
+        print(json.dumps(report))
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
         kinds = ", ".join(sorted(statuses))
         session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
+        session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE
 
 

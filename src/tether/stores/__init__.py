@@ -85,6 +85,10 @@ class Store(Protocol):
         """
         ...
 
+    def cache_purge(self, now: float) -> int:
+        """Delete the cache entries expired at Unix time ``now``; return how many."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

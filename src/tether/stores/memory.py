@@ -76,6 +76,14 @@ class MemoryStore:
         with self._lock:
             self._cache[key] = (value, expires_at)
 
+    def cache_purge(self, now: float) -> int:
+        """Delete expired cache entries."""
+        with self._lock:
+            expired = [key for key, (_, expires_at) in self._cache.items() if expires_at <= now]
+            for key in expired:
+                del self._cache[key]
+        return len(expired)
+
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run."""
         stored = _StoredRun(

@@ -325,6 +325,12 @@ class SQLStore:
         except sa.exc.IntegrityError:
             pass  # another process cached the same call at the same moment: its value is as good
 
+    def cache_purge(self, now: float) -> int:
+        """Delete expired cache entries (the ``expires_at`` index finds them)."""
+        with self._transaction() as connection:
+            deleted = connection.execute(sa.delete(_CACHE).where(_CACHE.c.expires_at <= now))
+        return int(deleted.rowcount)
+
     def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
         """Delete finished runs last updated before ``finished_before``, with their events."""
         check_deletable(statuses)
