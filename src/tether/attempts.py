@@ -99,7 +99,9 @@ _lingering: dict[CallKey, _Worker] = {}
 _lingering_lock = threading.Lock()
 
 
-def _abandon(key: CallKey | None, worker: _Worker) -> None:
+def _abandon(key: CallKey | None, worker: _Worker, cancel: threading.Event) -> None:
+    """Leave an attempt running: signal it to stop, and remember it by call until it ends."""
+    cancel.set()
     if key is None:
         return
     with _lingering_lock:
@@ -119,11 +121,6 @@ def _still_running(key: CallKey | None) -> _Worker | None:
     with _lingering_lock:
         worker = _lingering.get(key)
     return worker if worker is not None and not worker.done.is_set() else None
-
-
-def still_running(key: CallKey) -> bool:
-    """Whether an abandoned attempt of this call is still running in this process."""
-    return _still_running(key) is not None
 
 
 def _timed_out(timeout: float | None) -> ToolTimeout:
@@ -153,8 +150,7 @@ def run_sync(
     worker = _Worker(function, kwargs)
     worker.thread.start()
     if not worker.done.wait(timeout):
-        cancel.set()
-        _abandon(key, worker)
+        _abandon(key, worker, cancel)
         raise _timed_out(timeout)
     return worker.result()
 
@@ -173,15 +169,13 @@ async def run_sync_in_loop(
         raise _busy()
     worker = _Worker(function, kwargs)
     worker.thread.start()
+    ended = False
     try:
         ended = await worker.wait_async(timeout)
-    except BaseException:  # the drive was cancelled: the thread runs on without anyone waiting
-        cancel.set()
-        _abandon(key, worker)
-        raise
+    finally:
+        if not ended:  # timed out, or the drive itself was cancelled: the thread runs on
+            _abandon(key, worker, cancel)
     if not ended:
-        cancel.set()
-        _abandon(key, worker)
         raise _timed_out(timeout)
     return worker.result()
 
