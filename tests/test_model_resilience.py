@@ -12,7 +12,7 @@ import pytest
 
 from fake_messages_api import FakeMessagesAPI
 from support import clean_env, fake_api_env, fake_api_model, run_tether, screen_text
-from tether import Agent, AsyncRunner, Runner
+from tether import Agent, AsyncRunner, Runner, RunResult
 
 
 def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None:
@@ -47,7 +47,14 @@ def test_retry_waits_are_recorded_on_the_model_response(api: FakeMessagesAPI, ki
         adapter.close()
     else:
         runner = AsyncRunner(Agent(model=adapter, model_name="claude-test"))
-        result = asyncio.run(runner.run("hi"))  # type: ignore[arg-type]
+
+        async def run_and_close() -> RunResult:
+            try:
+                return await runner.run("hi")  # type: ignore[misc]
+            finally:
+                await adapter.aclose()  # in its loop: the connection belongs to it
+
+        result = asyncio.run(run_and_close())
     assert result.status == "done"
     (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
     assert responded["retry_waits"] == [0.2, 0.1]
