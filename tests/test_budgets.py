@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
+from pathlib import Path
+
 import pytest
 
+from support import Cli, tool_use, tool_use_turn
 from tether import Agent, Limits, Runner, tool
 from tether.models import ModelRequest, Usage
 from tether.policies import Budget
@@ -155,3 +160,203 @@ def test_a_long_prompt_is_billed_at_its_band_for_every_token() -> None:
     long = Usage(input_tokens=60_000, output_tokens=1_000, cache_read_input_tokens=40_001)
     assert price.cost(short) == pytest.approx((60_000 * 0.10 + 1_000 * 0.50 + 40_000 * 0.01) / 1e6)
     assert price.cost(long) == pytest.approx((60_000 * 0.50 + 1_000 * 2.50 + 40_001 * 0.05) / 1e6)
+
+
+def test_a_model_call_budget_warns_then_gets_a_final_answer() -> None:
+    model_agent = agent(Budget(max_model_calls=5))
+    runner = Runner(model_agent)
+    result = runner.run("find cats")
+    assert result.status == "done"
+    assert result.output == "Best answer so far: cats."
+    assert result.steps == 6  # five calls, then the one last answer without tools
+    (warning,) = [w for w in events(runner, result.run_id, "warning") if w.get("budget")]
+    assert warning["budget"] == "max_model_calls"
+    assert "80%" in str(warning["message"])  # at the fourth call of five
+    assert events(runner, result.run_id, "budget_exhausted")[0]["limit"] == "max_model_calls"
+
+
+def three_tools_then_runaway(request: ModelRequest) -> dict[str, object]:
+    if request.invocation == 0 and request.tool_choice is None:
+        uses = [{"type": "tool_use", "id": f"b{i}", "name": "search", "input": {"query": str(i)}} for i in range(3)]
+        return {"content": uses, "stop_reason": "tool_use", "usage": {"input_tokens": 10, "output_tokens": 10}}
+    return runaway(request)
+
+
+def test_a_tool_call_budget_skips_the_calls_left_and_gets_a_final_answer() -> None:
+    runner = Runner(
+        Agent(
+            model=ScriptedModel(three_tools_then_runaway),
+            tools=[search],
+            limits=Limits(budget=Budget(max_tool_calls=2)),
+        )
+    )
+    result = runner.run("find cats")
+    assert result.status == "done"
+    assert result.output == "Best answer so far: cats."
+    assert result.tool_calls == 2
+    results = [e for e in events(runner, result.run_id, "tool_finished")]
+    assert [r["is_error"] for r in results] == [False, False, True]
+    assert results[2]["content"] == "Error: not run: the budget is used up (max_tool_calls: 2 of 2)"
+    warned = [w["budget"] for w in events(runner, result.run_id, "warning") if w.get("budget")]
+    assert warned == ["max_tool_calls"]  # committed with the second call's start
+    assert events(runner, result.run_id, "budget_exhausted")[0]["limit"] == "max_tool_calls"
+
+
+def test_a_tool_call_budget_with_on_limit_fail_fails_before_the_call() -> None:
+    runner = Runner(
+        Agent(
+            model=ScriptedModel(three_tools_then_runaway),
+            tools=[search],
+            limits=Limits(budget=Budget(max_tool_calls=2, on_limit="fail")),
+        )
+    )
+    result = runner.run("find cats")
+    assert result.status == "failed"
+    assert result.error == "budget exceeded: max_tool_calls: 2 of 2"
+    assert result.tool_calls == 2
+
+
+def test_hard_limits_warn_first_then_fail_naming_the_limit() -> None:
+    runner = Runner(Agent(model=ScriptedModel(runaway), tools=[search], limits=Limits(max_steps=5)))
+    result = runner.run("find cats")
+    assert result.status == "failed"
+    assert result.error == "max_steps limit reached: 5 model invocations"
+    (warning,) = [w for w in events(runner, result.run_id, "warning") if w.get("limit")]
+    assert warning["limit"] == "max_steps"
+    assert warning["message"] == "limit 80% reached: max_steps: 4 of 5 (the run fails at the limit)"
+
+    tools_runner = Runner(Agent(model=ScriptedModel(runaway), tools=[search], limits=Limits(max_tool_calls=2)))
+    capped = tools_runner.run("find cats")
+    assert capped.status == "failed"
+    assert capped.error == "max_tool_calls limit reached: 2 tool executions"
+    limits = [w["limit"] for w in events(tools_runner, capped.run_id, "warning") if w.get("limit")]
+    assert limits == ["max_tool_calls"]
+
+
+@pytest.mark.parametrize(
+    ("budget", "limit"),
+    [
+        (Budget(conversation_max_model_calls=3, on_limit="fail"), "conversation_max_model_calls"),
+        (Budget(conversation_max_tool_calls=3, on_limit="fail"), "conversation_max_tool_calls"),
+    ],
+)
+def test_conversation_call_budgets_count_earlier_runs(budget: Budget, limit: str) -> None:
+    runner = Runner(agent(budget))
+    first = runner.run("find cats")
+    assert first.status == "failed"
+    assert first.error is not None
+    assert limit in first.error
+    second = runner.drive(runner.create("and dogs?", continue_from=first.run_id))
+    assert second.status == "failed"
+    assert (second.steps, second.tool_calls) == (0, 0)
+    assert second.error is not None
+    assert limit in second.error
+
+
+def test_conversation_wall_clock_counts_from_the_first_run() -> None:
+    now = [1000.0]
+    runner = Runner(agent(Budget(conversation_max_seconds=50, on_limit="fail")), clock=lambda: now[0])
+    first = runner.run("find cats")  # the clock stands still: the budget is never reached
+    assert first.status == "failed"  # at max_steps of the test agent, not the budget
+    now[0] = 1060.0  # the conversation began 60 s ago
+    second = runner.drive(runner.create("and dogs?", continue_from=first.run_id))
+    assert second.status == "failed"
+    assert second.error == "budget exceeded: conversation_max_seconds: 60 of 50"
+
+
+def test_a_run_keeps_its_budget_in_its_spec_for_resume() -> None:
+    from tether.loader import limits_from_spec
+
+    budget = Budget(max_total_tokens=10_000, max_tool_calls=7, conversation_max_seconds=3600, on_limit="fail")
+    runner = Runner(agent(budget))
+    state = runner.create("find cats")
+    stored = runner.store.load_run(state.id).spec
+    limits = limits_from_spec(stored)
+    assert limits.budget == budget
+    assert limits.max_steps == 100
+
+
+def test_a_cost_budget_needs_a_priced_model() -> None:
+    from tether.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cost budget needs the model's price"):
+        agent(Budget(max_cost_usd=1.0), model_name="mystery-model")
+    with pytest.raises(ConfigError, match="'mystery-model' has none"):
+        agent(Budget(conversation_max_cost_usd=1.0), model_name="mystery-model")
+    priced = agent(Budget(max_cost_usd=1.0), model_name="mystery-model", prices={"mystery": Price(1, 1, 1, 1)})
+    assert priced.limits.budget is not None
+    agent(Budget(max_output_tokens=10), model_name="mystery-model")  # no cost limit: no price needed
+
+
+def test_a_response_from_an_unpriced_model_is_warned_about_once_under_a_cost_budget() -> None:
+    def other_model(request: ModelRequest) -> dict[str, object]:
+        return {**runaway(request), "model": "some-unpriced-model"}
+
+    runner = Runner(
+        Agent(
+            model=ScriptedModel(other_model),
+            tools=[search],
+            model_name="claude-sonnet-4-5",
+            limits=Limits(max_steps=3, budget=Budget(max_cost_usd=5.0)),
+        )
+    )
+    result = runner.run("find cats")
+    assert result.cost_usd is None
+    unknown = [w for w in events(runner, result.run_id, "warning") if w.get("budget") == "cost_unknown"]
+    assert len(unknown) == 1
+    assert "some-unpriced-model" in str(unknown[0]["message"])
+
+
+def test_budget_limits_must_be_positive_and_known() -> None:
+    with pytest.raises(ValueError, match="max_cost_usd must be positive"):
+        Budget(max_cost_usd=0)
+    with pytest.raises(ValueError, match="unknown budget field"):
+        Budget.from_dict({"max_dollars": 5})
+    assert Budget.from_dict(Budget(max_seconds=5).to_dict()) == Budget(max_seconds=5)
+
+
+BUDGET_TOOLS = textwrap.dedent(
+    """
+    from tether import tool
+
+
+    @tool
+    def add(a: int, b: int) -> int:
+        \"\"\"Add.\"\"\"
+        return a + b
+
+
+    @tool(approval=True)
+    def danger(path: str) -> str:
+        \"\"\"Needs a person.\"\"\"
+        return "ran on " + path
+    """
+)
+
+
+def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
+    (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
+    script = [tool_use_turn(tool_use("t1", "danger", {"path": "x"}))] + [
+        tool_use_turn(tool_use(f"t{i}", "add", {"a": i, "b": i})) for i in range(2, 6)
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    cli = Cli(tmp_path)
+    base = ["--tools", "budgettools:add", "--tools", "budgettools:danger", "--model", "scripted:script.json"]
+    parked = cli("run", "go", *base, "--max-tool-calls", "2", "--on-limit", "fail", "--json")
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    assert cli("approve", run_id, "t1").returncode == 0
+    resumed = cli("resume", run_id, "--json")  # no budget flag here: the run remembers its own
+    assert resumed.returncode == 1, resumed
+    assert resumed.data["error"] == "budget exceeded: max_tool_calls: 2 of 2"
+    assert resumed.data["tool_calls"] == 2
+
+
+def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
+    (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps([tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2}))]))
+    cli = Cli(tmp_path)
+    refused = cli("run", "go", "--tools", "budgettools:add", "--model", "scripted:script.json", "--max-cost", "1")
+    assert refused.returncode == 2, refused
+    assert "cost budget needs the model's price" in refused.err
+    assert cli("runs", "--json").data["runs"] == []  # refused before any run was created

@@ -30,6 +30,7 @@ RESULT_KEYS = {
     "tool_calls",
     "usage",
     "pending_approvals",
+    "next_due_at",
 }
 USAGE_KEYS = {"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"}
 
@@ -55,7 +56,7 @@ TOOLS_MODULE = textwrap.dedent(
         calls = (int(counter.read_text()) if counter.exists() else 0) + 1
         counter.write_text(str(calls))
         if calls == 1:
-            raise RuntimeError("transient failure")
+            raise ConnectionError("transient failure")
         return f"flaky ok {x}"
 
 

@@ -39,6 +39,7 @@ def test_gc_deletes_old_finished_runs_only(tmp_path: Path) -> None:
     listing = cli(tmp_path, "gc", "--older-than", "30d", "--json")
     assert listing.returncode == 0, listing.stderr
     assert json.loads(listing.stdout)["deleted"] == 1
+    assert json.loads(listing.stdout)["cache_deleted"] == 0
 
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     remaining = {r.id for r in store.list_runs()}
@@ -51,3 +52,20 @@ def test_gc_rejects_a_bad_age(tmp_path: Path) -> None:
     result = cli(tmp_path, "gc", "--older-than", "soon")
     assert result.returncode == 2
     assert "--older-than" in result.stderr
+
+
+def test_gc_purges_expired_tool_cache_entries(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    now = time.time()
+    store.cache_put("lookup:expired", "lookup", "old value", now - 60)
+    store.cache_put("lookup:live", "lookup", "fresh value", now + 3600)
+    store.close()
+
+    done = cli(tmp_path, "gc", "--older-than", "30d")
+    assert done.returncode == 0, done.stderr
+    assert "deleted 1 expired tool-cache entry" in done.stdout
+
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    assert store.cache_purge(now) == 0  # gc took it already
+    assert store.cache_get("lookup:live", now) == "fresh value"
+    store.close()

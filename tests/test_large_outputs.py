@@ -23,7 +23,7 @@ from tether.engine import truncate_result
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover
-from tether.tools import Tool
+from tether.tools import ModelRetry, Tool
 
 BIG = "".join(f"line {i:05d}\n" for i in range(5000))  # 55,000 characters
 NOTE = "\n[truncated: 55000 characters, showing the first 20000]"
@@ -196,3 +196,53 @@ def test_show_json_has_the_full_value(tmp_path: Path) -> None:
     assert event["content"] == BIG[:20000] + NOTE
     result_block = shown["messages"][2]["content"][0]
     assert result_block["content"] == BIG[:20000] + NOTE  # the history holds what the model saw
+
+
+# Error results are capped the same way ------------------------------------------------------
+@tool
+def fails_loudly(kind: str) -> str:
+    """Raises an error whose message is as large as a big result."""
+    if kind == "model_retry":
+        raise ModelRetry(BIG)
+    raise ValueError(BIG)
+
+
+def test_a_huge_exception_message_reaches_the_model_capped(kind: str) -> None:
+    result, model, store = drive(
+        kind, [tool_use_turn(tool_use("toolu_1", "fails_loudly", {"kind": "value"})), ANSWER], tools=[fails_loudly]
+    )
+    assert result.status == "done"
+    block = sent_result(model)
+    prefix = "Error (user_fixable): tool 'fails_loudly' raised ValueError: "
+    assert block["is_error"] is True
+    assert block["content"] == prefix + BIG[:20000] + NOTE
+    (event,) = [e.data for e in store.load_events(result.run_id) if e.type == "tool_finished"]
+    assert event["full_content"] == prefix + BIG
+    assert event["truncated_from"] == len(prefix + BIG)
+    (entry,) = entries(result.run_id, store.load_events(result.run_id))
+    assert entry.error == prefix + BIG  # the audit keeps the whole message
+
+
+def test_a_huge_model_retry_message_reaches_the_model_capped(kind: str) -> None:
+    result, model, store = drive(
+        kind,
+        [tool_use_turn(tool_use("toolu_1", "fails_loudly", {"kind": "model_retry"})), ANSWER],
+        tools=[fails_loudly],
+    )
+    assert sent_result(model)["content"] == "Error: " + BIG[:20000] + NOTE
+    (event,) = [e.data for e in store.load_events(result.run_id) if e.type == "tool_finished"]
+    assert event["full_content"] == "Error: " + BIG
+
+
+def test_invalid_arguments_errors_are_capped_too() -> None:
+    result, model, store = drive(
+        "sync",
+        [tool_use_turn(tool_use("toolu_1", "dump", {"size": "not a number " * 10})), ANSWER],
+        limits=Limits(max_result_chars=40),
+    )
+    content = sent_result(model)["content"]
+    assert content.startswith("Error: invalid arguments for tool 'dump': ")
+    assert "\n[truncated: " in content
+    assert content.endswith("showing the first 40]")
+    (event,) = [e.data for e in store.load_events(result.run_id) if e.type == "tool_finished"]
+    assert "not a number" in event["full_content"]

@@ -173,6 +173,21 @@ def test_the_streamed_text_reaches_the_view_only_from_a_streaming_call() -> None
     assert "calling the model…\n5" in ANSI.sub("", out.getvalue())
 
 
+def test_live_view_shows_a_model_retry_wait_in_the_spinner() -> None:
+    tty, out = console(terminal=True)
+    view = LiveView(tty)
+    state = RunState(id="r", status="thinking", steps=2)
+    assert view.waiting_for_model(3.0, 1) is False  # no call under way: nothing to update
+    try:
+        view.on_action(state, CallModel(request=None))  # type: ignore[arg-type]
+        assert view.waiting_for_model(2.6, 2) is True
+        assert "thinking · step 3 · API asked to wait 3s (retry 2)…" in ANSI.sub("", out.getvalue())
+    finally:
+        view.stop()
+    plain, _ = console(terminal=False)
+    assert LiveView(plain).waiting_for_model(1.0, 1) is False  # off a terminal the CLI prints a line
+
+
 def test_describe_activity() -> None:
     call = PendingCall(call_id="c1", tool="add", input={"a": 1, "b": 2})
     state = RunState(id="r", status="executingTool", steps=4)

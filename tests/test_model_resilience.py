@@ -2,27 +2,75 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from pathlib import Path
 
+import pexpect
+import pytest
+
 from fake_messages_api import FakeMessagesAPI
-from support import fake_api_env, fake_api_model, run_tether
-from tether import Agent, AsyncRunner, Runner
+from support import clean_env, fake_api_env, fake_api_model, run_tether, screen_text
+from tether import Agent, AsyncRunner, Runner, RunResult
 
 
 def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None:
-    waits: list[float] = []
+    waits: list[tuple[float, int]] = []
     api.fail(429, "slow down", headers={"retry-after": "120", "retry-after-ms": "120000"})
     api.reply_text("hello")
-    adapter = fake_api_model(api, max_retries=2, max_retry_wait=0.05, on_retry_wait=waits.append)
+    adapter = fake_api_model(
+        api, max_retries=2, max_retry_wait=0.05, on_retry_wait=lambda wait, retry: waits.append((wait, retry))
+    )
     started = time.monotonic()
-    result = Runner(Agent(model=adapter, model_name="claude-test")).run("hi")
+    runner = Runner(Agent(model=adapter, model_name="claude-test"))
+    result = runner.run("hi")
     adapter.close()
     assert result.status == "done"
     assert time.monotonic() - started < 5  # not the 120 s the API asked for
-    assert waits == [0.05]
+    assert waits == [(0.05, 1)]
     assert len(api.requests) == 2
     assert result.steps == 1  # SDK retries are inside one model invocation
+    (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
+    assert responded["retry_waits"] == [0.05]  # the event log keeps the wait
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_retry_waits_are_recorded_on_the_model_response(api: FakeMessagesAPI, kind: str) -> None:
+    api.fail(429, "slow down", headers={"retry-after": "0.2", "retry-after-ms": "200"})
+    api.fail(529, "Overloaded", headers={"retry-after": "0.1", "retry-after-ms": "100"})
+    api.reply_text("hello")
+    adapter = fake_api_model(api, max_retries=2)
+    if kind == "sync":
+        runner: Runner | AsyncRunner = Runner(Agent(model=adapter, model_name="claude-test"))
+        result = runner.run("hi")  # type: ignore[assignment]
+        adapter.close()
+    else:
+        runner = AsyncRunner(Agent(model=adapter, model_name="claude-test"))
+
+        async def run_and_close() -> RunResult:
+            try:
+                return await runner.run("hi")  # type: ignore[misc]
+            finally:
+                await adapter.aclose()  # in its loop: the connection belongs to it
+
+        result = asyncio.run(run_and_close())
+    assert result.status == "done"
+    (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
+    assert responded["retry_waits"] == [0.2, 0.1]
+
+
+def test_retry_waits_before_a_failure_are_recorded_too(api: FakeMessagesAPI) -> None:
+    for _ in range(2):
+        api.fail(429, "slow down", headers={"retry-after": "0.1", "retry-after-ms": "100"})
+    adapter = fake_api_model(api, max_retries=1)
+    runner = Runner(Agent(model=adapter, model_name="claude-test"))
+    failed = runner.run("hi")
+    adapter.close()
+    assert failed.status == "failed"
+    (warning,) = [e.data for e in runner.store.load_events(failed.run_id) if e.type == "warning"]
+    assert warning["retry_waits"] == [0.1]
+    assert "retried 1 time(s), waiting 0.1s" in warning["message"]
 
 
 def test_a_transient_failure_parks_the_run_failed_and_resume_tries_again(api: FakeMessagesAPI) -> None:
@@ -79,4 +127,27 @@ def test_the_cli_shows_retry_waits(api: FakeMessagesAPI, tmp_path: Path) -> None
         tmp_path, "run", "hi", "--model", "claude-test", "--db", f"sqlite:///{tmp_path / 'r.db'}", env=fake_api_env(api)
     )
     assert done.returncode == 0, done.stderr
-    assert "retrying in 0.2s" in done.stderr
+    assert "retrying in 0.2s (retry 1)" in done.stderr
+
+
+def test_the_live_view_shows_retry_waits_in_its_spinner(api: FakeMessagesAPI, tmp_path: Path) -> None:
+    api.fail(429, "slow down", headers={"retry-after": "1", "retry-after-ms": "1000"})
+    api.reply_text("hello")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "tether", "run", "hi", "--model", "claude-test", "--db", f"sqlite:///{tmp_path / 'r.db'}"],
+        cwd=str(tmp_path),
+        env=clean_env(TERM="xterm", **fake_api_env(api)),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(50, 200),
+    )
+    try:
+        child.expect("thinking · step 1 · API asked to wait 1s \\(retry 1\\)")
+        child.expect(pexpect.EOF)
+        rest = screen_text(child.before or "")
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert "status: done" in rest
+    assert "retrying in" not in rest  # the spinner said it; no extra line

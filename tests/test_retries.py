@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import httpx2
 import pytest
 
-from support import clean_env, run_python
-from tether import Agent, Approve, Deny, RetryPolicy, Runner, tool
+from support import Cli, CliResult, clean_env, closed_port, flat, run_python
+from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
+from tether.errors import RunNotFound, StoreError
 from tether.faults import classify
+from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry
 
@@ -37,12 +44,23 @@ def events_of(runner: Runner, run_id: str, kind: str) -> list[dict[str, object]]
     return [e.data for e in runner.store.load_events(run_id) if e.type == kind]
 
 
-class HTTPError(Exception):
-    """Shaped like httpx.HTTPStatusError: the status lives on .response.status_code."""
+def http_status_error(status: int) -> httpx.HTTPStatusError:
+    """What httpx raises for a response with this status (``raise_for_status``)."""
+    response = httpx.Response(status, request=httpx.Request("GET", "https://api.example.test/items"))
+    try:
+        response.raise_for_status()
+    except httpx.HTTPStatusError as error:
+        return error
+    raise AssertionError(f"{status} did not raise")
 
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.response = type("Response", (), {"status_code": status})()
+
+def raised(call: Callable[[], object]) -> BaseException:
+    """The exception a real library call raises."""
+    try:
+        call()
+    except Exception as error:
+        return error
+    raise AssertionError("nothing was raised")
 
 
 def test_flaky_tool_is_retried_with_backoff_and_succeeds() -> None:
@@ -140,41 +158,224 @@ def test_escalation_denied_reports_the_denial() -> None:
 
 
 def test_hung_sync_tool_times_out_without_hanging_the_run() -> None:
+    release = threading.Event()
+
     @tool(timeout=0.2, retry=RetryPolicy(max_attempts=2, initial_delay=0))
     def hang() -> str:
         """Never returns in time."""
-        time.sleep(3)
+        release.wait(10)
         return "late"
 
     runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
-    started = time.monotonic()
     result = runner.run("go")
-    assert time.monotonic() - started < 2.5
+    release.set()
+    assert result.status == "done"
     (block,) = tool_results(runner, result.run_id)
     assert block["is_error"] is True
     assert "timed out after 0.2s" in str(block["content"])
-    assert len(events_of(runner, result.run_id, "retry_scheduled")) == 1
+    # not idempotent: it may still complete, so it is never re-run behind the model's back
+    assert "may still complete" in str(block["content"])
+    assert events_of(runner, result.run_id, "retry_scheduled") == []
+    (finished,) = events_of(runner, result.run_id, "tool_finished")
+    assert finished["in_doubt"] is True
+    (warning,) = events_of(runner, result.run_id, "warning")
+    assert warning["abandoned_thread"] is True
+    assert warning["call_id"] == "t1"
+
+
+class Overlap:
+    """Counts a tool's executions and how many ever ran at once; each blocks until released."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.started = 0
+        self.effects = 0
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def run(self) -> str:
+        """Block until released."""
+        with self.lock:
+            self.started += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.threads.append(threading.current_thread())
+        self.release.wait(10)
+        with self.lock:
+            self.effects += 1  # the side effect, once the call completes
+            self.running -= 1
+        return "late"
+
+    def finish(self) -> None:
+        self.release.set()
+        for thread in self.threads:
+            thread.join(10)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_attempts_of_a_hung_sync_tool_never_overlap(idempotent: bool) -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0)
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=idempotent)(work.run)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    result = runner.run("go")
+    work.finish()
+    assert result.status == "done"
+    assert (work.started, work.most, work.effects) == (1, 1, 1)  # one thread, one side effect
+    scheduled = events_of(runner, result.run_id, "retry_scheduled")
+    (block,) = tool_results(runner, result.run_id)
+    if idempotent:  # retried, but each retry waited for the thread still running instead of starting one
+        assert len(scheduled) == 2
+        assert "still running from an earlier attempt" in str(block["content"])
+        assert "(after 3 attempts)" in str(block["content"])
+    else:
+        assert scheduled == []
+        assert "may still complete" in str(block["content"])
+
+
+async def test_attempts_of_a_hung_sync_tool_never_overlap_in_the_async_driver() -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0)
+    hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=True)(work.run)
+    runner = AsyncRunner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    result = await runner.run("go")
+    work.finish()
+    assert result.status == "done"
+    assert (work.started, work.most, work.effects) == (1, 1, 1)
+    assert len(events_of(runner, result.run_id, "retry_scheduled")) == 2
+
+
+def test_a_timed_out_tool_gets_a_cancel_signal_and_a_retry_runs_once_it_stopped() -> None:
+    seen: list[str] = []
+
+    @tool(timeout=0.2, idempotent=True, retry=RetryPolicy(max_attempts=2, initial_delay=0))
+    def crawl(url: str, cancel: threading.Event) -> str:
+        """Stops early when its attempt is cancelled."""
+        if not seen:
+            seen.append("first")
+            cancel.wait(10)
+            seen.append("cancelled" if cancel.is_set() else "not cancelled")
+            raise RuntimeError("stopped early")
+        seen.append("second")
+        return f"crawled {url}"
+
+    assert "cancel" not in crawl.input_schema()["properties"]  # not the model's to give
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "crawl", {"url": "x"}), answer()]), tools=[crawl]))
+    result = runner.run("go")
+    assert result.status == "done"
+    assert seen == ["first", "cancelled", "second"]  # the retry waited for the first attempt to end
+    assert tool_results(runner, result.run_id)[0]["content"] == "crawled x"
+
+
+def test_a_timeout_of_a_non_idempotent_tool_escalates_when_the_policy_says_so() -> None:
+    work = Overlap()
+    policy = RetryPolicy(max_attempts=3, initial_delay=0, on_exhausted="escalate")
+    hang = tool(name="hang", timeout=0.1, retry=policy)(work.run)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
+    parked = runner.run("go")
+    (pending,) = parked.pending_approvals
+    assert "may still complete" in pending["reason"]
+    work.finish()
+    assert work.started == 1
 
 
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (HTTPError(429), "retryable"),
-        (HTTPError(503), "retryable"),
-        (HTTPError(400), "user_fixable"),
-        (HTTPError(422), "user_fixable"),
-        (HTTPError(401), "permission"),
-        (HTTPError(403), "permission"),
-        (HTTPError(409), "conflict"),
+        (http_status_error(429), "retryable"),
+        (http_status_error(503), "retryable"),
+        (http_status_error(408), "retryable"),
+        (http_status_error(400), "user_fixable"),
+        (http_status_error(404), "user_fixable"),
+        (http_status_error(422), "user_fixable"),
+        (http_status_error(401), "permission"),
+        (http_status_error(403), "permission"),
+        (http_status_error(409), "conflict"),
+        (httpx.ConnectTimeout("connect timed out"), "retryable"),
+        (httpx.ReadTimeout("read timed out"), "retryable"),
+        (httpx.PoolTimeout("no connection free"), "retryable"),
+        (httpx.ReadError("connection reset"), "retryable"),
+        (httpx.RemoteProtocolError("server disconnected"), "retryable"),
+        (httpx2.ReadTimeout("read timed out"), "retryable"),
         (TimeoutError(), "retryable"),
         (ConnectionResetError(), "retryable"),
+        (socket.gaierror(-3, "Temporary failure in name resolution"), "retryable"),
+        (OSError(113, "No route to host"), "retryable"),
         (PermissionError(), "permission"),
+        (FileExistsError(), "conflict"),
+        (FileNotFoundError(2, "No such file", "x.txt"), "user_fixable"),
+        (ValueError("bad"), "user_fixable"),
+        (KeyError("missing"), "user_fixable"),
+        (IndexError("out of range"), "user_fixable"),
         (TypeError("bug"), "fatal"),
-        (RuntimeError("odd"), "retryable"),
+        (AttributeError("bug"), "fatal"),
+        (RuntimeError("odd"), "fatal"),
+        (Exception("unknown"), "fatal"),
     ],
+    ids=repr,
 )
 def test_errors_are_classified(error: BaseException, expected: str) -> None:
     assert classify(error) == expected
+
+
+def test_errors_raised_by_real_httpx_calls_are_classified() -> None:
+    port = closed_port()
+    assert classify(raised(lambda: httpx.get(f"http://127.0.0.1:{port}/", timeout=5))) == "retryable"
+    assert classify(raised(lambda: httpx.get("ftp://example.test/"))) == "user_fixable"  # UnsupportedProtocol
+    assert classify(raised(lambda: httpx.get("http://a" + "b" * 70_000 + ".test/"))) == "user_fixable"  # InvalidURL
+    assert classify(raised(lambda: httpx2.get("ftp://example.test/"))) == "user_fixable"
+
+    def answer_with(status: int) -> httpx.Client:
+        return httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(status)))
+
+    with answer_with(429) as client:
+        assert classify(raised(lambda: client.get("https://api.example.test/").raise_for_status())) == "retryable"
+    with answer_with(422) as client:
+        assert classify(raised(lambda: client.get("https://api.example.test/").raise_for_status())) == "user_fixable"
+
+
+def test_errors_raised_by_real_requests_calls_are_classified() -> None:
+    requests = pytest.importorskip("requests")
+    port = closed_port()
+    assert classify(raised(lambda: requests.get(f"http://127.0.0.1:{port}/", timeout=5))) == "retryable"
+    assert classify(raised(lambda: requests.get("not a url"))) == "user_fixable"  # MissingSchema
+    assert classify(raised(lambda: requests.get("gopher://example.test/"))) == "user_fixable"  # InvalidSchema
+    assert classify(requests.exceptions.ReadTimeout("read timed out")) == "retryable"
+    for status, expected in [(503, "retryable"), (404, "user_fixable"), (403, "permission")]:
+        response = requests.models.Response()
+        response.status_code, response.url, response.reason = status, "https://api.example.test/", "x"
+        assert classify(raised(response.raise_for_status)) == expected
+    assert classify(requests.exceptions.RequestException("something else")) == "fatal"  # not OSError's default
+
+
+def test_only_retryable_errors_are_retried_by_default() -> None:
+    tried: dict[str, int] = {}
+    failures = {
+        "bug": TypeError("unsupported operand"),
+        "odd": RuntimeError("unexpected state"),
+        "bad_input": KeyError("no such item"),
+        "network": httpx.ConnectError("connection refused"),
+    }
+
+    def failing(name: str) -> Tool:
+        def run() -> str:
+            tried[name] = tried.get(name, 0) + 1
+            raise failures[name]
+
+        return tool(name=name, description=name, retry=RetryPolicy(max_attempts=3, initial_delay=0))(run)
+
+    uses = [block for name in failures for block in use(name, name)["content"]]
+    script = [{"content": uses, "stop_reason": "tool_use"}, answer()]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[failing(name) for name in failures]))
+    result = runner.run("go")
+    assert tried == {"bug": 1, "odd": 1, "bad_input": 1, "network": 3}
+    contents = {b["tool_use_id"]: str(b["content"]) for b in tool_results(runner, result.run_id)}
+    assert contents["bug"].startswith("Error (fatal)")
+    assert contents["odd"].startswith("Error (fatal)")
+    assert contents["bad_input"].startswith("Error (user_fixable)")
+    assert contents["network"].startswith("Error (retryable)")
 
 
 def test_classification_drives_the_default_retry_and_can_be_overridden() -> None:
@@ -184,13 +385,13 @@ def test_classification_drives_the_default_retry_and_can_be_overridden() -> None
     def forbidden() -> str:
         """Not allowed."""
         seen.append("forbidden")
-        raise HTTPError(403)
+        raise http_status_error(403)
 
     @tool(retry=RetryPolicy(max_attempts=3, initial_delay=0, classify=lambda e: "retryable"))
     def forbidden_but_retried() -> str:
         """The override says retry."""
         seen.append("overridden")
-        raise HTTPError(403)
+        raise http_status_error(403)
 
     script = [{"content": [*use("a", "forbidden")["content"], *use("b", "forbidden_but_retried")["content"]],
                "stop_reason": "tool_use"}, answer()]
@@ -253,17 +454,27 @@ DRIVER = textwrap.dedent(
 )
 
 
+def scheduled(store: SQLStore, run_id: str) -> bool:
+    """Whether the run's retry_scheduled event is committed (polled from outside the driver)."""
+    try:
+        return any(event.type == "retry_scheduled" for event in store.load_events(run_id))
+    except (RunNotFound, StoreError):  # not created yet (or the schema is being created)
+        return False
+
+
 def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     first = subprocess.Popen([sys.executable, str(script), str(tmp_path), "run_retry"], env=clean_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     log = tmp_path / "attempts.log"
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     deadline = time.monotonic() + 30
-    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+    while not scheduled(store, "run_retry") and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.3)  # the retry is scheduled and committed; the driver is waiting for it
-    first.send_signal(signal.SIGKILL)
+    store.close()
+    assert first.poll() is None, "the driver ended before its retry was due"
+    first.send_signal(signal.SIGKILL)  # the retry is committed; the driver is waiting for it
     first.communicate(timeout=10)
     killed_at = time.time()
     second = run_python(str(script), str(tmp_path), "run_retry")
@@ -273,3 +484,130 @@ def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     # the persisted due time was kept: not re-run at once on resume, nor with a fresh full delay
     assert second_attempt - first_attempt >= 1.5
     assert second_attempt - killed_at < 1.5
+
+
+# Parking while a retry is due later ----------------------------------------------------
+def failing_once(delay: float) -> tuple[list[int], object]:
+    attempts: list[int] = []
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=delay, max_delay=delay))
+    def flaky() -> str:
+        """Fails on its first attempt."""
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("reset")
+        return "fine"
+
+    return attempts, flaky
+
+
+def test_a_drive_with_max_wait_parks_a_later_retry_and_a_later_drive_runs_it() -> None:
+    now = [1000.0]
+    attempts, flaky = failing_once(60.0)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]), clock=lambda: now[0])
+
+    parked = runner.run("go", max_wait=0)
+    assert parked.status == "waiting_retry"
+    assert parked.next_due_at == 1060.0
+    assert len(attempts) == 1
+    row = runner.store.load_run(parked.run_id)
+    assert row.status == "executingTool"
+    assert row.summary["next_due_at"] == 1060.0  # persisted: any process can find it
+    assert runner.store.list_due(1059.0) == []
+    assert [r.id for r in runner.store.list_due(1060.0)] == [parked.run_id]
+
+    now[0] = 1030.0  # too early: the drive parks again without running anything
+    early = runner.drive(parked.run_id, max_wait=10)
+    assert (early.status, early.next_due_at, len(attempts)) == ("waiting_retry", 1060.0, 1)
+
+    now[0] = 1060.0
+    done = runner.drive(parked.run_id, max_wait=0)
+    assert done.status == "done"
+    assert done.next_due_at is None
+    assert len(attempts) == 2
+    assert runner.store.load_run(parked.run_id).summary["next_due_at"] is None
+    assert runner.store.list_due(2000.0) == []
+
+
+def test_a_retry_due_within_max_wait_is_waited_for() -> None:
+    attempts, flaky = failing_once(0.01)
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]))
+    result = runner.run("go", max_wait=30)
+    assert result.status == "done"
+    assert len(attempts) == 2
+
+
+async def test_the_async_driver_parks_a_later_retry_too() -> None:
+    now = [1000.0]
+    attempts, flaky = failing_once(60.0)
+    runner = AsyncRunner(
+        Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]), clock=lambda: now[0]
+    )
+    parked = await runner.run("go", max_wait=0)
+    assert (parked.status, parked.next_due_at) == ("waiting_retry", 1060.0)
+    now[0] = 1061.0
+    assert (await runner.drive(parked.run_id, max_wait=0)).status == "done"
+    assert len(attempts) == 2
+
+
+WAITING_TOOLS = textwrap.dedent(
+    '''
+    from pathlib import Path
+
+    from tether import RetryPolicy, tool
+
+
+    def fails_first(name: str) -> None:
+        counter = Path(name + ".count")
+        calls = (int(counter.read_text()) if counter.exists() else 0) + 1
+        counter.write_text(str(calls))
+        if calls == 1:
+            raise ConnectionError("flap")
+
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=0.5))
+    def soon() -> str:
+        """Fails once; retried half a second later."""
+        fails_first("soon")
+        return "soon ok"
+
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=3600, max_delay=3600))
+    def later() -> str:
+        """Fails once; retried an hour later."""
+        fails_first("later")
+        return "later ok"
+    '''
+)
+
+
+def test_the_cli_parks_a_long_retry_wait_and_runs_due_finds_it(tmp_path: Path) -> None:
+    (tmp_path / "waiting.py").write_text(WAITING_TOOLS)
+    for name in ("soon", "later"):
+        turns = [use(f"t_{name}", name), answer(f"{name} done")]
+        (tmp_path / f"{name}.json").write_text(json.dumps(turns))
+    cli = Cli(tmp_path)
+
+    def run(name: str, *extra: str) -> CliResult:
+        return cli("run", "go", "--tools", f"waiting:{name}", "--model", f"scripted:{name}.json", *extra)
+
+    later = run("later")  # the default --max-wait (30 s) is shorter than the hour
+    assert later.returncode == 4, later
+    assert "resume after" in flat(later.stdout)
+    soon = run("soon", "--max-wait", "0", "--json")
+    assert soon.returncode == 4, soon
+    assert soon.data["status"] == "waiting_retry"
+    due_at = soon.data["next_due_at"]
+    assert isinstance(due_at, float)
+
+    listed = cli("runs", "--json").data["runs"]
+    assert {r["status"] for r in listed} == {"waiting_retry"}
+    time.sleep(max(0.0, due_at - time.time()))  # wait until the retry is due, not a timing check
+    due = cli("runs", "--due", "--json").data["runs"]
+    assert [r["run_id"] for r in due] == [soon.data["run_id"]]
+    assert due[0]["next_due_at"] == due_at
+
+    resumed = cli("resume", soon.data["run_id"], "--json")
+    assert resumed.returncode == 0, resumed
+    assert resumed.data["output"] == "soon done"
+    assert cli("runs", "--due", "--json").data["runs"] == []

@@ -275,6 +275,41 @@ def test_list_runs_ties_are_stable(store: Store) -> None:
     assert [r.id for r in store.list_runs()] == ["run_c", "run_b", "run_a"]
 
 
+def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> None:
+    def waiting(run_id: str, due: float | None, *, status: str = "executingTool", tenant: str | None = None) -> None:
+        summary = {"steps": 1, "next_due_at": due}
+        store.create_run(record(run_id, status=status, tenant=tenant, summary=summary), events(0))
+
+    waiting("later", 500.0)
+    waiting("due_b", 200.0, tenant="b")
+    waiting("due_a", 100.5, tenant="a")
+    waiting("exactly_now", 300.0)
+    waiting("running", None)  # executing a tool, no retry pending
+    waiting("parked", 100.0, status="awaitingApproval")  # not waiting for a retry
+    store.create_run(record("no_key", status="executingTool"), events(0))
+
+    def ids(now: float, **filters: Any) -> list[str]:
+        return [r.id for r in store.list_due(now, **filters)]
+
+    assert ids(300.0) == ["due_a", "due_b", "exactly_now"]
+    assert ids(300.0, tenant="b") == ["due_b"]
+    assert ids(300.0, limit=1) == ["due_a"]
+    assert ids(50.0) == []
+    assert store.list_due(100.5)[0] == record(
+        "due_a", status="executingTool", tenant="a", summary={"steps": 1, "next_due_at": 100.5}
+    )
+    with pytest.raises(ValueError, match="limit"):
+        store.list_due(0.0, limit=-1)
+
+
+def test_list_due_sees_a_retry_scheduled_then_started(store: Store) -> None:
+    store.create_run(record(status="executingTool"), events(0))
+    store.append(record(version=2, status="executingTool", summary={"next_due_at": 10.0}), 1, events(1))
+    assert [r.id for r in store.list_due(10.0)] == ["run_1"]
+    store.append(record(version=3, status="executingTool", summary={"next_due_at": None}), 2, events(2))
+    assert store.list_due(10.0) == []
+
+
 
 # Retention ----------------------------------------------------------------------------
 def test_delete_runs_removes_only_old_finished_runs_and_their_events(store: Store) -> None:
@@ -349,6 +384,17 @@ def test_cache_values_round_trip_exactly(store: Store) -> None:
         store.cache_put(key, "tool", value, 1e12)
     for key, value in values.items():
         assert store.cache_get(key, 0.0) == value
+
+
+def test_cache_purge_deletes_only_expired_entries(store: Store) -> None:
+    store.cache_put("old", "tool", "a", 100.0)
+    store.cache_put("at_now", "tool", "b", 200.0)
+    store.cache_put("live", "tool", "c", 300.0)
+    assert store.cache_purge(200.0) == 2  # expired at expires_at exactly, as cache_get says
+    assert store.cache_get("live", 200.0) == "c"
+    store.cache_put("old", "tool", "again", 500.0)  # a purged key can be cached again
+    assert store.cache_get("old", 200.0) == "again"
+    assert store.cache_purge(200.0) == 0
 
 
 def test_cache_is_independent_of_runs(store: Store) -> None:

@@ -521,10 +521,12 @@ def test_should_retry_by_exception_type() -> None:
     assert policy.should_retry(ConnectionError("reset"), 4) is False
 
 
-def test_should_retry_default_retries_any_exception() -> None:
+def test_should_retry_default_retries_only_retryable_errors() -> None:
     policy = RetryPolicy(max_attempts=2)
-    assert policy.should_retry(KeyError("k"), 1) is True
-    assert policy.should_retry(KeyError("k"), 2) is False
+    assert policy.should_retry(ConnectionError("reset"), 1) is True
+    assert policy.should_retry(ConnectionError("reset"), 2) is False
+    assert policy.should_retry(KeyError("k"), 1) is False  # user_fixable: the model must change its input
+    assert policy.should_retry(RuntimeError("odd"), 1) is False  # unrecognised: fatal
 
 
 def test_should_retry_with_a_predicate() -> None:

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tether.errors import ConfigError
 from tether.models import ModelAdapter
 from tether.policies import Limits
-from tether.pricing import Price
+from tether.pricing import Price, price_for
 from tether.rules import Policy
 from tether.tools import Tool, tools_by_name
 
@@ -36,6 +37,15 @@ class Agent:
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
     name: str | None = None
     """Who this agent is; approval callables see it as ``ApprovalContext.agent``."""
+
+    def __post_init__(self) -> None:
+        budget = self.limits.budget
+        if budget is not None and budget.counts_cost and price_for(self.model_name, self.prices) is None:
+            # A cost budget that cannot count would never stop anything: refuse it up front.
+            raise ConfigError(
+                f"a cost budget needs the model's price, and {self.model_name!r} has none in "
+                "tether.pricing.PRICES: pass Agent(prices={...}) or drop the cost limit"
+            )
 
     @cached_property
     def tool_index(self) -> dict[str, Tool]:

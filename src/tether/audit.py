@@ -60,11 +60,11 @@ class AuditEntry:
     result: str | None = None
     """The tool's whole result when it succeeded."""
     error: str | None = None
-    """The is_error result the model got, when the call failed or was refused."""
+    """The is_error result, when the call failed or was refused (whole, even when the model saw it cut)."""
     error_type: str | None = None
     """The exception class the last attempt raised."""
     error_class: str | None = None
-    """retryable, permanent, user_fixable... when the engine classified the error."""
+    """retryable, user_fixable, permission, conflict or fatal, when the engine classified the error."""
     duration: float | None = None
     """Seconds spent running the tool, over all attempts (None: it never ran)."""
     started_at: float | None = None
@@ -198,7 +198,7 @@ def _finished(entry: AuditEntry, event: Event) -> None:
         entry.status = "ok"
         entry.result = data.get("full_content", data.get("content"))
         return
-    entry.error = data.get("content")
+    entry.error = data.get("full_content", data.get("content"))
     entry.error_type = data.get("error_type", entry.error_type)
     entry.error_class = data.get("error_class")
     denied = entry.decision is not None and entry.decision["verdict"] == "denied"

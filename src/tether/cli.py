@@ -1,8 +1,10 @@
 """The ``tether`` command line.
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval, 130 interrupted (Ctrl-C while the model or a tool ran: the run resumes
-from its last committed step). ``--json`` prints exactly one JSON object on stdout and nothing else.
+3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
+e.g. from cron with ``tether runs --due``), 130 interrupted (Ctrl-C while the model or a tool
+ran: the run resumes from its last committed step). ``--json`` prints exactly one JSON object
+on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +28,19 @@ from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, Tet
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
-from tether.runner import EventListener, Runner, RunResult, result_of
+from tether.policies import Budget
+from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of
 from tether.state import RunState
-from tether.stores import Store, open_store
+from tether.stores import RunRecord, Store, open_store
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING}
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
+DEFAULT_MAX_WAIT = 30.0
+"""Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
 
 def _db_url(value: str | None) -> str:
@@ -63,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
+    _add_max_wait(resume)
     with_approvals(resume)
 
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
@@ -84,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
     runs.add_argument("--status", help="done, failed, awaiting_approval, cancelled, thinking, executing_tool")
+    runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
     runs.add_argument("--json", action="store_true")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
@@ -176,8 +184,10 @@ class _Session:
         hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
-    def _show_retry_wait(self, seconds: float) -> None:
-        self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s[/]")
+    def _show_retry_wait(self, seconds: float, retry: int) -> None:
+        if self.live is not None and self.live.waiting_for_model(seconds, retry):
+            return  # shown in the spinner; the event log keeps it (model_responded's retry_waits)
+        self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s (retry {retry})[/]")
 
     def close(self) -> None:
         """Clear a spinner left by an error, so the message and the cursor show."""
@@ -193,6 +203,17 @@ class _Session:
             render_result(self.out, result)
             if result.status == "awaiting_approval":
                 self.out.print(self._decide_hint(result))
+            elif result.status == WAITING_RETRY and result.next_due_at is not None:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
+                self.out.print(
+                    Text.assemble(
+                        f"A tool retry is due at {when}: resume after it with ",
+                        (f"tether resume {result.run_id}{self._db_hint()}", "bold"),
+                        " (or let ",
+                        ("tether runs --due", "bold"),
+                        " find it)",
+                    )
+                )
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
@@ -221,13 +242,14 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
         "system": args.system,
         "cwd": os.getcwd(),
         "max_steps": args.max_steps,
+        "budget": _budget(args),
         **({"policy": str(Path(args.policy).resolve())} if args.policy else {}),
     }
     agent = agent_from_spec(spec)
     if args.max_steps is None:
         spec["max_steps"] = agent.limits.max_steps
     runner = session.runner(args, agent)
-    return session.finish(runner.run(args.prompt, continue_from=args.continue_from))
+    return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
 
 
 def _agent_for(session: _Session, run_id: str) -> Agent:
@@ -242,7 +264,7 @@ def _agent_for(session: _Session, run_id: str) -> Agent:
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     runner = session.runner(args, _agent_for(session, args.run_id))
-    return session.finish(runner.drive(args.run_id))
+    return session.finish(runner.drive(args.run_id, max_wait=args.max_wait))
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
@@ -276,6 +298,8 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
     if session.json:
         payload: dict[str, Any] = result.to_dict()
         payload["cost_usd"] = result.cost_usd
+        payload["model_seconds"] = result.model_seconds
+        payload["tool_seconds"] = result.tool_seconds
         payload["messages"] = state.messages
         payload["events"] = [event.to_dict() for event in events]
         print(json.dumps(payload, ensure_ascii=False, default=str))
@@ -294,18 +318,22 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if status not in by_id and status not in STATUS_VALUES:
             raise ConfigError(f"unknown status {status!r}; one of {', '.join(sorted(by_id))}")
         status = by_id.get(status, status)
+    if args.due and status is not None:
+        raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
+    records = session.store.list_due(time.time()) if args.due else session.store.list_runs(status=status)
     rows = [
         {
             "run_id": r.id,
-            "status": STATUS_VALUES.get(r.status, r.status),
+            "status": _listed_status(r),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
             "updated_at": r.updated_at,
             "updated": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
+            "next_due_at": r.summary.get("next_due_at"),
             "error": r.summary.get("error"),
         }
-        for r in session.store.list_runs(status=status)
+        for r in records
     ]
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
@@ -314,6 +342,13 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 
     render_runs(session.out, rows)
     return EXIT_DONE
+
+
+def _listed_status(record: RunRecord) -> str:
+    """The status ``tether runs`` shows: the machine's, or waiting_retry while a retry is pending."""
+    if record.summary.get("next_due_at") is not None:
+        return WAITING_RETRY
+    return STATUS_VALUES.get(record.status, record.status)
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
@@ -413,6 +448,52 @@ def _add_decision(decide: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_max_wait(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=DEFAULT_MAX_WAIT,
+        metavar="SECONDS",
+        help=f"sleep at most this long for a tool retry, else park the run (exit 4); default {DEFAULT_MAX_WAIT:g}",
+    )
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The Budget the run flags ask for, in its stored form (None when no flag sets a limit)."""
+    limits = {
+        "max_cost_usd": args.max_cost,
+        "max_total_tokens": args.max_tokens,
+        "max_tool_calls": args.max_tool_calls,
+        "max_seconds": args.max_seconds,
+    }
+    if all(value is None for value in limits.values()):
+        return None
+    return Budget(**{k: v for k, v in limits.items() if v is not None}, on_limit=args.on_limit).to_dict()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be >= 0")
+    return value
+
+
 def _add_run(run: argparse.ArgumentParser) -> None:
     """``tether run``'s options (apart, to keep :func:`_parser` readable)."""
     run.add_argument("prompt")
@@ -421,12 +502,28 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
     run.add_argument("--system", help="system prompt")
-    run.add_argument("--max-steps", type=int, help="cap on model invocations")
+    run.add_argument("--max-steps", type=int, help="cap on model invocations: reaching it fails the run")
+    budget = run.add_argument_group(
+        "budget", "warned about at 80 percent; at the limit one last model call without tools gives the answer"
+    )
+    budget.add_argument("--max-cost", type=_positive(float), metavar="USD", help="cost of the run's model calls")
+    budget.add_argument(
+        "--max-tokens", type=_positive(int), metavar="N", help="input plus output tokens of the run (cache included)"
+    )
+    budget.add_argument("--max-tool-calls", type=_positive(int), metavar="N", help="tool executions of the run")
+    budget.add_argument("--max-seconds", type=_positive(float), metavar="S", help="wall-clock time of the run")
+    budget.add_argument(
+        "--on-limit",
+        choices=["final_answer", "fail"],
+        default="final_answer",
+        help="what a budget limit does (default: %(default)s)",
+    )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
         "--continue", dest="continue_from", metavar="RUN_ID", help="continue an earlier run's conversation"
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_max_wait(run)
 
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:
@@ -442,7 +539,10 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Parked and in-progress runs are never touched: only final statuses can be chosen."""
+    """Parked and in-progress runs are never touched: only final statuses can be chosen.
+
+    Expired tool-cache entries go too (they are never read again, whatever their age).
+    """
     from tether.audit import parse_since
 
     try:
@@ -451,12 +551,15 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
     statuses = set(args.status or ["done", "failed", "cancelled"])
     deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses)
+    expired = session.store.cache_purge(time.time())
     if session.json:
-        print(json.dumps({"deleted": deleted, "before": cutoff, "statuses": sorted(statuses)}))
+        report = {"deleted": deleted, "before": cutoff, "statuses": sorted(statuses), "cache_deleted": expired}
+        print(json.dumps(report))
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
         kinds = ", ".join(sorted(statuses))
         session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
+        session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE
 
 

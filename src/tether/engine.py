@@ -63,7 +63,7 @@ class RunTool:
     max_result_chars: int | None = None
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
     warnings: tuple[Record, ...] = ()
-    """Policy ``warn`` records, committed with the start so the log has them before the tool runs."""
+    """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def next_action(state: RunState, agent: Agent, *, now: float, abandoned: Collect
         return Commit(_failure(f"max_steps limit reached: {max_steps} model invocations"))
     budget = agent.limits.budget
     if budget is not None and not state.final_answer_requested:
-        hit = budgets.reached(budget, state, now=now)
+        hit = budgets.reached(agent, state, now=now)
         if hit is not None:
             if budget.on_limit == "fail":
                 return Commit(_failure(f"budget exceeded: {hit.describe()}"))
@@ -192,7 +192,9 @@ def _call_action(
     try:
         arguments = tool.validate(call.input)
     except pydantic.ValidationError as error:
-        return Commit(_result(call, f"Error: invalid arguments for tool {tool.name!r}: {error}", True))
+        full = f"Error: invalid arguments for tool {tool.name!r}: {error}"
+        shown = f"Error: invalid arguments for tool {tool.name!r}: {_capped(str(error), agent.limits.max_result_chars)}"
+        return Commit(_result(call, shown, True, **_full_content(shown, full)))
     decision = state.decisions.get(call.call_id)
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
@@ -200,6 +202,13 @@ def _call_action(
     edited_input = decision.input if decision is not None else None
     if edited_input is not None:
         arguments = tool.validate(edited_input)  # validated when decided; the rules judge what runs
+    budget = agent.limits.budget
+    spent_up = None if tool.final else budgets.reached(agent, state, now=now, only=budgets.TOOL_LIMITS)
+    if budget is not None and spent_up is not None:  # tools would spend more: stop before asking anyone
+        if budget.on_limit == "fail":
+            return Commit(_failure(f"budget exceeded: {spent_up.describe()}"))
+        message = f"Error: not run: the budget is used up ({spent_up.describe()})"
+        return Commit(_result(call, message, True, budget_limit=spent_up.limit))
     warnings: list[Record] = []
     in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
@@ -225,6 +234,7 @@ def _call_action(
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
     edited = edited_input is not None
+    warnings += budgets.new_warnings(agent, state, now=now, tool_calls=1)
     return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
 
 
@@ -326,11 +336,9 @@ def on_model_response(
     if state.final_answer_requested and step.trigger == "tools_requested":
         discarded = [(kind, {**data, "discarded": True}) for kind, data in step.records]
         return Step("fail", discarded, error="the budget is used up and the model still asked for tools")
-    budget = agent.limits.budget
-    if budget is not None:
-        for reading in budgets.new_warnings(budget, state, now=now, usage=response.usage, cost=cost or 0.0):
-            message = f"budget {reading.fraction:.0%} spent: {reading.describe()}"
-            step.records.append((ev.WARNING, {"message": message, "budget": reading.limit}))
+    step.records += budgets.new_warnings(agent, state, now=now, usage=response.usage, cost=cost or 0.0, model_calls=1)
+    if cost is None:
+        step.records += budgets.unknown_cost_warning(agent, state, response.model or agent.model_name)
     return step
 
 
@@ -346,6 +354,8 @@ def _response_step(
         "id": response.id,
         "latency": round(latency, 6),
     }
+    if response.retry_waits:
+        record["retry_waits"] = list(response.retry_waits)  # the API asked to wait this long first
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
@@ -399,10 +409,15 @@ def on_model_error(error: ModelError) -> Step:
 
     A transient failure (rate limit, overload, 5xx, network) leaves the run resumable.
     """
+    records: list[Record] = []
+    if error.retry_waits:
+        waits = ", ".join(f"{wait:g}s" for wait in error.retry_waits)
+        message = f"the model API was retried {len(error.retry_waits)} time(s), waiting {waits}, before the call failed"
+        records.append((ev.WARNING, {"message": message, "retry_waits": list(error.retry_waits)}))
     if error.retryable:
         message = f"model call failed: {error} (transient: resume the run to try again)"
-        return Step("fail", error=message, retryable=True)
-    return _failure(f"model call failed: {error}")
+        return Step("fail", records, error=message, retryable=True)
+    return Step("fail", records, error=f"model call failed: {error}")
 
 
 def retry_after_failure() -> Step:
@@ -440,11 +455,10 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
 
 
 def _success(action: RunTool, content: str, **extra: Any) -> Step:
-    limit = action.max_result_chars
-    if limit is not None and len(content) > limit:
-        # The model sees the head; the event keeps the whole value, for people and audits.
-        extra.update(full_content=content, truncated_from=len(content))
-        content = truncate_result(content, limit)
+    # The model sees the head; the event keeps the whole value, for people and audits.
+    shown = _capped(content, action.max_result_chars)
+    extra.update(_full_content(shown, content))
+    content = shown
     if action.edited:
         content = f"(Note: a reviewer edited the input before running the tool.)\n{content}"
     return _result(action.call, content, False, **extra)
@@ -467,20 +481,35 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         "duration": round(duration, 6),
         "error_type": type(error).__name__,
     }
+    limit = action.max_result_chars
     if isinstance(error, ModelRetry):
-        return _result(call, f"Error: {error}", True, **facts, error_class="user_fixable")
+        shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
+        return _result(call, shown, True, **facts, error_class="user_fixable", **_full_content(shown, full))
     error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
-    message = _describe_tool_error(tool, error, error_class)
+    message = _describe_tool_error(tool, error, error_class, _capped(str(error), limit))
+    full_message = _describe_tool_error(tool, error, error_class, str(error))
     wants_retry = isinstance(error, RetryLater) or policy.matches(error)
-    if wants_retry and action.attempt < policy.max_attempts:
+    lingering = isinstance(error, ToolTimeout) and error.still_running
+    records: list[Record] = [_abandoned_thread(action)] if lingering else []
+    in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
+    if wants_retry and action.attempt < policy.max_attempts and not in_doubt:
         due = now + policy.delay(action.attempt)
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
-        return Step("retry_scheduled", [(ev.RETRY_SCHEDULED, data)])
+        return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
+    suffix = ""
+    if in_doubt:
+        suffix += "; it may still complete, so it was not run again automatically (the tool is not idempotent)"
     if action.attempt > 1:
-        message += f" (after {action.attempt} attempts)"
-    finished = (ev.TOOL_FINISHED, {**facts, "content": message, "is_error": True, "error_class": error_class})
+        suffix += f" (after {action.attempt} attempts)"
+    message, full_message = message + suffix, full_message + suffix
+    extra: dict[str, Any] = {"in_doubt": True} if in_doubt else {}
+    extra.update(_full_content(message, full_message))
+    finished = (
+        ev.TOOL_FINISHED,
+        {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
+    )
     if policy.on_exhausted == "fail" and wants_retry:
-        return Step("fail", [finished], error=f"{message}; the tool's retry policy fails the run")
+        return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
     if policy.on_exhausted == "escalate" and wants_retry:
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
         item = {
@@ -491,16 +520,38 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
             "fingerprint": fingerprint(call.input),
             "last_error": message,
         }
-        return Step("approval_needed", [(ev.APPROVAL_REQUESTED, {"calls": [item], "escalation": True})])
-    return Step("tool_finished", [finished])
+        data = {"calls": [item], "escalation": True, "duration": facts["duration"]}
+        return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, data)])
+    return Step("tool_finished", [*records, finished])
 
 
-def _describe_tool_error(tool: Tool, error: BaseException, error_class: str) -> str:
+def _abandoned_thread(action: RunTool) -> Record:
+    """The warning that a timed-out sync attempt's thread runs on (Python cannot stop one)."""
+    message = (
+        f"tool {action.tool.name!r} call {action.call.call_id}: a thread of it is still running after its "
+        "timeout (Python cannot stop a thread); no attempt of this call starts in this process until it ends"
+    )
+    data = {"message": message, "call_id": action.call.call_id, "tool": action.tool.name, "abandoned_thread": True}
+    return ev.WARNING, data
+
+
+def _describe_tool_error(tool: Tool, error: BaseException, error_class: str, text: str) -> str:
+    """The model's ``is_error`` text for ``error``, whose own message is ``text``."""
     if isinstance(error, ToolTimeout):
-        return f"Error ({error_class}): tool {tool.name!r} {error}"
+        return f"Error ({error_class}): tool {tool.name!r} {text}"
     if isinstance(error, UnserializableResult):
-        return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {error}"
-    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {error}"
+        return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {text}"
+    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {text}"
+
+
+def _capped(text: str, limit: int | None) -> str:
+    """``text`` cut to the agent's result cap (an exception's message can be as long as any result)."""
+    return text if limit is None else truncate_result(text, limit)
+
+
+def _full_content(shown: str, full: str) -> dict[str, Any]:
+    """What a ``tool_finished`` event keeps besides what the model saw, when that was cut."""
+    return {} if shown == full else {"full_content": full, "truncated_from": len(full)}
 
 
 def fingerprint(arguments: Any) -> str:

@@ -44,12 +44,21 @@ class ModelError(TetherError):
     Attributes:
         status: the HTTP status, when the API answered.
         retryable: whether trying again later may succeed (429/5xx/529, connection).
+        retry_waits: seconds the adapter waited before each of its retries of this call.
     """
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_waits: tuple[float, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.retry_waits = retry_waits
 
 
 class StoreError(TetherError):

@@ -3,15 +3,22 @@
 Five classes drive the default retry decision and appear in the event log and in the
 ``is_error`` text the model reads:
 
-- ``retryable``: transient (timeouts, connection errors, HTTP 408/429/5xx) — retry it;
-- ``user_fixable``: the request was wrong (HTTP 400/422, invalid input) — tell the model;
-- ``permission``: not allowed (HTTP 401/403, PermissionError) — tell the model, don't retry;
-- ``conflict``: the world changed under the call (HTTP 409, FileExistsError);
-- ``fatal``: a bug in the tool (TypeError, AttributeError, ...) — retrying cannot help.
+- ``retryable``: transient — timeouts, connection and network errors (builtin, httpx,
+  requests), HTTP 408/429/5xx: retry it;
+- ``user_fixable``: the request was wrong — HTTP 400/422 and other 4xx, ``ValueError``,
+  ``LookupError`` (``KeyError``, ``IndexError``), a missing file, an invalid URL: tell the model;
+- ``permission``: not allowed — HTTP 401/403, ``PermissionError``: tell the model, don't retry;
+- ``conflict``: the world changed under the call — HTTP 409, ``FileExistsError``;
+- ``fatal``: a bug or anything unrecognised (``TypeError``, ``AttributeError``,
+  ``RuntimeError``...): retrying the same code with the same input cannot help.
 
-Errors without a strong signal count as ``retryable``: a tool's own exception is usually
-transient, and a RetryPolicy bounds the attempts anyway. Override per tool with
-``RetryPolicy(classify=...)``.
+Only ``retryable`` errors are retried by default. A tool whose own exception is transient
+says so: raise :class:`tether.tools.RetryLater`, set ``RetryPolicy(retry_on=...)``, or
+override the class with ``RetryPolicy(classify=...)``.
+
+HTTP libraries are recognised without importing them: an error's HTTP status is read from
+``.response.status_code`` (httpx, requests), and library exceptions that do not derive from
+the builtin ``TimeoutError``/``ConnectionError`` are matched by module and class name.
 """
 
 from __future__ import annotations
@@ -22,7 +29,53 @@ from typing import Literal
 ErrorClass = Literal["retryable", "user_fixable", "permission", "conflict", "fatal"]
 Classifier = Callable[[BaseException], "ErrorClass | None"]
 
-_FATAL = (TypeError, AttributeError, NameError, NotImplementedError, ImportError, AssertionError, RecursionError)
+_HTTPX_CLASSES: dict[str, ErrorClass] = {
+    "TimeoutException": "retryable",
+    "NetworkError": "retryable",
+    "RemoteProtocolError": "retryable",
+    "ProxyError": "retryable",
+    "InvalidURL": "user_fixable",
+    "UnsupportedProtocol": "user_fixable",
+    "TooManyRedirects": "user_fixable",
+    "LocalProtocolError": "fatal",
+}
+"""httpx's exceptions derive from Exception only; these are the branches that say something."""
+
+_LIBRARY_CLASSES: dict[tuple[str, str], ErrorClass] = {
+    # httpx, and httpx2 (the fork the anthropic SDK is built on)
+    **{(package, name): kind for package in ("httpx", "httpx2") for name, kind in _HTTPX_CLASSES.items()},
+    # requests: every error derives from OSError (IOError), so the builtin rules would call any
+    # of them transient; its ConnectionError and Timeout are not their builtin namesakes.
+    ("requests", "Timeout"): "retryable",
+    ("requests", "ConnectionError"): "retryable",
+    ("requests", "ChunkedEncodingError"): "retryable",
+    ("requests", "ContentDecodingError"): "retryable",
+    ("requests", "TooManyRedirects"): "user_fixable",
+    ("requests", "InvalidURL"): "user_fixable",
+    ("requests", "MissingSchema"): "user_fixable",
+    ("requests", "InvalidSchema"): "user_fixable",
+    ("requests", "InvalidHeader"): "user_fixable",
+    ("requests", "URLRequired"): "user_fixable",
+    ("requests", "RequestException"): "fatal",  # the rest (an unexpected body, a status-less HTTPError)
+    # the anthropic SDK, for tools that call Claude themselves (statuses are read first)
+    ("anthropic", "APIConnectionError"): "retryable",
+}
+"""Exceptions of HTTP libraries, by top-level package and class name (the first match in
+the exception's MRO wins, so the most specific class decides)."""
+
+_BUILTIN_CLASSES: tuple[tuple[type[BaseException], ErrorClass], ...] = (
+    (PermissionError, "permission"),
+    (FileExistsError, "conflict"),
+    (FileNotFoundError, "user_fixable"),
+    (NotADirectoryError, "user_fixable"),
+    (IsADirectoryError, "user_fixable"),
+    (TimeoutError, "retryable"),
+    (ConnectionError, "retryable"),
+    (OSError, "retryable"),  # other I/O failures (DNS, unreachable network, EAGAIN) are environmental
+    (ValueError, "user_fixable"),  # includes UnicodeError and pydantic's ValidationError
+    (LookupError, "user_fixable"),
+)
+"""Builtin exceptions, most specific first; anything else is ``fatal``."""
 
 
 def http_status(error: BaseException) -> int | None:
@@ -46,6 +99,14 @@ def classify_status(status: int) -> ErrorClass:
     return "user_fixable"
 
 
+def _library_class(error: BaseException) -> ErrorClass | None:
+    for cls in type(error).__mro__:
+        found = _LIBRARY_CLASSES.get((cls.__module__.partition(".")[0], cls.__name__))
+        if found is not None:
+            return found
+    return None
+
+
 def classify(error: BaseException, override: Classifier | None = None) -> ErrorClass:
     """Classify ``error``; ``override`` (a tool's hook) wins when it returns a class."""
     if override is not None:
@@ -55,12 +116,10 @@ def classify(error: BaseException, override: Classifier | None = None) -> ErrorC
     status = http_status(error)
     if status is not None and status >= 400:
         return classify_status(status)
-    if isinstance(error, PermissionError):
-        return "permission"
-    if isinstance(error, FileExistsError):
-        return "conflict"
-    if isinstance(error, TimeoutError | ConnectionError):
-        return "retryable"
-    if isinstance(error, _FATAL):
-        return "fatal"
-    return "retryable"
+    library = _library_class(error)
+    if library is not None:
+        return library
+    for kind, error_class in _BUILTIN_CLASSES:
+        if isinstance(error, kind):
+            return error_class
+    return "fatal"

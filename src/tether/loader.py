@@ -16,7 +16,7 @@ from typing import Any
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter
-from tether.policies import Limits
+from tether.policies import Budget, Limits
 from tether.rules import Policy
 from tether.tools import Tool, tools_by_name
 
@@ -103,14 +103,13 @@ def agent_from_spec(
         tools_by_name(tools)
     except ToolDefinitionError as error:
         raise ConfigError(f"--tools: {error}") from error
-    max_steps = spec.get("max_steps")
     policy_file = spec.get("policy")
     policy = Policy.from_file(policy_file) if policy_file else None
     return Agent(
         model=model or load_model(model_spec),
         tools=tools,
         system=spec.get("system"),
-        limits=Limits(max_steps=max_steps) if max_steps is not None else Limits(),
+        limits=limits_from_spec(spec),
         model_name=model_spec,
         spec={
             "tools": list(spec.get("tools", [])),
@@ -134,3 +133,15 @@ def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None
     if recorded is None or policy is None or policy.digest == recorded:
         return None
     return f"policy file {spec.get('policy')} changed since run {run_id} started: its current rules apply"
+def limits_from_spec(spec: dict[str, Any]) -> Limits:
+    """The limits a run was started with: ``max_steps``, ``max_tool_calls`` and its budget."""
+    options: dict[str, Any] = {}
+    for name in ("max_steps", "max_tool_calls"):
+        if spec.get(name) is not None:
+            options[name] = spec[name]
+    if spec.get("budget"):
+        try:
+            options["budget"] = Budget.from_dict(dict(spec["budget"]))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"invalid budget: {error}") from error
+    return Limits(**options)

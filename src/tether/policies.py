@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 from tether.errors import ConfigError
@@ -147,7 +147,11 @@ def decide_approval(setting: ApprovalSetting, args: Any, context: ApprovalContex
 
 @dataclass(frozen=True)
 class Limits:
-    """Caps on one run; reaching one ends the run failed, naming the limit."""
+    """Caps on one run: reaching ``max_steps`` or ``max_tool_calls`` ends the run failed.
+
+    The error names the limit; a warning comes first, at the budget's ``warn_at`` (default
+    80%). For a graceful stop (one last answer without tools) use a :class:`Budget`.
+    """
 
     max_steps: int | None = 50
     """Model invocations in all (across resumes)."""
@@ -158,10 +162,10 @@ class Limits:
     max_tokens_ceiling: int = 32000
     """How far ``max_tokens`` may be raised when a tool_use was cut off."""
     max_result_chars: int | None = 20000
-    """Longer tool results reach the model cut to this many characters, with a note saying
-    so; the full value stays in the ``tool_finished`` event (``full_content``). None = no cap."""
+    """Longer tool results (errors included) reach the model cut to this many characters, with a
+    note saying so; the full value stays in the ``tool_finished`` event (``full_content``). None = no cap."""
     budget: Budget | None = None
-    """Token, cost and time budgets for the run (and its conversation)."""
+    """Token, cost, call and time budgets for the run (and its conversation)."""
 
 
 @dataclass(frozen=True)
@@ -169,17 +173,30 @@ class Budget:
     """Spending limits; at ``warn_at`` of any of them a warning, at the limit a graceful stop.
 
     Run limits count this run (across resumes); ``conversation_*`` limits also count every
-    earlier run it continues. Input tokens include cache writes and reads.
+    earlier run it continues. Input tokens include cache writes and reads. Tool-call and
+    time limits are also checked before each tool call: calls left when one is reached are
+    not run (the model is told), then the stop happens.
     """
 
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    """Input plus output tokens (cache included)."""
     max_cost_usd: float | None = None
+    """Needs a priced model (see :mod:`tether.pricing`); an Agent refuses it otherwise."""
     max_seconds: float | None = None
     """Wall-clock seconds since the run was created."""
+    max_model_calls: int | None = None
+    """Model invocations; unlike ``Limits.max_steps`` the run then gets its final answer."""
+    max_tool_calls: int | None = None
+    """Tool executions (each attempt counts)."""
     conversation_max_tokens: int | None = None
     """Input plus output tokens over the whole conversation."""
     conversation_max_cost_usd: float | None = None
+    conversation_max_model_calls: int | None = None
+    conversation_max_tool_calls: int | None = None
+    conversation_max_seconds: float | None = None
+    """Wall-clock seconds since the conversation's first run was created."""
     warn_at: float = 0.8
     """Fraction of a limit at which a ``warning`` event is recorded (once per limit)."""
     on_limit: Literal["final_answer", "fail"] = "final_answer"
@@ -190,3 +207,32 @@ class Budget:
             raise ValueError("Budget.warn_at must be in (0, 1]")
         if self.on_limit not in ("final_answer", "fail"):
             raise ValueError("Budget.on_limit must be 'final_answer' or 'fail'")
+        for name, value in self.limits().items():
+            if not value > 0:
+                raise ValueError(f"Budget.{name} must be positive, not {value!r}")
+
+    def limits(self) -> dict[str, float]:
+        """The limits set, by field name."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("warn_at", "on_limit") and getattr(self, f.name) is not None
+        }
+
+    @property
+    def counts_cost(self) -> bool:
+        """Whether a cost limit is set (so model calls must be priced)."""
+        return self.max_cost_usd is not None or self.conversation_max_cost_usd is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, stored in a run's spec so ``resume`` in another process keeps it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Budget:
+        """Read :meth:`to_dict`'s form; unknown keys are an error (not a silently dropped limit)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown budget field(s): {', '.join(unknown)}")
+        return cls(**data)

@@ -2,8 +2,9 @@
 
 :class:`Runner` (sync) and :class:`AsyncRunner` share everything but the I/O calls in
 :meth:`drive`: loading, persisting, approvals and results live in :class:`_RunnerBase`.
-A drive ends when the run is done, failed, cancelled, or parked awaiting a decision the
-approver (if any) did not give.
+A drive ends when the run is done, failed, cancelled, parked awaiting a decision the
+approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
+holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class RunResult:
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
     cost_usd: float | None = None
     """Summed cost of the run's model calls; None when a model's price is unknown."""
+    next_due_at: float | None = None
+    """Unix time the next tool retry is due, while the run waits for one (status ``waiting_retry``)."""
+    model_seconds: float = 0.0
+    """Summed latency of the run's model calls."""
+    tool_seconds: float = 0.0
+    """Summed duration of the run's tool attempts."""
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
@@ -75,14 +82,22 @@ class RunResult:
             "tool_calls": self.tool_calls,
             "usage": self.usage.to_dict(),
             "pending_approvals": self.pending_approvals,
+            "next_due_at": self.next_due_at,
         }
+
+
+WAITING_RETRY = "waiting_retry"
+"""The status of a run executing tools whose next step is a retry due later (not a machine state:
+the run is in ``executing_tool``; a drive with ``max_wait`` parks it there)."""
 
 
 def result_of(state: RunState) -> RunResult:
     """Summarise a run state."""
+    due = state.next_due_at
+    status = STATUS_VALUES.get(state.status or "", state.status or "unknown")
     return RunResult(
         run_id=state.id,
-        status=STATUS_VALUES.get(state.status or "", state.status or "unknown"),
+        status=WAITING_RETRY if due is not None else status,
         output=state.output if state.status == "done" else None,
         result=state.result if state.has_final_result else None,
         error=state.error,
@@ -90,6 +105,9 @@ def result_of(state: RunState) -> RunResult:
         tool_calls=state.tool_calls,
         usage=state.usage,
         cost_usd=None if state.cost_unknown else round(state.cost_usd, 8),
+        next_due_at=due,
+        model_seconds=round(state.model_seconds, 6),
+        tool_seconds=round(state.tool_seconds, 6),
         pending_approvals=[
             {
                 "call_id": c.call_id,
@@ -131,6 +149,9 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     return {
         "tokens": float(earlier.get("tokens", 0)) + tokens,
         "cost_usd": float(earlier.get("cost_usd", 0.0)) + parent.cost_usd,
+        "model_calls": int(earlier.get("model_calls", 0)) + parent.steps,
+        "tool_calls": int(earlier.get("tool_calls", 0)) + parent.tool_calls,
+        "started_at": float(earlier.get("started_at", parent.created_at)),
     }
 
 
@@ -176,6 +197,8 @@ class _RunnerBase:
             **self.agent.spec,
             "model": self.agent.model_name,
             "max_steps": self.agent.limits.max_steps,
+            "max_tool_calls": self.agent.limits.max_tool_calls,
+            "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
             "machine_version": MACHINE_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
         }
@@ -311,6 +334,10 @@ class _RunnerBase:
             raise RunBusy(state.id, action.call_id, action.owner)
         return action
 
+    def _parks(self, wait: engine.WaitUntil, max_wait: float | None) -> bool:
+        """Whether a drive allowed to sleep ``max_wait`` seconds leaves this wait for later."""
+        return max_wait is not None and wait.due_at - self.clock() > max_wait
+
     def _model_step(self, state: RunState, response: ModelResponse | ModelError, started: float) -> None:
         if isinstance(response, ModelError):
             self._commit(state, engine.on_model_error(response))
@@ -335,30 +362,45 @@ class _RunnerBase:
 class Runner(_RunnerBase):
     """Drives runs synchronously."""
 
-    def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
-        """Start a run and drive it as far as it goes."""
-        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+    def run(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+    ) -> RunResult:
+        """Start a run and drive it as far as it goes (see :meth:`drive` for ``max_wait``)."""
+        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
-    def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
+    def drive(self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None) -> RunResult:
+        """Take steps until the run finishes or parks.
+
+        ``max_wait`` bounds how long the drive sleeps for a tool retry: a retry due later
+        parks the run (status ``waiting_retry``, ``next_due_at`` set, no thread held) for a
+        later drive; ``0`` never sleeps, None (the default) waits however long.
+        """
         state = self._state(run, tenant)
         self._retry_if_resumable(state)
         with leases.driving() as owner:
-            while self.step(state, owner=owner):
+            while self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    def step(self, state: RunState, *, owner: str) -> bool:
+    def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
 
         ``owner`` identifies the drive (see :func:`tether.leases.driving`); it is recorded
         with each tool start so other processes can tell a running call from a crashed one.
+        A retry due more than ``max_wait`` seconds from now is left for later (False).
         """
         action = self._next(state, owner)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
+            return False
         self._announce(state, action)
         if isinstance(action, engine.WaitUntil):
             time.sleep(max(0.0, action.due_at - self.clock()))
@@ -377,7 +419,7 @@ class Runner(_RunnerBase):
             began = time.perf_counter()
             outcome: str | BaseException
             try:
-                outcome = action.tool.execute(action.arguments, action.call.call_id)
+                outcome = action.tool.execute(action.arguments, action.call.call_id, run_id=state.id)
             except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
                 outcome = error
             self._tool_step(state, action, outcome, began)
@@ -394,26 +436,37 @@ class Runner(_RunnerBase):
 class AsyncRunner(_RunnerBase):
     """Drives runs inside an event loop; sync tools run in threads."""
 
-    async def run(self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None) -> RunResult:
-        """Start a run and drive it as far as it goes."""
-        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
+    async def run(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+    ) -> RunResult:
+        """Start a run and drive it as far as it goes (see :meth:`Runner.drive` for ``max_wait``)."""
+        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
-    async def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
+    async def drive(
+        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None
+    ) -> RunResult:
+        """Take steps until the run finishes or parks (see :meth:`Runner.drive`)."""
         state = self._state(run, tenant)
         self._retry_if_resumable(state)
         with leases.driving() as owner:
-            while await self.step(state, owner=owner):
+            while await self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    async def step(self, state: RunState, *, owner: str) -> bool:
+    async def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
         action = self._next(state, owner)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
+        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
+            return False
         self._announce(state, action)
         if isinstance(action, engine.WaitUntil):
             await asyncio.sleep(max(0.0, action.due_at - self.clock()))
@@ -432,7 +485,7 @@ class AsyncRunner(_RunnerBase):
             began = time.perf_counter()
             outcome: str | BaseException
             try:
-                outcome = await action.tool.aexecute(action.arguments, action.call.call_id)
+                outcome = await action.tool.aexecute(action.arguments, action.call.call_id, run_id=state.id)
             except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
                 outcome = error
             self._tool_step(state, action, outcome, began)

@@ -96,8 +96,12 @@ class RunState:
     """Summed cost of the model calls whose price was known."""
     cost_unknown: bool = False
     """Some call's model had no known price, so ``cost_usd`` is a lower bound."""
+    model_seconds: float = 0.0
+    """Summed latency of the model calls."""
+    tool_seconds: float = 0.0
+    """Summed duration of the tool attempts."""
     budget_warned: set[str] = field(default_factory=set)
-    """Budget limits already warned about (each is warned once)."""
+    """Limits already warned about (each is warned once; see :attr:`tether.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
     output: str | None = None
@@ -128,6 +132,20 @@ class RunState:
     def unfinished_calls(self) -> list[PendingCall]:
         """The batch's calls without a result, in call order."""
         return [c for c in self.batch if c.call_id not in self.outcomes]
+
+    @property
+    def next_due_at(self) -> float | None:
+        """When the retry the run waits for is due (None unless one is pending).
+
+        The first unfinished call's with a retry scheduled, in call order, as the engine picks it.
+        """
+        if self.status != "executingTool":
+            return None
+        for call in self.unfinished_calls():
+            due = self.retry_due.get(call.call_id)
+            if due is not None and call.call_id not in self.in_flight:
+                return due
+        return None
 
     def pending_approvals(self) -> list[PendingCall]:
         """Calls waiting for a person, in call order."""
@@ -165,6 +183,7 @@ def _run_started(state: RunState, data: dict[str, Any]) -> None:
 
 def _model_responded(state: RunState, data: dict[str, Any]) -> None:
     state.steps += 1
+    state.model_seconds += float(data.get("latency") or 0.0)
     state.usage = state.usage + Usage.from_dict(data.get("usage"))
     if data.get("cost_usd") is None:
         state.cost_unknown = True
@@ -201,6 +220,7 @@ def _tool_started(state: RunState, data: dict[str, Any]) -> None:
 
 def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
     call_id = data["call_id"]
+    state.tool_seconds += float(data.get("duration") or 0.0)
     state.outcomes[call_id] = ToolOutcome(data["content"], bool(data.get("is_error")))
     if state.in_flight.pop(call_id, None) is not None:
         state.tool_calls += 1
@@ -210,12 +230,14 @@ def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
 
 
 def _retry_scheduled(state: RunState, data: dict[str, Any]) -> None:
+    state.tool_seconds += float(data.get("duration") or 0.0)
     state.in_flight.pop(data["call_id"], None)
     state.tool_calls += 1
     state.retry_due[data["call_id"]] = float(data["due_at"])
 
 
 def _approval_requested(state: RunState, data: dict[str, Any]) -> None:
+    state.tool_seconds += float(data.get("duration") or 0.0)  # an escalation's failed attempt
     state.awaiting = [item["call_id"] for item in data["calls"]]
     for call_id in state.awaiting:
         state.decisions.pop(call_id, None)  # a call asked about again needs a new decision
@@ -254,6 +276,8 @@ def _transition(state: RunState, data: dict[str, Any]) -> None:
 def _warning(state: RunState, data: dict[str, Any]) -> None:
     if data.get("budget"):
         state.budget_warned.add(str(data["budget"]))
+    if data.get("limit"):  # a hard cap of Limits (see tether.budgets.Reading.key)
+        state.budget_warned.add(f"limits.{data['limit']}")
 
 
 def _budget_exhausted(state: RunState, data: dict[str, Any]) -> None:

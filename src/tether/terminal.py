@@ -125,6 +125,8 @@ class LiveView:
         self.enabled = console.is_terminal and not console.is_dumb_terminal
         self._live: Live | None = None
         self._activity: _Activity | None = None
+        self._prefix = ""
+        """The spinner's state and step, kept for a model retry wait announced mid-call."""
 
     @property
     def active(self) -> bool:
@@ -135,6 +137,7 @@ class LiveView:
         """Show (or update) the spinner for work that is about to start."""
         if not self.enabled:
             return
+        self._prefix = activity_prefix(state, action)
         activity = self._activity = _Activity(Spinner("dots", Text(describe_activity(state, action)), style="cyan"))
         if self._live is None:
             self._live = Live(activity, console=self.console, transient=True, refresh_per_second=12.5)
@@ -149,6 +152,15 @@ class LiveView:
             activity.text = (activity.text + text)[-STREAM_TAIL_CHARS:]
             live.refresh()
 
+    def waiting_for_model(self, seconds: float, retry: int) -> bool:
+        """Say the model API asked to wait before retry number ``retry``; False if not shown."""
+        live, activity = self._live, self._activity
+        if not self.enabled or live is None or activity is None:
+            return False
+        activity.spinner.update(text=Text(f"{self._prefix} · API asked to wait {seconds:.0f}s (retry {retry})…"))
+        live.refresh()
+        return True
+
     def __call__(self, state: RunState, event: Event) -> None:
         """A commit ends the activity; a tool's recorded start is part of it."""
         if event.type not in (ev.TOOL_STARTED, ev.CACHE_MISS):  # a miss is written with the start
@@ -161,11 +173,15 @@ class LiveView:
             live.stop()
 
 
+def activity_prefix(state: RunState, action: Activity) -> str:
+    """The run's state and step number while ``action`` is under way."""
+    step = state.steps + 1 if isinstance(action, engine.CallModel) else state.steps  # a model call is the step
+    return f"{state.status} · step {step}"
+
+
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
     """One line: the run's state, its step count and the work under way."""
-    step = state.steps
     if isinstance(action, engine.CallModel):
-        step += 1  # this call is the step
         doing = "calling the model"
     elif isinstance(action, engine.RunTool):
         attempt = f" (attempt {action.attempt})" if action.attempt > 1 else ""
@@ -173,7 +189,7 @@ def describe_activity(state: RunState, action: Activity, *, now: float | None = 
     else:
         wait = max(0.0, action.due_at - (time.time() if now is None else now))
         doing = f"waiting {wait:.0f}s to retry"
-    return f"{state.status} · step {step} · {doing}…"
+    return f"{activity_prefix(state, action)} · {doing}…"
 
 
 class TerminalApprover:
@@ -273,7 +289,9 @@ class TerminalApprover:
 
 def render_result(console: Console, result: RunResult) -> None:
     """The end of a drive: status, answer or error, pending calls, usage."""
-    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow"}.get(result.status, "white")
+    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow", "waiting_retry": "yellow"}.get(
+        result.status, "white"
+    )
     lines: list[Any] = [Text.assemble(("status: ", "bold"), (result.status, style))]
     if result.output:
         lines.append(Text(result.output))
@@ -281,6 +299,9 @@ def render_result(console: Console, result: RunResult) -> None:
         lines.append(_json(result.result))
     if result.error:
         lines.append(Text(f"error: {result.error}", style="red"))
+    if result.next_due_at is not None:
+        due = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
+        lines.append(Text(f"next tool retry due at {due}", style="yellow"))
     for pending in result.pending_approvals:
         lines.append(
             Text(f"pending: {pending['call_id']} {pending['tool']} {json.dumps(pending['input'])}", style="yellow")
@@ -291,7 +312,8 @@ def render_result(console: Console, result: RunResult) -> None:
             f"{result.steps} model call(s), {result.tool_calls} tool call(s); tokens in {usage.input_tokens}, "
             f"out {usage.output_tokens}, cache write {usage.cache_creation_input_tokens}, "
             f"cache read {usage.cache_read_input_tokens}; "
-            + (f"cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "cost unknown (model not priced)"),
+            + (f"cost ${result.cost_usd:.4f}" if result.cost_usd is not None else "cost unknown (model not priced)")
+            + f"; model {result.model_seconds:.2f}s, tools {result.tool_seconds:.2f}s",
             style="dim",
         )
     )
@@ -304,16 +326,41 @@ def _json(value: Any) -> Syntax:
     return Syntax(json.dumps(value, indent=2, ensure_ascii=False), "json", theme="ansi_dark", word_wrap=True)
 
 
+_MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
+"""Event fields not repeated in the detail column: too long, or shown in their own columns."""
+
+
 def render_events(console: Console, events: Sequence[Event]) -> None:
-    """The event log as a table."""
-    table = Table("seq", "type", "detail", show_lines=False)
+    """The event log as a table, with each step's tokens, cost, model latency and tool time."""
+    table = Table("seq", "type", show_lines=False)
+    for header in ("tokens in/out/cache w/r", "cost $", "model s", "tool s"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("detail")
     for event in events:
-        detail = {k: v for k, v in event.data.items() if k not in ("content", "messages", "spec", "full_content")}
-        if "content" in event.data and event.type == ev.TOOL_FINISHED:
-            detail["content"] = _preview(str(event.data["content"]), 80)
-        detail_text = _preview(json.dumps(detail, ensure_ascii=False, default=str), 120)
-        table.add_row(str(event.seq), Text(event.type), Text(detail_text))  # Text: never read as markup
+        data = event.data
+        detail = {k: v for k, v in data.items() if k not in _MEASURES}
+        if "content" in data and event.type == ev.TOOL_FINISHED:
+            detail["content"] = _preview(str(data["content"]), 80)
+        tokens = ""
+        if event.type == ev.MODEL_RESPONDED:
+            usage = data.get("usage") or {}
+            kinds = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            tokens = "/".join(str(usage.get(kind) or 0) for kind in kinds)
+        cost = data.get("cost_usd")
+        table.add_row(
+            str(event.seq),
+            Text(event.type),
+            tokens,
+            f"{cost:.6f}" if isinstance(cost, int | float) else ("?" if event.type == ev.MODEL_RESPONDED else ""),
+            _seconds(data.get("latency")),
+            _seconds(data.get("duration")),
+            Text(_preview(json.dumps(detail, ensure_ascii=False, default=str), 160)),  # Text: never read as markup
+        )
     console.print(table)
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else ""
 
 
 def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None:

@@ -8,19 +8,20 @@ model never executes anything: the engine calls :meth:`Tool.execute` itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import inspect
 import json
 import re
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 import pydantic
 
+from tether import attempts
+from tether.attempts import ToolTimeout as ToolTimeout  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.errors import ToolDefinitionError
 from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
 
@@ -31,10 +32,6 @@ CALL_ID_PARAMETER = "tool_use_id"
 
 class RetryLater(Exception):
     """Raised by a tool to ask for another attempt; the message is kept for the model."""
-
-
-class ToolTimeout(TimeoutError):
-    """The tool did not finish within its timeout."""
 
 
 class ModelRetry(Exception):
@@ -77,6 +74,9 @@ class Tool:
     """Safe to run again after a crash left its outcome unknown."""
     wants_call_id: bool = False
     """Whether the function takes ``tool_use_id``."""
+    cancel_parameter: str | None = None
+    """The parameter annotated ``threading.Event``, if any: it receives the attempt's cancel
+    signal, set when the attempt times out (a long-running tool may check it and stop)."""
     tags: frozenset[str] = frozenset()
     """Free-form labels (``mutates``, ``network``...) that policy rules match on."""
     cache_ttl: float | None = None
@@ -113,93 +113,40 @@ class Tool:
         """Validate the model's arguments; raises :class:`pydantic.ValidationError`."""
         return self.input_model.model_validate(arguments)
 
-    def _kwargs(self, validated: pydantic.BaseModel, call_id: str) -> dict[str, Any]:
+    def _kwargs(self, validated: pydantic.BaseModel, call_id: str, cancel: threading.Event) -> dict[str, Any]:
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
         if self.wants_call_id:
             kwargs[CALL_ID_PARAMETER] = call_id
+        if self.cancel_parameter is not None:
+            kwargs[self.cancel_parameter] = cancel
         return kwargs
 
-    def execute(self, validated: pydantic.BaseModel, call_id: str) -> str:
+    def execute(self, validated: pydantic.BaseModel, call_id: str, *, run_id: str | None = None) -> str:
         """Run one attempt synchronously and serialise the result.
 
         Raises whatever the tool raises, :class:`ToolTimeout` past the timeout, or
-        :class:`UnserializableResult`.
+        :class:`UnserializableResult`. With ``run_id``, an attempt of a call whose earlier
+        attempt is still running waits for it instead of overlapping (see :mod:`tether.attempts`).
         """
-        kwargs = self._kwargs(validated, call_id)
+        cancel = threading.Event()
+        kwargs = self._kwargs(validated, call_id, cancel)
         if self.is_async:
-            coroutine = self.function(**kwargs)
-            value = asyncio.run(_with_timeout(coroutine, self.timeout))
+            value = asyncio.run(attempts.run_async(self.function(**kwargs), self.timeout, cancel=cancel))
         else:
-            value = _run_in_thread(self.function, kwargs, self.timeout)
+            key = None if run_id is None else (run_id, call_id)
+            value = attempts.run_sync(self.function, kwargs, self.timeout, cancel=cancel, key=key)
         return serialize_result(value)
 
-    async def aexecute(self, validated: pydantic.BaseModel, call_id: str) -> str:
-        """Run one attempt inside an event loop and serialise the result."""
-        kwargs = self._kwargs(validated, call_id)
+    async def aexecute(self, validated: pydantic.BaseModel, call_id: str, *, run_id: str | None = None) -> str:
+        """Run one attempt inside an event loop (sync tools in a thread) and serialise the result."""
+        cancel = threading.Event()
+        kwargs = self._kwargs(validated, call_id, cancel)
         if self.is_async:
-            value = await _with_timeout(self.function(**kwargs), self.timeout)
+            value = await attempts.run_async(self.function(**kwargs), self.timeout, cancel=cancel)
         else:
-            value = await _run_in_thread_async(self.function, kwargs, self.timeout)
+            key = None if run_id is None else (run_id, call_id)
+            value = await attempts.run_sync_in_loop(self.function, kwargs, self.timeout, cancel=cancel, key=key)
         return serialize_result(value)
-
-
-async def _with_timeout(awaitable: Awaitable[Any], timeout: float | None) -> Any:
-    try:
-        return await asyncio.wait_for(awaitable, timeout)
-    except TimeoutError:
-        raise ToolTimeout(f"timed out after {timeout:g}s") from None
-
-
-def _run_in_thread(function: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
-    """Run a sync tool, abandoning it past ``timeout``.
-
-    A daemon thread is used because Python cannot kill a thread: a hung tool is left
-    behind (it cannot block interpreter exit) and the run moves on.
-    """
-    if timeout is None:
-        return function(**kwargs)
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = function(**kwargs)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = error
-
-    worker = threading.Thread(target=target, name="tether-tool", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise ToolTimeout(f"timed out after {timeout:g}s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
-
-
-async def _run_in_thread_async(function: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any = None, error: BaseException | None = None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
-
-    def target() -> None:
-        value: Any = None
-        failure: BaseException | None = None
-        try:
-            value = function(**kwargs)
-        except BaseException as error:  # noqa: BLE001 - handed to the event loop
-            failure = error
-        with contextlib.suppress(RuntimeError):  # the loop closed: the caller gave up on this call
-            loop.call_soon_threadsafe(settle, value, failure)
-
-    threading.Thread(target=target, name="tether-tool", daemon=True).start()
-    return await _with_timeout(asyncio.shield(future), timeout)
 
 
 def serialize_result(value: Any) -> str:
@@ -216,7 +163,7 @@ def serialize_result(value: Any) -> str:
         ) from None
 
 
-def _input_model(function: Callable[..., Any], name: str) -> tuple[type[pydantic.BaseModel], bool]:
+def _input_model(function: Callable[..., Any], name: str) -> tuple[type[pydantic.BaseModel], bool, str | None]:
     signature = inspect.signature(function)
     try:
         hints = inspect.get_annotations(function, eval_str=True)
@@ -224,9 +171,13 @@ def _input_model(function: Callable[..., Any], name: str) -> tuple[type[pydantic
         raise ToolDefinitionError(f"tool {name!r}: cannot read type hints: {error}", tool=name) from error
     fields: dict[str, Any] = {}
     wants_call_id = False
+    cancel_parameter: str | None = None
     for parameter in signature.parameters.values():
         if parameter.name == CALL_ID_PARAMETER:
             wants_call_id = True
+            continue
+        if hints.get(parameter.name) is threading.Event:
+            cancel_parameter = parameter.name  # the attempt's cancel signal, not a model argument
             continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise ToolDefinitionError(f"tool {name!r}: *args/**kwargs cannot be described", tool=name)
@@ -248,7 +199,7 @@ def _input_model(function: Callable[..., Any], name: str) -> tuple[type[pydantic
         )
     except (TypeError, ValueError, pydantic.PydanticUserError) as error:
         raise ToolDefinitionError(f"tool {name!r}: cannot build an input schema: {error}", tool=name) from error
-    return model, wants_call_id
+    return model, wants_call_id, cancel_parameter
 
 
 def _description(function: Callable[..., Any]) -> str:
@@ -280,7 +231,7 @@ def make_tool(
     labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
     if not all(isinstance(tag, str) and tag for tag in labels):
         raise ToolDefinitionError(f"tool {tool_name!r}: tags must be non-empty strings", tool=tool_name)
-    model, wants_call_id = _input_model(function, tool_name)
+    model, wants_call_id, cancel_parameter = _input_model(function, tool_name)
     return Tool(
         name=tool_name,
         description=description or _description(function),
@@ -292,6 +243,7 @@ def make_tool(
         final=final,
         idempotent=idempotent,
         wants_call_id=wants_call_id,
+        cancel_parameter=cancel_parameter,
         tags=labels,
         cache_ttl=cache_ttl,
     )
@@ -333,7 +285,9 @@ def tool(
     """Turn a function into a tool: ``@tool`` or ``@tool(approval=True, ...)``.
 
     The input schema comes from the type hints, the description from the docstring. A
-    parameter named ``tool_use_id`` receives the call's id, for idempotency keys.
+    parameter named ``tool_use_id`` receives the call's id, for idempotency keys; one
+    annotated ``threading.Event`` receives the attempt's cancel signal, set at its
+    ``timeout`` (seconds one attempt may take).
     """
 
     def decorate(fn: Callable[..., Any]) -> Tool:

@@ -84,6 +84,9 @@ class ModelResponse:
     id: str | None = None
     stop_details: dict[str, Any] | None = None
     """Extra detail the API gives with some stop reasons (e.g. a refusal's category)."""
+    retry_waits: tuple[float, ...] = ()
+    """Seconds the adapter waited before each retry it made to get this answer (rate limits,
+    overload); recorded on the ``model_responded`` event."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelResponse:

@@ -10,6 +10,8 @@ connection) is not retried by the SDK and reaches tether as the same kind of err
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -30,8 +32,21 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_RETRY_WAIT = 60.0
 """Cap on one SDK retry wait: the SDK honours any Retry-After the API sends, without bound."""
 
-RetryWaitListener = Callable[[float], None]
-"""Told how long the SDK is about to wait before retrying (for a live view)."""
+RetryWaitListener = Callable[[float, int], None]
+"""Told how long the SDK is about to wait before a retry, and which retry (1 = the first),
+for a live view."""
+_call_waits: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("tether_call_waits", default=None)
+"""The waits of the call under way in this thread or task (see :func:`_collecting_waits`)."""
+
+
+@contextmanager
+def _collecting_waits() -> Iterator[list[float]]:
+    waits: list[float] = []
+    token = _call_waits.set(waits)
+    try:
+        yield waits
+    finally:
+        _call_waits.reset(token)
 
 
 class _CappedRetries:
@@ -44,10 +59,15 @@ class _CappedRetries:
     max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT
     on_retry_wait: RetryWaitListener | None = None
 
-    def _calculate_retry_timeout(self, *args: Any, **kwargs: Any) -> float:
-        wait = min(float(super()._calculate_retry_timeout(*args, **kwargs)), self.max_retry_wait)  # type: ignore[misc]
+    def _calculate_retry_timeout(self, remaining_retries: int, options: Any, *args: Any, **kwargs: Any) -> float:
+        computed = super()._calculate_retry_timeout(remaining_retries, options, *args, **kwargs)  # type: ignore[misc]
+        wait = min(float(computed), self.max_retry_wait)
+        retry = options.get_max_retries(self.max_retries) - remaining_retries + 1  # type: ignore[attr-defined]
+        waits = _call_waits.get()
+        if waits is not None:
+            waits.append(round(wait, 3))
         if self.on_retry_wait is not None:
-            self.on_retry_wait(wait)
+            self.on_retry_wait(wait, retry)
         return wait
 
 
@@ -116,34 +136,34 @@ class AnthropicModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
-        with _translated_errors():
+        with _translated_errors() as waits:
             message = self._sync_client().messages.create(**self._params(request))
-        return _response(message)
+        return _response(message, waits)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
-        with _translated_errors():
+        with _translated_errors() as waits:
             message = await self._loop_client().messages.create(**self._params(request))
-        return _response(message)
+        return _response(message, waits)
 
     def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Make the same call streamed, telling ``on_text`` each text delta; returns what :meth:`complete` would."""
         relay = _TextRelay(on_text)
-        with _translated_errors(), self._sync_client().messages.stream(**self._params(request)) as events:
+        with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
             for event in events:
                 relay.see(event)
             message = relay.finished(events.get_final_message())
-        return _response(message)
+        return _response(message, waits)
 
     async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Async twin of :meth:`stream`."""
         relay = _TextRelay(on_text)
-        with _translated_errors():
+        with _translated_errors() as waits:
             async with self._loop_client().messages.stream(**self._params(request)) as events:
                 async for event in events:
                     relay.see(event)
                 message = relay.finished(await events.get_final_message())
-        return _response(message)
+        return _response(message, waits)
 
     def _sync_client(self) -> anthropic.Anthropic:
         if self._client is None:
@@ -195,18 +215,24 @@ class _TextRelay:
 
 
 @contextmanager
-def _translated_errors() -> Iterator[None]:
-    """Turn what the SDK (and, mid-stream, its HTTP client) raises into :class:`ModelError`."""
-    try:
-        yield
-    except anthropic.AnthropicError as error:
-        raise translate_error(error) from error
-    except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
-        raise ModelError(f"the connection to the Anthropic API broke mid-stream: {error}", retryable=True) from error
-    except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
-        raise ModelError(f"the response stream could not be read: {error}", retryable=True) from error
-    except TypeError as error:  # the SDK's way of saying no credentials were found
-        raise _credentials_error(error) from error
+def _translated_errors() -> Iterator[list[float]]:
+    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`.
+
+    Mid-stream, the SDK's HTTP client raises its own errors past the SDK's wrapping: those too.
+    """
+    with _collecting_waits() as waits:
+        try:
+            yield waits
+        except anthropic.AnthropicError as error:
+            raise translate_error(error, waits) from error
+        except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
+            message = f"the connection to the Anthropic API broke mid-stream: {error}"
+            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
+        except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
+            message = f"the response stream could not be read: {error}"
+            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
+        except TypeError as error:  # the SDK's way of saying no credentials were found
+            raise _credentials_error(error) from error
 
 
 def _credentials_error(error: TypeError) -> ModelError:
@@ -215,12 +241,12 @@ def _credentials_error(error: TypeError) -> ModelError:
     return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})")
 
 
-def _response(message: Any) -> ModelResponse:
+def _response(message: Any, waits: list[float]) -> ModelResponse:
     data = message.model_dump(mode="json", exclude_none=False)
     # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
     # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
     data["content"] = [{k: v for k, v in block.items() if v is not None} for block in data.get("content") or []]
-    return ModelResponse.from_dict(data)
+    return dataclasses.replace(ModelResponse.from_dict(data), retry_waits=tuple(waits))
 
 
 STREAM_ERROR_STATUS = {
@@ -238,19 +264,25 @@ STREAM_ERROR_STATUS = {
 """The HTTP status each error ``type`` has outside a stream (an ``error`` event comes after a 200)."""
 
 
-def translate_error(error: anthropic.AnthropicError) -> ModelError:
-    """Turn an SDK error into a :class:`ModelError` that says what happened."""
+def translate_error(error: anthropic.AnthropicError, waits: list[float] | None = None) -> ModelError:
+    """Turn an SDK error into a :class:`ModelError` that says what happened (and how long it waited)."""
+    retry_waits = tuple(waits or ())
     if isinstance(error, anthropic.APIStatusError) and error.status_code < 300:
-        return _stream_error(error)
+        return _stream_error(error, retry_waits)
     if isinstance(error, anthropic.APIStatusError):
         message = _api_message(error)
         status = error.status_code
         if status == 400 and "prompt is too long" in message.lower():
-            return ModelError(f"context window exceeded: {message}", status=status)
-        return ModelError(f"Anthropic API error {status}: {message}", status=status, retryable=_transient(status))
+            return ModelError(f"context window exceeded: {message}", status=status, retry_waits=retry_waits)
+        return ModelError(
+            f"Anthropic API error {status}: {message}",
+            status=status,
+            retryable=_transient(status),
+            retry_waits=retry_waits,
+        )
     if isinstance(error, anthropic.APIConnectionError):
-        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True)
-    return ModelError(f"Anthropic client error: {error}")
+        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True, retry_waits=retry_waits)
+    return ModelError(f"Anthropic client error: {error}", retry_waits=retry_waits)
 
 
 def _api_message(error: anthropic.APIStatusError) -> str:
@@ -262,13 +294,13 @@ def _api_message(error: anthropic.APIStatusError) -> str:
     return str(error.message)
 
 
-def _stream_error(error: anthropic.APIStatusError) -> ModelError:
+def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...]) -> ModelError:
     """An ``error`` event in a stream that had started (HTTP 200): judged as its HTTP twin."""
     kind = error.type or "unknown error"
     status = STREAM_ERROR_STATUS.get(kind)
     retryable = status is not None and _transient(status)
     message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
-    return ModelError(message, status=status, retryable=retryable)
+    return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)
 
 
 def _transient(status: int) -> bool:

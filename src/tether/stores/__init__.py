@@ -58,6 +58,14 @@ class Store(Protocol):
         """Newest runs first, optionally filtered."""
         ...
 
+    def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs waiting for a tool retry due at or before Unix time ``now``, earliest due first.
+
+        The due time is the row's ``summary["next_due_at"]``; these are the runs a worker or a
+        cron job resumes.
+        """
+        ...
+
     def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
         """Delete finished runs (and their events) last updated before a Unix time; return how many.
 
@@ -77,12 +85,20 @@ class Store(Protocol):
         """
         ...
 
+    def cache_purge(self, now: float) -> int:
+        """Delete the cache entries expired at Unix time ``now``; return how many."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
 
 
 FINAL_STATUSES = frozenset({"done", "failed", "cancelled"})
+WAITING_STATUS = "executingTool"
+"""The only state in which a run waits for a retry (see :meth:`Store.list_due`)."""
+DUE_KEY = "next_due_at"
+"""The summary key holding a parked run's retry due time."""
 
 
 def check_deletable(statuses: Collection[str]) -> None:
@@ -104,4 +120,4 @@ def open_store(url: str | None) -> Store:
     return SQLStore(url or "sqlite:///tether.db")
 
 
-__all__ = ["FINAL_STATUSES", "RunRecord", "Store", "check_deletable", "open_store"]
+__all__ = ["DUE_KEY", "FINAL_STATUSES", "WAITING_STATUS", "RunRecord", "Store", "check_deletable", "open_store"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, check_deletable
+from tether.stores import DUE_KEY, WAITING_STATUS, RunRecord, check_deletable
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,14 @@ class MemoryStore:
         """Store (or replace) a cached tool result."""
         with self._lock:
             self._cache[key] = (value, expires_at)
+
+    def cache_purge(self, now: float) -> int:
+        """Delete expired cache entries."""
+        with self._lock:
+            expired = [key for key, (_, expires_at) in self._cache.items() if expires_at <= now]
+            for key in expired:
+                del self._cache[key]
+        return len(expired)
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run."""
@@ -150,6 +158,22 @@ class MemoryStore:
                 del self._rows[run_id]
                 del self._events[run_id]
         return len(doomed)
+
+    def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs whose retry is due at ``now``, earliest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        with self._lock:
+            rows = [r.load() for r in self._rows.values() if r.record.status == WAITING_STATUS]
+        due = [
+            r
+            for r in rows
+            if isinstance(r.summary.get(DUE_KEY), int | float)
+            and r.summary[DUE_KEY] <= now
+            and (tenant is None or r.tenant == tenant)
+        ]
+        due.sort(key=lambda r: (r.summary[DUE_KEY], r.id))
+        return due[:limit]
 
     def list_runs(
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100

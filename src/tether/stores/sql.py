@@ -21,7 +21,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, check_deletable
+from tether.stores import DUE_KEY, WAITING_STATUS, RunRecord, check_deletable
 
 SCHEMA_VERSION = 1
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
@@ -291,6 +291,22 @@ class SQLStore:
             rows = connection.execute(query).mappings().all()
         return [_record(r) for r in rows]
 
+    def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        due_at = _RUN.c.summary[DUE_KEY].as_float()
+        query = (
+            sa.select(_RUN)
+            .where(_RUN.c.status == WAITING_STATUS, due_at <= now)
+            .order_by(due_at, _RUN.c.id)
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(_RUN.c.tenant == tenant)
+        with self._transaction() as connection:
+            rows = connection.execute(query).mappings().all()
+        return [_record(r) for r in rows]
 
     def cache_get(self, key: str, now: float) -> str | None:
         """The cached value, if present and not expired at ``now``."""
@@ -308,6 +324,12 @@ class SQLStore:
                 connection.execute(sa.insert(_CACHE).values(**row))
         except sa.exc.IntegrityError:
             pass  # another process cached the same call at the same moment: its value is as good
+
+    def cache_purge(self, now: float) -> int:
+        """Delete expired cache entries (the ``expires_at`` index finds them)."""
+        with self._transaction() as connection:
+            deleted = connection.execute(sa.delete(_CACHE).where(_CACHE.c.expires_at <= now))
+        return int(deleted.rowcount)
 
     def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
         """Delete finished runs last updated before ``finished_before``, with their events."""
