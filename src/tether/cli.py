@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from tether.agent import Agent
-from tether.approvals import Approve, Approver, AutoApprover, Deny
+from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
 from tether.machine import STATUS_VALUES
@@ -126,7 +126,7 @@ class _Session:
         self.store: Store = open_store(self.db_url)
         self.live: LiveView | None = None
 
-    def approver(self, args: argparse.Namespace, agent: Agent) -> Approver | None:
+    def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
         if getattr(args, "approve_all", False):
             return AutoApprover(approve=True)
         if getattr(args, "deny_all", False):
@@ -135,7 +135,7 @@ class _Session:
             from tether.terminal import TerminalApprover
 
             return TerminalApprover(self.out, agent, actor=os.environ.get("USER") or "terminal")
-        return None
+        return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = []

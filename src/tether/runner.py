@@ -127,6 +127,15 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
 
 
 class _RunnerBase:
+    """What both drivers share.
+
+    ``approver`` answers gated calls during a drive. ``None`` means nobody will be asked:
+    a gated call still parks the run (a later ``decide`` can free it), but a call a crash
+    left in doubt reaches the model as interrupted and not re-run. Pass
+    :class:`~tether.approvals.DecideLater` when a person decides later (a service, the CLI's
+    ``tether approve``): then calls in doubt park for them too.
+    """
+
     def __init__(
         self,
         agent: Agent,
@@ -293,7 +302,7 @@ class _RunnerBase:
     ) -> engine.CallModel | engine.RunTool | engine.WaitUntil | engine.Commit | engine.Stop:
         now = self.clock()
         abandoned = {cid for cid, lease in state.in_flight.items() if not leases.alive(lease, now, me=owner)}
-        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned)
+        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned, can_ask=self.approver is not None)
         if isinstance(action, engine.Busy):
             raise RunBusy(state.id, action.call_id, action.owner)
         return action
