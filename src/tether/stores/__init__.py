@@ -14,6 +14,10 @@ from typing import Any, Protocol
 
 from tether.events import Event
 
+SCHEMA_VERSION = 1
+"""The layout tether stores runs in (tables, row and event data). A SQL database records the
+version it was migrated to; each run's spec records the one it was written under."""
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -104,4 +108,4 @@ def open_store(url: str | None) -> Store:
     return SQLStore(url or "sqlite:///tether.db")
 
 
-__all__ = ["FINAL_STATUSES", "RunRecord", "Store", "check_deletable", "open_store"]
+__all__ = ["FINAL_STATUSES", "SCHEMA_VERSION", "RunRecord", "Store", "check_deletable", "open_store"]

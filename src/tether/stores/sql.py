@@ -21,9 +21,8 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, check_deletable
+from tether.stores import SCHEMA_VERSION, RunRecord, check_deletable
 
-SCHEMA_VERSION = 1
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
