@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, Tet
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec
 from tether.machine import STATUS_VALUES
 from tether.runner import EventListener, Runner, RunResult, result_of
-from tether.stores import Store, open_store
+from tether.stores import Store, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -177,7 +178,10 @@ class _Session:
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _db_hint(self) -> str:
-        return "" if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ else f" --db {self.db_url}"
+        """`` --db URL`` for a follow-up command, unless it is the default; never with the password."""
+        if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ:
+            return ""
+        return f" --db {shlex.quote(shown_url(self.db_url))}"
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
@@ -317,7 +321,8 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
     agent = agent_from_spec(spec)
     if not session.json:
         model = "Claude (" + agent.model_name + ")" if agent.model_name != DEMO_MODEL else "the offline scripted model"
-        session.out.print(f"[bold]tether demo[/]: workspace {demo.workspace()}, database {session.db_url}, {model}")
+        database = shown_url(session.db_url)
+        session.out.print(f"[bold]tether demo[/]: workspace {demo.workspace()}, database {database}, {model}")
         session.out.print(f"[bold]prompt[/]: {demo.PROMPT}")
     runner = session.runner(args, agent)
     return session.finish(runner.run(demo.PROMPT))

@@ -97,6 +97,15 @@ def check_deletable(statuses: Collection[str]) -> None:
         raise ValueError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
 
 
+def shown_url(url: str) -> str:
+    """``url`` with any password masked (``***``): the only form in which a URL is printed."""
+    if url == "memory://":
+        return url
+    from tether.stores.sql import redact_url  # SQLAlchemy parses it, loaded only when needed
+
+    return redact_url(url)
+
+
 def open_store(url: str | None) -> Store:
     """A store for a URL: ``memory://`` or any SQLAlchemy URL (SQLite, PostgreSQL)."""
     if url == "memory://":
@@ -108,4 +117,4 @@ def open_store(url: str | None) -> Store:
     return SQLStore(url or "sqlite:///tether.db")
 
 
-__all__ = ["FINAL_STATUSES", "SCHEMA_VERSION", "RunRecord", "Store", "check_deletable", "open_store"]
+__all__ = ["FINAL_STATUSES", "SCHEMA_VERSION", "RunRecord", "Store", "check_deletable", "open_store", "shown_url"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -112,6 +113,17 @@ def _dump_json(value: Any) -> str:
         raise StoreError(f"cannot store content that is not JSON: {error}") from error
 
 
+_PASSWORD_IN_URL = re.compile(r"(://[^/?#@:]*:)[^/?#@]*@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown (messages, hints): its password, if any, replaced by ``***``."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:  # not a URL SQLAlchemy reads: still hide what looks like user:password@
+        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+
+
 def _check_sqlite_path(url: sa.engine.URL) -> None:
     """A missing directory is a configuration mistake: say so now, not at the first write."""
     database = url.database
@@ -145,7 +157,7 @@ class SQLStore:
         try:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError as error:
-            raise ConfigError(f"invalid database URL {url!r}: {error}") from error
+            raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
         options: dict[str, Any] = {"json_serializer": _dump_json}
         if self._sqlite:
@@ -196,7 +208,7 @@ class SQLStore:
         return f"{doing} ({self._where()}): {text}"
 
     def _where(self) -> str:
-        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+        return redact_url(self.url)
 
     def _ensure_schema(self) -> None:
         if self._ready:
