@@ -308,6 +308,23 @@ def test_delete_runs_filters_by_status_and_tenant(store: Store) -> None:
     assert {r.id for r in store.list_runs()} == {"b_done", "a_failed"}
 
 
+def test_delete_runs_keeps_transient_failures_unless_asked(store: Store) -> None:
+    for run_id, status, summary in [
+        ("failed_for_good", "failed", {"retryable": False}),
+        ("failed_transiently", "failed", {"retryable": True}),
+        ("failed_long_ago", "failed", {}),  # a row written before runs said: not retryable
+        ("done", "done", {"retryable": False}),
+    ]:
+        store.create_run(record(run_id, status=status, summary=summary, updated_at=1.0), events(0, 1))
+    finished = {"done", "failed", "cancelled"}
+
+    assert store.delete_runs(finished_before=2.0, statuses=finished) == 3
+    assert [r.id for r in store.list_runs()] == ["failed_transiently"]
+    assert len(store.load_events("failed_transiently")) == 2
+    assert store.delete_runs(finished_before=2.0, statuses=finished, include_retryable=True) == 1
+    assert store.list_runs() == []
+
+
 @pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])
 def test_delete_runs_refuses_unfinished_statuses(store: Store, statuses: set[str]) -> None:
     store.create_run(record("parked", status="awaitingApproval", updated_at=1.0), events(0))

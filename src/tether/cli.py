@@ -401,11 +401,20 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         choices=["done", "failed", "cancelled"],
         help="only runs with this status (repeatable; default: all three)",
     )
+    gc.add_argument(
+        "--include-retryable",
+        action="store_true",
+        help="also delete runs that failed transiently (by default kept: `tether resume` may still finish them)",
+    )
     gc.add_argument("--json", action="store_true")
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Parked and in-progress runs are never touched: only final statuses can be chosen."""
+    """Delete old finished runs; never parked or running ones, nor resumable transient failures.
+
+    Only final statuses can be chosen; a run that failed transiently is kept unless
+    ``--include-retryable`` says otherwise.
+    """
     from tether.audit import parse_since
 
     try:
@@ -413,12 +422,15 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     except ConfigError as error:
         raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
     statuses = set(args.status or ["done", "failed", "cancelled"])
-    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses)
+    retryable = args.include_retryable
+    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses, include_retryable=retryable)
     if session.json:
-        print(json.dumps({"deleted": deleted, "before": cutoff, "statuses": sorted(statuses)}))
+        report = {"deleted": deleted, "before": cutoff, "statuses": sorted(statuses), "include_retryable": retryable}
+        print(json.dumps(report))
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
-        kinds = ", ".join(sorted(statuses))
+        kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
+        kinds = ", ".join(sorted(statuses)) + kept
         session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
     return EXIT_DONE
 

@@ -102,6 +102,7 @@ def record_of(state: RunState) -> RunRecord:
     summary.pop("run_id")
     summary.pop("status")
     summary["cost_usd"] = result.cost_usd
+    summary["retryable"] = state.status == "failed" and state.can_retry  # kept by `tether gc`
     return RunRecord(
         id=state.id,
         status=state.status or "thinking",

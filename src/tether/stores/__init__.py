@@ -29,7 +29,8 @@ class RunRecord:
     tenant: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
-    """Counters and outcome: steps, tool_calls, usage, output, result, error, pending."""
+    """Counters and outcome: steps, tool_calls, usage, output, result, error, pending, and
+    ``retryable`` (a failed run that resuming may retry, which ``delete_runs`` keeps)."""
     created_at: float = 0.0
     updated_at: float = 0.0
 
@@ -62,11 +63,21 @@ class Store(Protocol):
         """Newest runs first, optionally filtered."""
         ...
 
-    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+    ) -> int:
         """Delete finished runs (and their events) last updated before a Unix time; return how many.
 
         Only final statuses may be given (see :func:`check_deletable`): a parked or running
-        run is never deleted.
+        run is never deleted, nor, unless ``include_retryable``, a run that failed
+        transiently (``summary["retryable"]``): resuming it may still finish it. The
+        conditions hold at the moment of deletion, even if another process resumes a run
+        meanwhile.
         """
         ...
 
@@ -87,6 +98,13 @@ class Store(Protocol):
 
 
 FINAL_STATUSES = frozenset({"done", "failed", "cancelled"})
+
+
+def deletable(record: RunRecord, *, finished_before: float, statuses: Collection[str], include_retryable: bool) -> bool:
+    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says)."""
+    if record.status not in statuses or not record.updated_at < finished_before:
+        return False
+    return include_retryable or not (record.status == "failed" and record.summary.get("retryable") is True)
 
 
 def check_deletable(statuses: Collection[str]) -> None:
@@ -117,4 +135,13 @@ def open_store(url: str | None) -> Store:
     return SQLStore(url or "sqlite:///tether.db")
 
 
-__all__ = ["FINAL_STATUSES", "SCHEMA_VERSION", "RunRecord", "Store", "check_deletable", "open_store", "shown_url"]
+__all__ = [
+    "FINAL_STATUSES",
+    "SCHEMA_VERSION",
+    "RunRecord",
+    "Store",
+    "check_deletable",
+    "deletable",
+    "open_store",
+    "shown_url",
+]

@@ -320,21 +320,37 @@ class SQLStore:
         except sa.exc.IntegrityError:
             pass  # another process cached the same call at the same moment: its value is as good
 
-    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
-        """Delete finished runs last updated before ``finished_before``, with their events."""
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+    ) -> int:
+        """Delete finished runs last updated before ``finished_before``, with their events.
+
+        A failed run can still change (resuming a transient failure retries it), so the
+        rows are locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one
+        writer) and every DELETE repeats the conditions: a run another process resumed
+        meanwhile is left whole, never deleted, never stripped of its events.
+        """
         check_deletable(statuses)
-        finished = sorted(statuses)
-        doomed = sa.select(_RUN.c.id).where(_RUN.c.status.in_(finished), _RUN.c.updated_at < finished_before)
+        doomed = _RUN.c.status.in_(sorted(statuses)) & (_RUN.c.updated_at < finished_before)
+        if not include_retryable:  # a transient failure may still be resumed: keep it
+            retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
+            doomed &= (_RUN.c.status != "failed") | sa.not_(retryable)
         if tenant is not None:
-            doomed = doomed.where(_RUN.c.tenant == tenant)
-        # A finished run never changes again (its states are final), so nothing can race this.
+            doomed &= _RUN.c.tenant == tenant
+        deleted = 0
         with self._transaction() as connection:
-            ids = [row[0] for row in connection.execute(doomed)]
+            ids = [row[0] for row in connection.execute(sa.select(_RUN.c.id).where(doomed).with_for_update())]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
-                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(chunk)))
-                connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk)))
-        return len(ids)
+                still = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk), doomed)
+                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
+                deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
+        return deleted
 
 
 def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
