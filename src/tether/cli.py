@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="treat tool calls another process started as abandoned (only if you know it is gone)",
+    )
     with_approvals(resume)
 
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
@@ -206,7 +211,7 @@ def _agent_for(session: _Session, run_id: str) -> Agent:
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     runner = session.runner(args, _agent_for(session, args.run_id))
-    return session.finish(runner.drive(args.run_id))
+    return session.finish(runner.drive(args.run_id, force=args.force))
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:

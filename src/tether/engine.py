@@ -436,6 +436,19 @@ def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[
     return ev.TOOL_STARTED, data
 
 
+def abandon_in_flight(state: RunState, *, by: str, reason: str) -> list[Record]:
+    """Records declaring every call now in flight abandoned by its driver (an operator's override).
+
+    From then on each is in doubt, resolved like any call a crash interrupted; written
+    without a transition, like a tool's start.
+    """
+    return [
+        (ev.CALL_ABANDONED, {"call_id": call_id, "owner": lease.owner, "by": by, "reason": reason})
+        for call_id, lease in state.in_flight.items()
+        if not lease.abandoned
+    ]
+
+
 def on_tool_success(action: RunTool, content: str, *, duration: float) -> Step:
     """The tool returned; its serialised value is the result."""
     return _success(action, content, attempt=action.attempt, duration=round(duration, 6))

@@ -199,10 +199,14 @@ class _RunnerBase:
         self._persist(state, engine.commit(state, step, now=self.clock()))
 
     def _record_start(self, state: RunState, action: engine.RunTool, owner: str) -> None:
-        now = self.clock()
-        records = [*action.warnings, engine.tool_started(action, owner=owner, now=now)]
+        records = [*action.warnings, engine.tool_started(action, owner=owner, now=self.clock())]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
+        self._record(state, records)
+
+    def _record(self, state: RunState, records: list[engine.Record]) -> None:
+        """Commit facts that need no transition (a tool's start, an operator's override)."""
+        now = self.clock()
         produced = []
         for kind, data in records:
             event = Event(seq=state.next_seq, type=kind, data=data, at=now)
@@ -210,6 +214,16 @@ class _RunnerBase:
             produced.append(event)
         state.version += 1
         self._persist(state, produced)
+
+    def _start_drive(self, run: str | RunState, tenant: str | None, *, force: bool, owner: str) -> RunState:
+        """Load and check the run; with ``force``, first declare its in-flight calls abandoned."""
+        state = self._state(run, tenant)
+        if force:
+            records = engine.abandon_in_flight(state, by=owner, reason="forced: the operator says its driver is gone")
+            if records:
+                self._record(state, records)
+        self._retry_if_resumable(state)
+        return state
 
     def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> bool:
         """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
@@ -336,11 +350,16 @@ class Runner(_RunnerBase):
         """Start a run and drive it as far as it goes."""
         return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
 
-    def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
-        state = self._state(run, tenant)
-        self._retry_if_resumable(state)
+    def drive(self, run: str | RunState, *, tenant: str | None = None, force: bool = False) -> RunResult:
+        """Take steps until the run finishes or parks.
+
+        ``force`` first records that every call now in flight was abandoned by its
+        driver, so each is handled as a call a crash left in doubt. Only for an operator
+        who knows that driver is gone (its lease would otherwise raise RunBusy): if it
+        still runs, its call may run twice.
+        """
         with leases.driving() as owner:
+            state = self._start_drive(run, tenant, force=force, owner=owner)
             while self.step(state, owner=owner):
                 pass
         return result_of(state)
@@ -388,11 +407,10 @@ class AsyncRunner(_RunnerBase):
         """Start a run and drive it as far as it goes."""
         return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant))
 
-    async def drive(self, run: str | RunState, *, tenant: str | None = None) -> RunResult:
-        """Take steps until the run finishes or parks."""
-        state = self._state(run, tenant)
-        self._retry_if_resumable(state)
+    async def drive(self, run: str | RunState, *, tenant: str | None = None, force: bool = False) -> RunResult:
+        """Take steps until the run finishes or parks (``force``: see :meth:`Runner.drive`)."""
         with leases.driving() as owner:
+            state = self._start_drive(run, tenant, force=force, owner=owner)
             while await self.step(state, owner=owner):
                 pass
         return result_of(state)
