@@ -13,6 +13,7 @@ from tether import Agent, Approve, Runner, tool
 from tether.compat import schema_changes
 from tether.errors import IncompatibleRun
 from tether.machine import MACHINE_VERSION
+from tether.stores import SCHEMA_VERSION
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
 from tether.tools import make_tool
@@ -98,13 +99,15 @@ def test_incompatible_changes_are_refused_naming_the_tool_and_change(changed: st
     assert store.load_run(run_id).status == "awaitingApproval"  # nothing was changed
 
 
-def test_a_run_from_a_newer_machine_is_refused() -> None:
+@pytest.mark.parametrize(("key", "current"), [("machine_version", MACHINE_VERSION), ("schema_version", SCHEMA_VERSION)])
+def test_a_run_from_a_newer_tether_is_refused(key: str, current: int) -> None:
     store = MemoryStore()
     run_id = parked_run(store)
     runner = Runner(Agent(model=ScriptedModel(gated_script()), tools=[refund]), store)
     state = runner.load(run_id)
-    state.spec["machine_version"] = MACHINE_VERSION + 1
-    with pytest.raises(IncompatibleRun, match="newer tether"):
+    assert state.spec[key] == current  # each run records the versions it was started under
+    state.spec[key] = current + 1
+    with pytest.raises(IncompatibleRun, match=f"newer tether .* version {current + 1} > {current}"):
         runner.drive(state)
 
 

@@ -25,7 +25,7 @@ from tether.history import append_user_text, close_unanswered
 from tether.machine import MACHINE_VERSION, STATUS_VALUES
 from tether.models import AsyncModelAdapter, ModelResponse, Usage
 from tether.state import RunState
-from tether.stores import RunRecord, Store
+from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
 EventListener = Callable[[RunState, Event], None]
@@ -176,6 +176,7 @@ class _RunnerBase:
             "model": self.agent.model_name,
             "max_steps": self.agent.limits.max_steps,
             "machine_version": MACHINE_VERSION,
+            "schema_version": SCHEMA_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
         }
         if continue_from is not None:

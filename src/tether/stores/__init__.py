@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from tether.events import Event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
-version it was migrated to; each run's spec records the one it was written under."""
+version it was migrated to (see ``tether.stores.sql.MIGRATIONS``); each run's spec records
+the one it was written under. 2: the tool-result cache; failed runs say if retryable."""
 
 
 @dataclass(frozen=True)

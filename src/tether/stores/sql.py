@@ -11,7 +11,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -217,25 +217,35 @@ class SQLStore:
             if self._ready:
                 return
             try:
-                SQLModel.metadata.create_all(self.engine, tables=[_RUN, _EVENT, _META, _CACHE])
-                with self.engine.begin() as connection:
-                    found = connection.execute(
-                        sa.select(_META.c.value).where(_META.c.key == "schema_version")
-                    ).scalar()
-                    if found is None:
-                        connection.execute(
-                            sa.insert(_META).values(key="schema_version", value=str(SCHEMA_VERSION))
-                        )
-                    elif int(found) > SCHEMA_VERSION:
-                        raise StoreError(
-                            f"the database uses tether schema {found}, newer than this tether "
-                            f"({SCHEMA_VERSION}); upgrade tether"
-                        )
-            except sa.exc.IntegrityError:
-                pass  # another process created the row at the same time
+                with self._schema_transaction() as connection:
+                    _migrate(connection)
             except sa.exc.DBAPIError as error:
                 raise StoreError(self._describe(error.orig, "cannot open database")) from error
             self._ready = True
+
+    @contextmanager
+    def _schema_transaction(self) -> Iterator[sa.Connection]:
+        """A transaction no other process setting up the same database runs at the same time.
+
+        SQLite: ``BEGIN IMMEDIATE`` (the write lock, taken before reading the version);
+        PostgreSQL: a transaction-scoped advisory lock for the schema in use. Tables,
+        migrations and the version are then written together or not at all.
+        """
+        if not self._sqlite:
+            with self.engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.tether'))"))
+                yield connection
+            return
+        with self.engine.connect() as raw:
+            connection = raw.execution_options(isolation_level="AUTOCOMMIT")  # pysqlite must not BEGIN itself
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield connection
+            except BaseException:
+                connection.exec_driver_sql("ROLLBACK")
+                raise
+            connection.exec_driver_sql("COMMIT")
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run with its first events."""
@@ -351,6 +361,60 @@ class SQLStore:
                 connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
                 deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
         return deleted
+
+
+# Schema versions -----------------------------------------------------------------------
+def _to_v2(connection: sa.Connection) -> None:
+    """Version 1 to 2: the tool-result cache table; failed runs say if they were transient.
+
+    Some version 1 databases have the cache table already. Whether a failed run can be
+    retried is read from its log's ``run_finished``, so ``tether gc`` keeps those runs.
+    """
+    _CACHE.create(connection, checkfirst=True)
+    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(_RUN.c.status == "failed")).all()
+    for run_id, summary in failed:
+        finished = connection.execute(
+            sa.select(_EVENT.c.data)
+            .where(_EVENT.c.run_id == run_id, _EVENT.c.type == "run_finished")
+            .order_by(_EVENT.c.seq.desc())
+            .limit(1)
+        ).scalar()
+        retryable = bool((finished or {}).get("retryable"))
+        connection.execute(
+            sa.update(_RUN).where(_RUN.c.id == run_id).values(summary={**(summary or {}), "retryable": retryable})
+        )
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2),)
+"""(from version, step to the next), in order. A step only adds (tables, columns, facts
+derived from the log): it never drops or rewrites what runs recorded. Plain steps rather
+than alembic: a few small additive changes, applied on first use with no extra tool."""
+
+
+def _migrate(connection: sa.Connection) -> None:
+    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+    inspector = sa.inspect(connection)
+    stored: int | None = None
+    if inspector.has_table(_META.name):
+        found = connection.execute(sa.select(_META.c.value).where(_META.c.key == "schema_version")).scalar()
+        stored = None if found is None else int(found)
+    if stored is None and inspector.has_table(_RUN.name):
+        stored = 1  # tables written before the version was: the first layout
+    if stored == SCHEMA_VERSION:
+        return
+    if stored is None:
+        SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE])
+    elif stored > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
+        )
+    else:
+        _META.create(connection, checkfirst=True)
+        for from_version, step in MIGRATIONS:
+            if from_version >= stored:
+                step(connection)
+    connection.execute(sa.delete(_META).where(_META.c.key == "schema_version"))
+    connection.execute(sa.insert(_META).values(key="schema_version", value=str(SCHEMA_VERSION)))
 
 
 def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
