@@ -16,7 +16,7 @@ import pytest
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, Store
+from tether.stores import RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 
@@ -81,6 +81,17 @@ def test_create_with_no_events(store: Store) -> None:
     store.create_run(record(), [])
     assert store.load_events("run_1") == []
     assert store.load_run("run_1").version == 1
+    assert store.load_log("run_1") == RunLog(version=1, tenant=None, events=[])
+
+
+def test_load_log_gives_the_version_with_its_events(store: Store) -> None:
+    store.create_run(record(tenant="acme"), events(0))
+    store.append(record(version=2, tenant="acme"), 1, events(1, 2))
+    assert store.load_log("run_1") == RunLog(version=2, tenant="acme", events=events(0, 1, 2))
+    assert store.load_log("run_1", tenant="acme") == store.load_log("run_1")
+    for missing, tenant in (("run_1", "other"), ("run_missing", None)):
+        with pytest.raises(RunNotFound):
+            store.load_log(missing, tenant=tenant)
 
 
 def test_duplicate_create_raises_store_error_and_keeps_the_original(store: Store) -> None:

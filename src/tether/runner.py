@@ -156,10 +156,9 @@ class _RunnerBase:
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
-        """Rebuild a run from its events."""
-        record = self.store.load_run(run_id, tenant=tenant)
-        events = self.store.load_events(run_id, tenant=tenant)
-        return RunState.rebuild(run_id, events, version=record.version, tenant=record.tenant)
+        """Rebuild a run from its events (read with its version, in one consistent read)."""
+        log = self.store.load_log(run_id, tenant=tenant)
+        return RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
 
     def create(
         self,

@@ -36,6 +36,15 @@ class RunRecord:
     updated_at: float = 0.0
 
 
+@dataclass(frozen=True)
+class RunLog:
+    """A run's whole log with the row's version, read at one instant (see :meth:`Store.load_log`)."""
+
+    version: int
+    tenant: str | None
+    events: list[Event]
+
+
 class Store(Protocol):
     """Persistence for runs and their events."""
 
@@ -58,6 +67,14 @@ class Store(Protocol):
 
     def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
         """The run's whole log, oldest first."""
+        ...
+
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version from one consistent read, to continue the run from.
+
+        Read apart, another process could commit a step in between: the version would then
+        lag the events, and the next write would fail with a needless StaleRun.
+        """
         ...
 
     def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
@@ -139,6 +156,7 @@ def open_store(url: str | None) -> Store:
 __all__ = [
     "FINAL_STATUSES",
     "SCHEMA_VERSION",
+    "RunLog",
     "RunRecord",
     "Store",
     "check_deletable",

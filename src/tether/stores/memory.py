@@ -10,7 +10,7 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, check_deletable, deletable
+from tether.stores import RunLog, RunRecord, check_deletable, deletable
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,15 @@ class MemoryStore:
                 raise RunNotFound(run_id)
             log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
         return [e.load() for e in log]
+
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version, read under one lock."""
+        with self._lock:
+            stored = self._rows.get(run_id)
+            if stored is None or (tenant is not None and stored.record.tenant != tenant):
+                raise RunNotFound(run_id)
+            log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
+        return RunLog(stored.record.version, stored.record.tenant, [e.load() for e in log])
 
     def delete_runs(
         self,

@@ -22,7 +22,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import SCHEMA_VERSION, RunRecord, check_deletable
+from tether.stores import SCHEMA_VERSION, RunLog, RunRecord, check_deletable
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
@@ -294,6 +294,23 @@ class SQLStore:
                 raise RunNotFound(run_id)
             rows = connection.execute(query).mappings().all()
         return [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows]
+
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
+        query = (
+            sa.select(_RUN.c.version, _RUN.c.tenant, _EVENT.c.seq, _EVENT.c.type, _EVENT.c.data, _EVENT.c.at)
+            .select_from(_RUN.outerjoin(_EVENT, _EVENT.c.run_id == _RUN.c.id))
+            .where(_RUN.c.id == run_id)
+            .order_by(_EVENT.c.seq)
+        )
+        if tenant is not None:
+            query = query.where(_RUN.c.tenant == tenant)
+        with self._transaction() as connection:
+            rows = connection.execute(query).mappings().all()
+        if not rows:
+            raise RunNotFound(run_id)
+        events = [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows if r["seq"] is not None]
+        return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
     def list_runs(
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
