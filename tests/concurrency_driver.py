@@ -3,8 +3,9 @@
 Usage: python concurrency_driver.py MODE WORKDIR DB_URL RUN_ID
 MODE "drive": drive RUN_ID (creating it if absent is the parent's job) and print the status,
 or "stale" if another process won a step. MODE "approve": approve the pending call and
-print "ok", or "refused" if another process decided first. All processes wait for
-WORKDIR/go before starting, so they really overlap.
+print "ok", or "refused" if another process decided first. Each process loads the run,
+says so (WORKDIR/ready-PID), then waits for WORKDIR/go: all start from the same version,
+so they really race.
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ def main() -> None:
     mode, WORKDIR, db_url, run_id = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     store = SQLStore(db_url)
     runner = Runner(agent(), store)
+    state = runner.load(run_id)
+    (WORKDIR / f"ready-{os.getpid()}").touch()
     while not (WORKDIR / "go").exists():
         time.sleep(0.005)
     try:
         if mode == "drive":
-            print(runner.drive(run_id).status)
+            print(runner.drive(state).status)
         else:
             runner.decide(run_id, "toolu_pub", Approve(actor=f"pid{os.getpid()}"))
             print("ok")

@@ -25,13 +25,26 @@ from support import (
 # PostgreSQL -----------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def pg_url() -> str:
-    """The server URL, after checking it answers (skip the PostgreSQL tests otherwise)."""
-    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed")
+    """The server URL, after checking it answers.
+
+    Without it the PostgreSQL tests are skipped, unless TETHER_REQUIRE_PG is set (as
+    scripts/test and CI do): then they fail, so a missing server never passes for green.
+    """
+    required = bool(os.environ.get("TETHER_REQUIRE_PG"))
+    try:
+        import psycopg
+    except ImportError:
+        if required:
+            pytest.fail("TETHER_REQUIRE_PG is set but psycopg is not installed")
+        pytest.skip("psycopg is not installed")
     try:
         with psycopg.connect(libpq_dsn(PG_URL), connect_timeout=3) as connection:
             connection.execute("SELECT 1")
     except psycopg.Error as error:
-        pytest.skip(f"PostgreSQL unreachable at {PG_URL} (set TETHER_TEST_PG_URL): {error}")
+        message = f"PostgreSQL unreachable at {PG_URL} (set TETHER_TEST_PG_URL): {error}"
+        if required:
+            pytest.fail(f"TETHER_REQUIRE_PG is set: {message}")
+        pytest.skip(message)
     return PG_URL
 
 

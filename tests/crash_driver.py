@@ -1,8 +1,10 @@
 """A run driven in a subprocess that SIGKILLs itself at a chosen point (for test_crash_safety).
 
-Usage: python crash_driver.py WORKDIR DB_URL RUN_ID CRASH
+Usage: python crash_driver.py WORKDIR DB_URL RUN_ID CRASH [APPROVER]
 CRASH is "none", "before-append:N" (die just before the N-th store write, 1-based),
 "after-append:N" (die right after it) or "in-tool:NAME" (die inside that tool, once).
+APPROVER answers the question asked about a call in doubt: "deny" (the default),
+"approve" (run it again), or "none" (no approver: the model is told it was not re-run).
 Every request the model receives is appended to WORKDIR/requests.jsonl; every execution of
 a tool to WORKDIR/effects.log, so the test can check what happened across processes.
 """
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tether import Agent, Deny, Runner, tool
+from tether import Agent, Approve, Deny, Runner, tool
 from tether.approvals import ApprovalRequest, Decision
 from tether.events import Event
 from tether.models import ModelRequest
@@ -26,6 +28,7 @@ from tether.testing import ScriptedModel
 
 WORKDIR = Path(sys.argv[1])
 DB_URL, RUN_ID, CRASH = sys.argv[2], sys.argv[3], sys.argv[4]
+APPROVER = sys.argv[5] if len(sys.argv) > 5 else "deny"
 
 
 def die() -> None:
@@ -94,17 +97,23 @@ class CrashingStore(SQLStore):
         self._maybe_die("after-append")
 
 
-class DenyReruns:
-    """Nobody approves re-running an interrupted side effect in this harness."""
+class DecideReruns:
+    """Answers every question (here only ever: re-run an interrupted call?) the same way."""
+
+    def __init__(self, approve: bool) -> None:
+        self.approve = approve
 
     def decide(self, requests: Sequence[ApprovalRequest]) -> dict[str, Decision]:
+        if self.approve:
+            return {r.call_id: Approve(actor="harness") for r in requests}
         return {r.call_id: Deny("not re-running an interrupted call", actor="harness") for r in requests}
 
 
 def main() -> None:
     store = CrashingStore(DB_URL)
     agent = Agent(model=ScriptedModel(reply), tools=[fetch_price, send_email], model_name="claude-test")
-    runner = Runner(agent, store, approver=DenyReruns())
+    approver = None if APPROVER == "none" else DecideReruns(approve=APPROVER == "approve")
+    runner = Runner(agent, store, approver=approver)
     try:
         store.load_run(RUN_ID)
     except Exception:

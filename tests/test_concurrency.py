@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -29,6 +30,9 @@ def race(mode: str, workdir: Path, db_url: str, run_ids: list[str]) -> list[str]
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         for run_id in run_ids
     ]
+    while len(list(workdir.glob("ready-*"))) < len(processes):  # every one has loaded the run
+        assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+        time.sleep(0.005)
     (workdir / "go").touch()
     outputs = []
     for process in processes:
@@ -59,7 +63,8 @@ def events_of(db_url: str, run_id: str) -> list[str]:
 def test_many_processes_one_run_each_tool_runs_once(db_url: str, tmp_path: Path) -> None:
     run_id = new_run(db_url, "record three notes")
     outputs = race("drive", tmp_path, db_url, [run_id] * PROCESSES)
-    assert set(outputs) <= {"done", "stale"}
+    # all loaded the same version: the first step is won by one, the others lose (StaleRun)
+    assert sorted(outputs) == ["done"] + ["stale"] * (PROCESSES - 1), outputs
     effects = Counter((tmp_path / "effects.log").read_text().split())
     assert effects == Counter({"toolu_0": 1, "toolu_1": 1, "toolu_2": 1}), "a tool ran twice"
     # whoever lost a race left the run for the winner; one more drive finishes it if needed
@@ -96,3 +101,38 @@ def test_concurrent_decisions_exactly_one_applies(db_url: str, tmp_path: Path) -
     assert sorted(outputs).count("ok") == 1, outputs
     assert set(outputs) <= {"ok", "refused", "stale"}
     assert events_of(db_url, parked.run_id).count("approval_decided") == 1
+
+
+APPEND_STEPS = """
+import sys
+from tether.events import Event
+from tether.stores import RunRecord
+from tether.stores.sql import SQLStore
+url, run_id, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = SQLStore(url)
+for version in range(2, steps + 2):  # each step's one event says which version it made
+    row = RunRecord(id=run_id, status="thinking", version=version, updated_at=float(version))
+    store.append(row, version - 1, [Event(version - 1, "warning", {"version": version})])
+store.close()
+"""
+
+
+def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str) -> None:
+    """Runner.load reads the version and the events at one instant: never a version behind them."""
+    from tether.events import Event
+    from tether.stores import RunRecord
+
+    store = SQLStore(db_url)
+    try:
+        store.create_run(RunRecord(id="run_busy", status="thinking", version=1), [Event(0, "warning", {"version": 1})])
+        writer = subprocess.Popen([sys.executable, "-c", APPEND_STEPS, db_url, "run_busy", "300"], env=clean_env())
+        loads = 0
+        while writer.poll() is None or loads == 0:
+            log = store.load_log("run_busy")
+            assert log.events[-1].data["version"] == log.version
+            assert [e.seq for e in log.events] == list(range(log.version))
+            loads += 1
+        assert writer.returncode == 0
+        assert store.load_log("run_busy").version == 301
+    finally:
+        store.close()

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa  # noqa: TID251 - the test limits the database file like a full disk would
 
 from tether import Agent, Runner, tool
+from tether.approvals import DecideLater
 from tether.errors import StoreError
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -44,7 +45,8 @@ def test_a_full_disk_fails_the_write_cleanly_and_the_run_resumes(tmp_path: Path)
 
     roomy = SQLStore(url)
     try:
-        again = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[dump], limits=_no_truncation()), roomy)
+        agent = Agent(model=ScriptedModel(SCRIPT), tools=[dump], limits=_no_truncation())
+        again = Runner(agent, roomy, approver=DecideLater())  # a person decides later
         committed = roomy.load_events(state.id)
         assert committed[-1].type == "tool_started"  # the failed write left nothing half-written
         result = again.drive(state.id)

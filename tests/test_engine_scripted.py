@@ -21,6 +21,7 @@ import tether
 from fake_messages_api import validate_messages_request
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
+from tether.approvals import DecideLater
 from tether.errors import ApprovalError, ModelError
 from tether.history import check_pairing
 from tether.machine import ENDED_VALUES
@@ -908,7 +909,7 @@ def test_a_call_interrupted_mid_run_needs_approval_before_running_again(ran: Cal
         h.drive(state)
     assert set(h.runner.load(state.id).in_flight) == {"toolu_1"}
 
-    restarted = Harness("sync", script, tools=[transfer], store=h.store)
+    restarted = Harness("sync", script, tools=[transfer], store=h.store, approver=DecideLater())
     parked = restarted.drive(state.id)
     assert parked.status == "awaiting_approval"
     assert [p["call_id"] for p in parked.pending_approvals] == ["toolu_1"]

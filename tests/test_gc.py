@@ -1,13 +1,16 @@
-"""`tether gc` deletes old finished runs and never a parked or running one."""
+"""`tether gc` deletes old finished runs and never a parked, running or still resumable one."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
-from support import CliResult, run_tether
-from tether import Agent, Runner, tool
+import pytest
+
+from support import CliResult, PgSchema, libpq_dsn, run_tether
+from tether import Agent, ModelError, Runner, tool
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 
@@ -68,4 +71,66 @@ def test_gc_purges_expired_tool_cache_entries(tmp_path: Path) -> None:
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     assert store.cache_purge(now) == 0  # gc took it already
     assert store.cache_get("lookup:live", now) == "fresh value"
+
+
+def test_gc_keeps_transient_failures_unless_asked(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    long_ago = time.time() - 40 * 86400
+    overloaded = ModelError("overloaded", status=529, retryable=True)
+    refused = ModelError("bad request", status=400)
+    transient = Runner(Agent(model=ScriptedModel([overloaded])), store, clock=lambda: long_ago).run("a")
+    for_good = Runner(Agent(model=ScriptedModel([refused])), store, clock=lambda: long_ago).run("b")
+    store.close()
+    assert (transient.status, for_good.status) == ("failed", "failed")
+
+    first = cli(tmp_path, "gc", "--older-than", "30d")
+    assert first.returncode == 0, first.stderr
+    assert "deleted 1 finished run(s) (cancelled, done, failed; transient failures kept)" in first.stdout
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    assert [r.id for r in store.list_runs()] == [transient.run_id]  # `tether resume` may still finish it
+    store.close()
+
+    second = cli(tmp_path, "gc", "--older-than", "30d", "--include-retryable", "--json")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["deleted"] == 1
+
+
+@pytest.mark.postgres
+def test_gc_never_deletes_a_run_resumed_while_it_chooses(pg_schema: PgSchema) -> None:
+    """gc is about to delete a failed run that another process is resuming: it leaves the run whole."""
+    import psycopg
+
+    store = SQLStore(pg_schema.url)
+    long_ago = time.time() - 40 * 86400
+    agent = Agent(model=ScriptedModel([ModelError("bad request", status=400)]))
+    failed = Runner(agent, store, clock=lambda: long_ago).run("a")
+    logged = len(store.load_events(failed.run_id))
+    deleted: list[int] = []
+
+    def gc() -> None:
+        finished = {"done", "failed", "cancelled"}
+        deleted.append(store.delete_runs(finished_before=time.time() - 86400, statuses=finished))
+
+    with psycopg.connect(libpq_dsn(pg_schema.url)) as resuming:  # a resume's step, not committed yet
+        resuming.execute(f'SET search_path TO "{pg_schema.name}"')
+        resuming.execute(
+            "UPDATE tether_run SET status = 'thinking', version = version + 1, updated_at = %s WHERE id = %s",
+            (time.time(), failed.run_id),
+        )
+        resuming.execute(
+            "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', '{}', 0)",
+            (failed.run_id, logged),
+        )
+        collector = threading.Thread(target=gc)
+        collector.start()
+        with psycopg.connect(libpq_dsn(pg_schema.url), autocommit=True) as watcher:
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+            while watcher.execute(waiting, (resuming.info.backend_pid,)).fetchone() != (1,):
+                assert collector.is_alive(), "gc finished without waiting for the run's lock"
+                time.sleep(0.01)
+        resuming.commit()
+        collector.join()
+    assert deleted == [0]
+    assert store.load_run(failed.run_id).status == "thinking"
+    assert len(store.load_events(failed.run_id)) == logged + 1
     store.close()

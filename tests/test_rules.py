@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
+from tether.approvals import DecideLater
 from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
 from tether.events import Event
 from tether.models.scripted import ScriptedModel
@@ -591,7 +592,7 @@ def test_an_approved_call_in_doubt_after_a_crash_is_asked_about_again(ran: Ran) 
     r.decide(parked.run_id, "toolu_1", Approve(remember_for_run=True))
     with pytest.raises(Crash):
         r.drive(parked.run_id)  # the start is committed; the process "dies" inside the tool
-    again = runner(script, policy, tools=tools, store=store).drive(parked.run_id)
+    again = runner(script, policy, tools=tools, store=store, approver=DecideLater()).drive(parked.run_id)
     assert again.status == "awaiting_approval"
     [pending] = again.pending_approvals
     assert pending["call_id"] == "toolu_1"
@@ -772,7 +773,7 @@ def test_approve_for_the_run_never_skips_an_in_doubt_rerun(ran: Ran) -> None:
     with pytest.raises(Crash):
         r.drive(parked.run_id)  # /a ran; /b was not asked about (approved for the run) and "crashed"
     assert ran.log == [("delete_file", "/a")]
-    again = runner(script, policy, tools=tools, store=store).drive(parked.run_id)
+    again = runner(script, policy, tools=tools, store=store, approver=DecideLater()).drive(parked.run_id)
     assert again.status == "awaiting_approval"
     [pending] = again.pending_approvals
     assert pending["call_id"] == "toolu_2"

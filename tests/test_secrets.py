@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
 
 from fake_messages_api import FakeMessagesAPI
-from support import fake_api_env, run_tether
+from support import Cli, PgSchema, closed_port, fake_api_env, libpq_dsn, run_tether, tool_use, tool_use_turn
 
 SECRET = "sk-ant-api03-DO-NOT-LEAK-4f1c9e"
+DB_PASSWORD = "pg-pw-DO-NOT-PRINT-77a1"
 
 
 def test_the_api_key_reaches_the_api_but_never_the_database_or_logs(tmp_path: Path) -> None:
@@ -40,3 +45,81 @@ def test_the_api_key_reaches_the_api_but_never_the_database_or_logs(tmp_path: Pa
     assert SECRET not in result.stderr  # never logged (the SDK's debug log included),
     for file in tmp_path.glob("runs.db*"):  # and never stored (WAL and shm files too)
         assert SECRET.encode() not in file.read_bytes(), file
+
+
+def with_password(url: str, password: str = DB_PASSWORD) -> str:
+    """``url`` with ``password`` for its user (PostgreSQL here trusts local users: it is ignored)."""
+    parts = urlsplit(url)
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
+GATED_TOOLS = '''
+from tether import tool
+
+
+@tool(approval=True)
+def publish(text: str) -> str:
+    """Publish."""
+    return text
+
+
+TOOLS = [publish]
+'''
+
+
+@pytest.mark.postgres
+def test_a_database_password_is_never_printed_nor_stored(pg_schema: PgSchema, tmp_path: Path) -> None:
+    (tmp_path / "mytools.py").write_text(GATED_TOOLS)
+    script = [
+        tool_use_turn(tool_use("toolu_a", "publish", {"text": "a"}), tool_use("toolu_b", "publish", {"text": "b"})),
+        {"content": [{"type": "text", "text": "Published a."}], "stop_reason": "end_turn"},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    db = ["--db", with_password(pg_schema.url)]
+
+    def tether(*args: str) -> str:
+        result = run_tether(tmp_path, *args, *db)
+        assert result.returncode in (0, 3), result
+        return result.stdout + result.stderr
+
+    outputs = [tether("run", "publish a and b", "--tools", "mytools:TOOLS", "--model", "scripted:script.json")]
+    assert "--db 'postgresql+psycopg://postgres:***@" in outputs[0]  # the hint to resume, masked
+    run_id = json.loads(run_tether(tmp_path, "runs", "--json", *db).stdout)["runs"][0]["run_id"]
+    outputs.append(tether("approve", run_id, "toolu_a"))
+    outputs.append(tether("deny", run_id, "toolu_b", "--reason", "not b"))
+    assert "continue with: tether resume" in outputs[-1]
+    assert "postgres:***@" in outputs[-1]
+    outputs.append(tether("resume", run_id))
+    assert "Published a." in outputs[-1]
+    reads = [["show", run_id], ["show", run_id, "--json"], ["runs"], ["audit"], ["pending"]]
+    demo = ["demo", "--deny-all", "--workspace", str(tmp_path / "demo")]
+    for read in Cli(tmp_path).parallel(*([*command, *db] for command in [*reads, demo])):
+        assert read.returncode == 0, read
+        outputs.append(read.stdout + read.stderr)
+    assert "database postgresql+psycopg://postgres:***@" in outputs[-1]
+    for output in outputs:
+        assert DB_PASSWORD not in output
+
+    unreachable = with_password(f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test")
+    failed = run_tether(tmp_path, "runs", "--db", unreachable)
+    assert failed.returncode == 1
+    assert "postgres:***@127.0.0.1" in failed.err
+    assert DB_PASSWORD not in failed.stdout + failed.stderr
+
+    import psycopg
+
+    with psycopg.connect(libpq_dsn(pg_schema.url)) as connection:
+        query = "SELECT tablename FROM pg_tables WHERE schemaname = %s"
+        tables = [row[0] for row in connection.execute(query, (pg_schema.name,))]
+        assert "tether_event" in tables
+        for table in tables:
+            for row in connection.execute(f'SELECT * FROM "{pg_schema.name}"."{table}"'):
+                assert DB_PASSWORD not in repr(row), table
+
+
+def test_an_unreadable_url_is_masked_too(tmp_path: Path) -> None:
+    result = run_tether(tmp_path, "runs", "--db", f"not a url://user:{DB_PASSWORD}@host/db")
+    assert result.returncode == 2
+    assert "invalid database URL" in result.err
+    assert DB_PASSWORD not in result.stdout + result.stderr

@@ -18,10 +18,13 @@ from typing import Any
 import pytest
 
 from support import PgSchema, fresh_pg_schema, libpq_dsn
+from tether import Agent, Limits, Runner, tool
 from tether.errors import ConfigError, StaleRun, StoreError, TetherError
 from tether.events import Event
+from tether.models import ModelRequest
 from tether.stores import RunRecord, open_store
 from tether.stores.sql import SQLStore
+from tether.testing import ScriptedModel
 
 
 # Helpers ------------------------------------------------------------------------------
@@ -161,68 +164,73 @@ def test_invalid_url_is_a_config_error() -> None:
         SQLStore("nosuchdialect://x/y")
 
 
-def test_bytes_written_per_step_do_not_grow_with_history(
-    sqlite_store: SQLStore, db_path: Path
-) -> None:
-    """A step writes its own events and the small row, never the spec or the history.
+WRITE_LOG_TRIGGERS = """
+CREATE TABLE write_log (version INTEGER, what TEXT, bytes INTEGER);
+CREATE TRIGGER log_row AFTER UPDATE ON tether_run BEGIN
+    INSERT INTO write_log VALUES (new.version, 'row',
+        length(CAST(new.summary AS BLOB)) + length(CAST(new.status AS BLOB)));
+END;
+CREATE TRIGGER log_spec AFTER UPDATE OF spec, tenant, created_at, id ON tether_run BEGIN
+    INSERT INTO write_log VALUES (new.version, 'spec', length(new.spec));
+END;
+CREATE TRIGGER log_event AFTER INSERT ON tether_event BEGIN
+    INSERT INTO write_log VALUES (
+        (SELECT version FROM tether_run WHERE id = new.run_id), 'event',
+        length(CAST(new.data AS BLOB)) + length(CAST(new.type AS BLOB)));
+END;
+CREATE TRIGGER log_rewrite AFTER UPDATE ON tether_event BEGIN
+    INSERT INTO write_log VALUES (NULL, 'rewrite', 0);
+END;
+CREATE TRIGGER log_delete AFTER DELETE ON tether_event BEGIN
+    INSERT INTO write_log VALUES (NULL, 'delete', 0);
+END;
+"""
+"""Triggers recording what each transaction writes: the bytes of the row's changed columns
+and of each new event (by the run's new version), and any rewrite of spec or old events."""
 
-    Triggers record what each transaction actually writes: the bytes of the row's
-    changed columns and of each new event, and any rewrite of spec or of old events.
-    """
-    spec = {"model": "claude-test", "system": "be brief. " * 2_000}  # ~20 KB: a rewrite shows
-    sqlite_store.create_run(record(1, spec=spec), [event(0)])
+
+def test_bytes_written_per_step_do_not_grow_with_history(sqlite_store: SQLStore, db_path: Path) -> None:
+    """A run of 500 tool calls driven by the Runner: a step writes its own events and the small
+    row, never the spec or the history, so the 500th tool call writes what the 5th did."""
+    calls = 500
+
+    @tool
+    def lookup(n: int) -> str:
+        """Look a number up."""
+        return f"value {n}"
+
+    def reply(request: ModelRequest) -> dict[str, Any]:
+        n = request.invocation
+        if n == calls:
+            return {"content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn"}
+        use = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "lookup", "input": {"n": n}}
+        return {"content": [use], "stop_reason": "tool_use", "usage": {"input_tokens": 50, "output_tokens": 9}}
+
+    system = "Be brief. " * 2_000  # ~20 KB in the spec: a rewrite would show
+    agent = Agent(model=ScriptedModel(reply), tools=[lookup], system=system, limits=Limits(max_steps=None))
+    runner = Runner(agent, sqlite_store)
+    state = runner.create("Look up 500 numbers.")
     with raw_sqlite(db_path) as connection:
-        connection.executescript(
-            """
-            CREATE TABLE write_log (version INTEGER, what TEXT, bytes INTEGER);
-            CREATE TRIGGER log_row AFTER UPDATE ON tether_run BEGIN
-                INSERT INTO write_log VALUES (new.version, 'row',
-                    length(CAST(new.summary AS BLOB)) + length(CAST(new.status AS BLOB)));
-            END;
-            CREATE TRIGGER log_spec AFTER UPDATE OF spec, tenant, created_at, id ON tether_run
-            BEGIN
-                INSERT INTO write_log VALUES (new.version, 'spec', length(new.spec));
-            END;
-            CREATE TRIGGER log_event AFTER INSERT ON tether_event BEGIN
-                INSERT INTO write_log VALUES (
-                    (SELECT version FROM tether_run WHERE id = new.run_id), 'event',
-                    length(CAST(new.data AS BLOB)) + length(CAST(new.type AS BLOB)));
-            END;
-            CREATE TRIGGER log_rewrite AFTER UPDATE ON tether_event BEGIN
-                INSERT INTO write_log VALUES (NULL, 'rewrite', 0);
-            END;
-            CREATE TRIGGER log_delete AFTER DELETE ON tether_event BEGIN
-                INSERT INTO write_log VALUES (NULL, 'delete', 0);
-            END;
-            """
-        )
-
-    steps = 500
-    for version in range(2, steps + 2):
-        summary = {  # the runner's summary: counters and outcome, never the history
-            "steps": version - 1,
-            "tool_calls": version - 1,
-            "usage": {"input_tokens": 10 * version, "output_tokens": version},
-            "output": None,
-            "error": None,
-            "pending_approvals": [],
-        }
-        sqlite_store.append(
-            record(version, spec=spec, summary=summary), version - 1, [event(version - 1, text="ok")]
-        )
+        connection.executescript(WRITE_LOG_TRIGGERS)
+    assert runner.drive(state.id).status == "done"
 
     with raw_sqlite(db_path) as connection:
         rows = connection.execute("SELECT version, what, bytes FROM write_log").fetchall()
     assert [what for _, what, _ in rows if what not in {"row", "event"}] == []
-    per_step: dict[int, int] = {}
+    per_version: dict[int, int] = {}
     for version, _what, size in rows:
-        per_step[version] = per_step.get(version, 0) + size
-    assert len(per_step) == steps
-    early, late = per_step[6], per_step[steps + 1]  # the 5th step and the 500th
-    assert late - early <= 12, per_step  # only the counters' extra digits
-    assert max(per_step.values()) < 300
-    assert sqlite_store.load_run("run_1").spec == spec
-    assert len(sqlite_store.load_events("run_1")) == steps + 1
+        per_version[version] = per_version.get(version, 0) + size
+    # after the run's creation (version 1) each tool call is 3 writes: the model's turn, the
+    # tool's start, its result; then the final answer
+    assert sorted(per_version) == list(range(2, 3 * calls + 3))
+
+    def call_bytes(k: int) -> int:
+        return sum(per_version[v] for v in range(2 + 3 * k, 5 + 3 * k))
+
+    early, late = call_bytes(5), call_bytes(calls - 1)
+    assert late - early <= 40, (early, late)  # only counters' extra digits (steps, tool calls, tokens)
+    assert early < 3_000
+    assert len(sqlite_store.load_events(state.id)) > 3 * calls
 
 
 # Races ------------------------------------------------------------------------------

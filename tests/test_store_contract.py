@@ -16,7 +16,7 @@ import pytest
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunRecord, Store
+from tether.stores import RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 
@@ -81,6 +81,17 @@ def test_create_with_no_events(store: Store) -> None:
     store.create_run(record(), [])
     assert store.load_events("run_1") == []
     assert store.load_run("run_1").version == 1
+    assert store.load_log("run_1") == RunLog(version=1, tenant=None, events=[])
+
+
+def test_load_log_gives_the_version_with_its_events(store: Store) -> None:
+    store.create_run(record(tenant="acme"), events(0))
+    store.append(record(version=2, tenant="acme"), 1, events(1, 2))
+    assert store.load_log("run_1") == RunLog(version=2, tenant="acme", events=events(0, 1, 2))
+    assert store.load_log("run_1", tenant="acme") == store.load_log("run_1")
+    for missing, tenant in (("run_1", "other"), ("run_missing", None)):
+        with pytest.raises(RunNotFound):
+            store.load_log(missing, tenant=tenant)
 
 
 def test_duplicate_create_raises_store_error_and_keeps_the_original(store: Store) -> None:
@@ -341,6 +352,23 @@ def test_delete_runs_filters_by_status_and_tenant(store: Store) -> None:
 
     assert store.delete_runs(finished_before=2.0, statuses={"done"}, tenant="a") == 1
     assert {r.id for r in store.list_runs()} == {"b_done", "a_failed"}
+
+
+def test_delete_runs_keeps_transient_failures_unless_asked(store: Store) -> None:
+    for run_id, status, summary in [
+        ("failed_for_good", "failed", {"retryable": False}),
+        ("failed_transiently", "failed", {"retryable": True}),
+        ("failed_long_ago", "failed", {}),  # a row written before runs said: not retryable
+        ("done", "done", {"retryable": False}),
+    ]:
+        store.create_run(record(run_id, status=status, summary=summary, updated_at=1.0), events(0, 1))
+    finished = {"done", "failed", "cancelled"}
+
+    assert store.delete_runs(finished_before=2.0, statuses=finished) == 3
+    assert [r.id for r in store.list_runs()] == ["failed_transiently"]
+    assert len(store.load_events("failed_transiently")) == 2
+    assert store.delete_runs(finished_before=2.0, statuses=finished, include_retryable=True) == 1
+    assert store.list_runs() == []
 
 
 @pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])

@@ -12,7 +12,7 @@ from tether.models import ModelAdapter
 from tether.policies import Limits
 from tether.pricing import Price, price_for
 from tether.rules import Policy
-from tether.tools import Tool, tools_by_name
+from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,14 @@ class Agent:
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
     name: str | None = None
     """Who this agent is; approval callables see it as ``ApprovalContext.agent``."""
+    on_interrupted: OnInterrupted = "ask"
+    """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
+    ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
+    ``"error"``: the model gets an ``is_error`` result saying it was interrupted and not re-run."""
 
     def __post_init__(self) -> None:
+        if self.on_interrupted not in INTERRUPTED_POLICIES:
+            raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
         budget = self.limits.budget
         if budget is not None and budget.counts_cost and price_for(self.model_name, self.prices) is None:
             # A cost budget that cannot count would never stop anything: refuse it up front.

@@ -62,6 +62,20 @@ class Approver(Protocol):
         ...
 
 
+class DecideLater:
+    """Decides nothing now: the run parks until a decision comes from elsewhere.
+
+    For services and the CLI, where a person answers later (``runner.decide`` from any
+    process, ``tether approve``). Unlike ``approver=None`` ("nobody will be asked"), it
+    counts as someone to ask, so a call a crash left in doubt parks for that person too
+    instead of reaching the model as not re-run (see ``Agent.on_interrupted``).
+    """
+
+    def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
+        """No decision: every call stays pending."""
+        return {}
+
+
 class AutoApprover:
     """Approves (or denies) everything: ``--approve-all`` / ``--deny-all``."""
 

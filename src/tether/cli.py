@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from tether.agent import Agent
-from tether.approvals import Approve, Approver, AutoApprover, Deny
+from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
@@ -31,7 +32,7 @@ from tether.machine import STATUS_VALUES
 from tether.policies import Budget
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of
 from tether.state import RunState
-from tether.stores import RunRecord, Store, open_store
+from tether.stores import RunRecord, Store, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -70,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_id")
     resume.add_argument("--json", action="store_true")
     _add_max_wait(resume)
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="treat tool calls another process started as abandoned (only if you know it is gone)",
+    )
     with_approvals(resume)
 
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
@@ -141,7 +147,7 @@ class _Session:
         self.run_id: str | None = args.run_id if args.command == "resume" else None
         """The run being driven, once known: named when Ctrl-C stops the command."""
 
-    def approver(self, args: argparse.Namespace, agent: Agent) -> Approver | None:
+    def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
         if getattr(args, "approve_all", False):
             return AutoApprover(approve=True)
         if getattr(args, "deny_all", False):
@@ -150,7 +156,7 @@ class _Session:
             from tether.terminal import TerminalApprover
 
             return TerminalApprover(self.out, agent, actor=os.environ.get("USER") or "terminal")
-        return None
+        return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
@@ -232,7 +238,10 @@ class _Session:
         )
 
     def _db_hint(self) -> str:
-        return "" if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ else f" --db {self.db_url}"
+        """`` --db URL`` for a follow-up command, unless it is the default; never with the password."""
+        if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ:
+            return ""
+        return f" --db {shlex.quote(shown_url(self.db_url))}"
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
@@ -264,7 +273,7 @@ def _agent_for(session: _Session, run_id: str) -> Agent:
 
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     runner = session.runner(args, _agent_for(session, args.run_id))
-    return session.finish(runner.drive(args.run_id, max_wait=args.max_wait))
+    return session.finish(runner.drive(args.run_id, max_wait=args.max_wait, force=args.force))
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
@@ -392,7 +401,7 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
     agent = agent_from_spec(spec)
     if not session.json:
         model = "Claude (" + agent.model_name + ")" if agent.model_name != DEMO_MODEL else "the offline scripted model"
-        about = f"workspace {demo.workspace()}, database {session.db_url}, {model}"
+        about = f"workspace {demo.workspace()}, database {shown_url(session.db_url)}, {model}"
         session.out.print(Text.assemble(("tether demo", "bold"), ": ", about))
         session.out.print(Text.assemble(("prompt", "bold"), ": ", demo.PROMPT))
     runner = session.runner(args, agent)
@@ -535,13 +544,20 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         choices=["done", "failed", "cancelled"],
         help="only runs with this status (repeatable; default: all three)",
     )
+    gc.add_argument(
+        "--include-retryable",
+        action="store_true",
+        help="also delete runs that failed transiently (by default kept: `tether resume` may still finish them)",
+    )
     gc.add_argument("--json", action="store_true")
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Parked and in-progress runs are never touched: only final statuses can be chosen.
+    """Delete old finished runs; never parked or running ones, nor resumable transient failures.
 
-    Expired tool-cache entries go too (they are never read again, whatever their age).
+    Only final statuses can be chosen; a run that failed transiently is kept unless
+    ``--include-retryable`` says otherwise. Expired tool-cache entries go too (they are never
+    read again, whatever their age).
     """
     from tether.audit import parse_since
 
@@ -550,14 +566,22 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     except ConfigError as error:
         raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
     statuses = set(args.status or ["done", "failed", "cancelled"])
-    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses)
+    retryable = args.include_retryable
+    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses, include_retryable=retryable)
     expired = session.store.cache_purge(time.time())
     if session.json:
-        report = {"deleted": deleted, "before": cutoff, "statuses": sorted(statuses), "cache_deleted": expired}
+        report = {
+            "deleted": deleted,
+            "before": cutoff,
+            "statuses": sorted(statuses),
+            "include_retryable": retryable,
+            "cache_deleted": expired,
+        }
         print(json.dumps(report))
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
-        kinds = ", ".join(sorted(statuses))
+        kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
+        kinds = ", ".join(sorted(statuses)) + kept
         session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
         session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE

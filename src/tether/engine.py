@@ -112,16 +112,25 @@ class Step:
 
 
 # Deciding --------------------------------------------------------------------------------
-def next_action(state: RunState, agent: Agent, *, now: float, abandoned: Collection[str] = frozenset()) -> Action:
+def next_action(
+    state: RunState,
+    agent: Agent,
+    *,
+    now: float,
+    abandoned: Collection[str] = frozenset(),
+    can_ask: bool = True,
+) -> Action:
     """The next thing to do for ``state``; pure.
 
     ``abandoned`` names the in-flight calls whose driver is gone (the caller checks
     liveness); any other in-flight call belongs to a live driver, so this one must not touch it.
+    ``can_ask`` says whether anyone can answer a question (the driver has an approver): if
+    not, a call in doubt whose policy is ``"ask"`` gets the ``"error"`` result instead.
     """
     if state.status in ENDED_VALUES or state.status == "awaitingApproval":
         return Stop(state.status)
     if state.status == "executingTool":
-        return _next_tool_action(state, agent, now, abandoned)
+        return _next_tool_action(state, agent, now, abandoned, can_ask)
     max_steps = state.spec.get("max_steps", agent.limits.max_steps)
     if max_steps is not None and state.steps >= max_steps:
         return Commit(_failure(f"max_steps limit reached: {max_steps} model invocations"))
@@ -162,7 +171,9 @@ def _checked_prefix(state: RunState) -> int:
     return int(count)
 
 
-def _next_tool_action(state: RunState, agent: Agent, now: float, abandoned: Collection[str]) -> Action:
+def _next_tool_action(
+    state: RunState, agent: Agent, now: float, abandoned: Collection[str], can_ask: bool
+) -> Action:
     """The batch's next call that can go ahead; gated calls wait until nothing else can.
 
     Calls that need no one run first; the run parks only when every unfinished call waits
@@ -170,7 +181,7 @@ def _next_tool_action(state: RunState, agent: Agent, now: float, abandoned: Coll
     """
     parked: Action | None = None
     for call in state.unfinished_calls():
-        action = _call_action(state, agent, call, now, abandoned)
+        action = _call_action(state, agent, call, now, abandoned=abandoned, can_ask=can_ask)
         if isinstance(action, Commit) and action.step.trigger == "approval_needed":
             parked = parked or action
             continue
@@ -180,7 +191,7 @@ def _next_tool_action(state: RunState, agent: Agent, now: float, abandoned: Coll
 
 
 def _call_action(
-    state: RunState, agent: Agent, call: PendingCall, now: float, abandoned: Collection[str]
+    state: RunState, agent: Agent, call: PendingCall, now: float, *, abandoned: Collection[str], can_ask: bool
 ) -> Action:
     lease = state.in_flight.get(call.call_id)
     if lease is not None and call.call_id not in abandoned:
@@ -196,8 +207,12 @@ def _call_action(
         shown = f"Error: invalid arguments for tool {tool.name!r}: {_capped(str(error), agent.limits.max_result_chars)}"
         return Commit(_result(call, shown, True, **_full_content(shown, full)))
     decision = state.decisions.get(call.call_id)
+    in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
+        if in_doubt:
+            detail = f"{decision.actor} declined to re-run it{why}"
+            return Commit(_result(call, interrupted_message(detail), True, interrupted=True))
         return Commit(_result(call, f"Error: the call was denied by {decision.actor}{why}", True))
     edited_input = decision.input if decision is not None else None
     if edited_input is not None:
@@ -210,9 +225,8 @@ def _call_action(
         message = f"Error: not run: the budget is used up ({spent_up.describe()})"
         return Commit(_result(call, message, True, budget_limit=spent_up.limit))
     warnings: list[Record] = []
-    in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
-        gate = _gate(state, agent, call, tool, arguments)
+        gate = _gate(state, agent, call, tool, arguments, can_ask=can_ask)
         if isinstance(gate, Step):
             return Commit(gate)
         warnings = gate
@@ -239,19 +253,25 @@ def _call_action(
 
 
 def _gate(
-    state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
+    state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel, *, can_ask: bool
 ) -> Step | list[Record]:
     """A step parking the run (or denying the call), else the warnings to record with its start.
 
-    A ``deny`` rule always wins; a call in doubt after a crash is always asked about; only
-    then may a tool approved for the rest of the run skip the question.
+    A ``deny`` rule always wins; a call in doubt after a crash is resolved by its
+    ``on_interrupted`` policy (asked about, or reported as not re-run); only then may a tool
+    approved for the rest of the run skip the question.
     """
     verdict, warnings = _verdict(state, agent, call, tool, arguments)
     if verdict.verdict == "deny":
         return _denied_by_policy(call, verdict.reason, warnings)
     if call.call_id in state.in_flight and not tool.idempotent:
-        reason = "it was interrupted mid-run and may already have run; run it again?"
-        return _approval_step(state, agent, call, reason, warnings)
+        policy = tool.on_interrupted or agent.on_interrupted
+        if policy == "ask" and can_ask:
+            reason = "it was interrupted mid-run and may already have run; run it again?"
+            return _approval_step(state, agent, call, reason, warnings)
+        why = "its policy is not to re-run" if policy == "error" else "there is no approver to ask"
+        reported = _result(call, interrupted_message(why), True, interrupted=True)
+        return Step(reported.trigger, [*warnings, *reported.records])
     if verdict.verdict == "allow":
         return warnings
     return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
@@ -314,6 +334,15 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
     for item in shown:
         item["fingerprint"] = fingerprint(item["input"])
     return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, {"calls": shown})])
+
+
+def interrupted_message(why: str) -> str:
+    """What the model reads about a call a crash left in doubt that was not run again."""
+    return (
+        "Error: this call was interrupted mid-run (the process running it stopped before its "
+        "result was recorded), so it may already have taken effect; it was not run again "
+        f"({why}). Check its effect before calling it again."
+    )
 
 
 def _result(call: PendingCall, content: str, is_error: bool, **extra: Any) -> Step:
@@ -436,6 +465,19 @@ def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[
         "lease_until": lease_until,
     }
     return ev.TOOL_STARTED, data
+
+
+def abandon_in_flight(state: RunState, *, by: str, reason: str) -> list[Record]:
+    """Records declaring every call now in flight abandoned by its driver (an operator's override).
+
+    From then on each is in doubt, resolved like any call a crash interrupted; written
+    without a transition, like a tool's start.
+    """
+    return [
+        (ev.CALL_ABANDONED, {"call_id": call_id, "owner": lease.owner, "by": by, "reason": reason})
+        for call_id, lease in state.in_flight.items()
+        if not lease.abandoned
+    ]
 
 
 def on_tool_success(action: RunTool, content: str, *, duration: float) -> Step:

@@ -97,7 +97,10 @@ class RunBusy(StaleRun):
 
     def __init__(self, run_id: str, call_id: str, owner: str) -> None:
         RunError.__init__(
-            self, f"run {run_id!r} is being driven by {owner} (tool call {call_id} in progress)", run_id=run_id
+            self,
+            f"run {run_id!r} is being driven by {owner} (tool call {call_id} in progress); only if you know "
+            f"that process is gone, take the run over with `tether resume {run_id} --force` (drive(force=True))",
+            run_id=run_id,
         )
         self.expected_version = -1
         self.call_id = call_id

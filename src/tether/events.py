@@ -25,6 +25,9 @@ CACHE_HIT: Final = "cache_hit"
 """A cached result answered a call; the tool did not run (see :mod:`tether.cache`)."""
 CACHE_MISS: Final = "cache_miss"
 """A cached tool found nothing usable; written with its ``tool_started``."""
+CALL_ABANDONED: Final = "call_abandoned"
+"""An operator declared the driver of a started call gone (``tether resume --force``): the
+call is in doubt from then on, whatever its lease says."""
 
 EVENT_TYPES: Final = frozenset(
     {
@@ -42,6 +45,7 @@ EVENT_TYPES: Final = frozenset(
         RUN_FINISHED,
         CACHE_HIT,
         CACHE_MISS,
+        CALL_ABANDONED,
     }
 )
 

@@ -34,7 +34,7 @@ from tether.models import (
     Usage,
 )
 from tether.state import RunState
-from tether.stores import RunRecord, Store
+from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
 EventListener = Callable[[RunState, Event], None]
@@ -128,6 +128,7 @@ def record_of(state: RunState) -> RunRecord:
     summary.pop("run_id")
     summary.pop("status")
     summary["cost_usd"] = result.cost_usd
+    summary["retryable"] = state.status == "failed" and state.can_retry  # kept by `tether gc`
     return RunRecord(
         id=state.id,
         status=state.status or "thinking",
@@ -156,6 +157,15 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
 
 
 class _RunnerBase:
+    """What both drivers share.
+
+    ``approver`` answers gated calls during a drive. ``None`` means nobody will be asked:
+    a gated call still parks the run (a later ``decide`` can free it), but a call a crash
+    left in doubt reaches the model as interrupted and not re-run. Pass
+    :class:`~tether.approvals.DecideLater` when a person decides later (a service, the CLI's
+    ``tether approve``): then calls in doubt park for them too.
+    """
+
     def __init__(
         self,
         agent: Agent,
@@ -178,10 +188,9 @@ class _RunnerBase:
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
-        """Rebuild a run from its events."""
-        record = self.store.load_run(run_id, tenant=tenant)
-        events = self.store.load_events(run_id, tenant=tenant)
-        return RunState.rebuild(run_id, events, version=record.version, tenant=record.tenant)
+        """Rebuild a run from its events (read with its version, in one consistent read)."""
+        log = self.store.load_log(run_id, tenant=tenant)
+        return RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
 
     def create(
         self,
@@ -200,6 +209,7 @@ class _RunnerBase:
             "max_tool_calls": self.agent.limits.max_tool_calls,
             "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
             "machine_version": MACHINE_VERSION,
+            "schema_version": SCHEMA_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
         }
         if continue_from is not None:
@@ -224,10 +234,14 @@ class _RunnerBase:
         self._persist(state, engine.commit(state, step, now=self.clock()))
 
     def _record_start(self, state: RunState, action: engine.RunTool, owner: str) -> None:
-        now = self.clock()
-        records = [*action.warnings, engine.tool_started(action, owner=owner, now=now)]
+        records = [*action.warnings, engine.tool_started(action, owner=owner, now=self.clock())]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
+        self._record(state, records)
+
+    def _record(self, state: RunState, records: list[engine.Record]) -> None:
+        """Commit facts that need no transition (a tool's start, an operator's override)."""
+        now = self.clock()
         produced = []
         for kind, data in records:
             event = Event(seq=state.next_seq, type=kind, data=data, at=now)
@@ -235,6 +249,16 @@ class _RunnerBase:
             produced.append(event)
         state.version += 1
         self._persist(state, produced)
+
+    def _start_drive(self, run: str | RunState, tenant: str | None, *, force: bool, owner: str) -> RunState:
+        """Load and check the run; with ``force``, first declare its in-flight calls abandoned."""
+        state = self._state(run, tenant)
+        if force:
+            records = engine.abandon_in_flight(state, by=owner, reason="forced: the operator says its driver is gone")
+            if records:
+                self._record(state, records)
+        self._retry_if_resumable(state)
+        return state
 
     def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> bool:
         """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
@@ -329,7 +353,7 @@ class _RunnerBase:
     ) -> engine.CallModel | engine.RunTool | engine.WaitUntil | engine.Commit | engine.Stop:
         now = self.clock()
         abandoned = {cid for cid, lease in state.in_flight.items() if not leases.alive(lease, now, me=owner)}
-        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned)
+        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned, can_ask=self.approver is not None)
         if isinstance(action, engine.Busy):
             raise RunBusy(state.id, action.call_id, action.owner)
         return action
@@ -373,16 +397,27 @@ class Runner(_RunnerBase):
         """Start a run and drive it as far as it goes (see :meth:`drive` for ``max_wait``)."""
         return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
-    def drive(self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None) -> RunResult:
+    def drive(
+        self,
+        run: str | RunState,
+        *,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+        force: bool = False,
+    ) -> RunResult:
         """Take steps until the run finishes or parks.
 
         ``max_wait`` bounds how long the drive sleeps for a tool retry: a retry due later
         parks the run (status ``waiting_retry``, ``next_due_at`` set, no thread held) for a
         later drive; ``0`` never sleeps, None (the default) waits however long.
+
+        ``force`` first records that every call now in flight was abandoned by its
+        driver, so each is handled as a call a crash left in doubt. Only for an operator
+        who knows that driver is gone (its lease would otherwise raise RunBusy): if it
+        still runs, its call may run twice.
         """
-        state = self._state(run, tenant)
-        self._retry_if_resumable(state)
         with leases.driving() as owner:
+            state = self._start_drive(run, tenant, force=force, owner=owner)
             while self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)
@@ -448,12 +483,16 @@ class AsyncRunner(_RunnerBase):
         return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
     async def drive(
-        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None
+        self,
+        run: str | RunState,
+        *,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+        force: bool = False,
     ) -> RunResult:
-        """Take steps until the run finishes or parks (see :meth:`Runner.drive`)."""
-        state = self._state(run, tenant)
-        self._retry_if_resumable(state)
+        """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
         with leases.driving() as owner:
+            state = self._start_drive(run, tenant, force=force, owner=owner)
             while await self.step(state, owner=owner, max_wait=max_wait):
                 pass
         return result_of(state)

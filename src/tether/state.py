@@ -54,6 +54,8 @@ class Lease:
     """``host:pid:token`` of the driver that recorded the start."""
     until: float
     """After this Unix time a silent owner is presumed dead (used across hosts)."""
+    abandoned: bool = False
+    """An operator declared the owner gone (``call_abandoned``): the call is in doubt."""
 
 
 @dataclass
@@ -218,6 +220,12 @@ def _tool_started(state: RunState, data: dict[str, Any]) -> None:
     state.retry_due.pop(data["call_id"], None)
 
 
+def _call_abandoned(state: RunState, data: dict[str, Any]) -> None:
+    lease = state.in_flight.get(data["call_id"])
+    if lease is not None:
+        state.in_flight[data["call_id"]] = Lease(lease.owner, lease.until, abandoned=True)
+
+
 def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
     call_id = data["call_id"]
     state.tool_seconds += float(data.get("duration") or 0.0)
@@ -294,6 +302,7 @@ _HANDLERS = {
     ev.RUN_STARTED: _run_started,
     ev.MODEL_RESPONDED: _model_responded,
     ev.TOOL_STARTED: _tool_started,
+    ev.CALL_ABANDONED: _call_abandoned,
     ev.TOOL_FINISHED: _tool_finished,
     ev.RETRY_SCHEDULED: _retry_scheduled,
     ev.APPROVAL_REQUESTED: _approval_requested,

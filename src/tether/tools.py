@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import pydantic
 
@@ -28,6 +28,10 @@ from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CALL_ID_PARAMETER = "tool_use_id"
 """A tool parameter with this name receives the call's id (an idempotency key)."""
+OnInterrupted = Literal["ask", "error"]
+"""What happens to a non-idempotent call a crash left in doubt (it started, never finished):
+ask a person whether to run it again, or tell the model it was interrupted and not re-run."""
+INTERRUPTED_POLICIES: tuple[OnInterrupted, ...] = ("ask", "error")
 
 
 class RetryLater(Exception):
@@ -71,7 +75,10 @@ class Tool:
     final: bool = False
     """Its validated input is the run's result and the run ends."""
     idempotent: bool = False
-    """Safe to run again after a crash left its outcome unknown."""
+    """Safe to run again after a crash left its outcome unknown: such a call is simply re-run."""
+    on_interrupted: OnInterrupted | None = None
+    """A non-idempotent call that a crash left in doubt: ``"ask"`` a person whether to run it
+    again, or give the model an ``"error"`` result saying it was not; None = the agent's setting."""
     wants_call_id: bool = False
     """Whether the function takes ``tool_use_id``."""
     cancel_parameter: str | None = None
@@ -217,6 +224,7 @@ def make_tool(
     timeout: float | None = None,
     final: bool = False,
     idempotent: bool = False,
+    on_interrupted: OnInterrupted | None = None,
     tags: Iterable[str] = (),
     cache_ttl: float | None = None,
 ) -> Tool:
@@ -228,6 +236,10 @@ def make_tool(
         raise ToolDefinitionError(f"tool {tool_name!r}: timeout must be positive", tool=tool_name)
     if cache_ttl is not None and not cache_ttl > 0:
         raise ToolDefinitionError(f"tool {tool_name!r}: cache_ttl must be positive seconds", tool=tool_name)
+    if on_interrupted not in (None, *INTERRUPTED_POLICIES):
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: on_interrupted must be 'ask' or 'error' (idempotent=True re-runs)", tool=tool_name
+        )
     labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
     if not all(isinstance(tag, str) and tag for tag in labels):
         raise ToolDefinitionError(f"tool {tool_name!r}: tags must be non-empty strings", tool=tool_name)
@@ -242,6 +254,7 @@ def make_tool(
         timeout=timeout,
         final=final,
         idempotent=idempotent,
+        on_interrupted=on_interrupted,
         wants_call_id=wants_call_id,
         cancel_parameter=cancel_parameter,
         tags=labels,
@@ -263,6 +276,7 @@ def tool(
     timeout: float | None = None,
     final: bool = False,
     idempotent: bool = False,
+    on_interrupted: OnInterrupted | None = None,
     tags: Iterable[str] = (),
     cache_ttl: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -279,6 +293,7 @@ def tool(
     timeout: float | None = None,
     final: bool = False,
     idempotent: bool = False,
+    on_interrupted: OnInterrupted | None = None,
     tags: Iterable[str] = (),
     cache_ttl: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -300,6 +315,7 @@ def tool(
             timeout=timeout,
             final=final,
             idempotent=idempotent,
+            on_interrupted=on_interrupted,
             tags=tags,
             cache_ttl=cache_ttl,
         )

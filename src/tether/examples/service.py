@@ -54,7 +54,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 import pydantic
 
 from tether.agent import Agent
-from tether.approvals import Approve, Decision, Deny
+from tether.approvals import Approve, DecideLater, Decision, Deny
 from tether.errors import ApprovalError, RunNotFound, StaleRun, TetherError
 from tether.history import tool_uses
 from tether.machine import STATUS_VALUES
@@ -108,8 +108,8 @@ class _Service:
         self.store = store
 
     def runner(self, tenant: str) -> Runner:
-        # No approver: a gated call parks the run until a decision arrives over HTTP.
-        return Runner(self.agent_factory(tenant), self.store)
+        # Decisions arrive over HTTP: a gated call (or one a crash left in doubt) parks the run.
+        return Runner(self.agent_factory(tenant), self.store, approver=DecideLater())
 
     # Endpoints ----------------------------------------------------------------------
     async def start_run(self, request: Request) -> Response:

@@ -14,6 +14,11 @@ from typing import Any, Protocol
 
 from tether.events import Event
 
+SCHEMA_VERSION = 2
+"""The layout tether stores runs in (tables, row and event data). A SQL database records the
+version it was migrated to (see ``tether.stores.sql.MIGRATIONS``); each run's spec records
+the one it was written under. 2: the tool-result cache; failed runs say if retryable."""
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -25,9 +30,19 @@ class RunRecord:
     tenant: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
-    """Counters and outcome: steps, tool_calls, usage, output, result, error, pending."""
+    """Counters and outcome: steps, tool_calls, usage, output, result, error, pending, and
+    ``retryable`` (a failed run that resuming may retry, which ``delete_runs`` keeps)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """A run's whole log with the row's version, read at one instant (see :meth:`Store.load_log`)."""
+
+    version: int
+    tenant: str | None
+    events: list[Event]
 
 
 class Store(Protocol):
@@ -54,6 +69,14 @@ class Store(Protocol):
         """The run's whole log, oldest first."""
         ...
 
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version from one consistent read, to continue the run from.
+
+        Read apart, another process could commit a step in between: the version would then
+        lag the events, and the next write would fail with a needless StaleRun.
+        """
+        ...
+
     def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Newest runs first, optionally filtered."""
         ...
@@ -66,11 +89,21 @@ class Store(Protocol):
         """
         ...
 
-    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+    ) -> int:
         """Delete finished runs (and their events) last updated before a Unix time; return how many.
 
         Only final statuses may be given (see :func:`check_deletable`): a parked or running
-        run is never deleted.
+        run is never deleted, nor, unless ``include_retryable``, a run that failed
+        transiently (``summary["retryable"]``): resuming it may still finish it. The
+        conditions hold at the moment of deletion, even if another process resumes a run
+        meanwhile.
         """
         ...
 
@@ -101,12 +134,28 @@ DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
 
 
+def deletable(record: RunRecord, *, finished_before: float, statuses: Collection[str], include_retryable: bool) -> bool:
+    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says)."""
+    if record.status not in statuses or not record.updated_at < finished_before:
+        return False
+    return include_retryable or not (record.status == "failed" and record.summary.get("retryable") is True)
+
+
 def check_deletable(statuses: Collection[str]) -> None:
     """Refuse to delete anything but finished runs."""
     unsafe = set(statuses) - FINAL_STATUSES
     if unsafe or not statuses:
         finals = ", ".join(sorted(FINAL_STATUSES))
         raise ValueError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password masked (``***``): the only form in which a URL is printed."""
+    if url == "memory://":
+        return url
+    from tether.stores.sql import redact_url  # SQLAlchemy parses it, loaded only when needed
+
+    return redact_url(url)
 
 
 def open_store(url: str | None) -> Store:
@@ -120,4 +169,16 @@ def open_store(url: str | None) -> Store:
     return SQLStore(url or "sqlite:///tether.db")
 
 
-__all__ = ["DUE_KEY", "FINAL_STATUSES", "WAITING_STATUS", "RunRecord", "Store", "check_deletable", "open_store"]
+__all__ = [
+    "DUE_KEY",
+    "FINAL_STATUSES",
+    "SCHEMA_VERSION",
+    "WAITING_STATUS",
+    "RunLog",
+    "RunRecord",
+    "Store",
+    "check_deletable",
+    "deletable",
+    "open_store",
+    "shown_url",
+]

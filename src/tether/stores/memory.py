@@ -10,7 +10,7 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, WAITING_STATUS, RunRecord, check_deletable
+from tether.stores import DUE_KEY, WAITING_STATUS, RunLog, RunRecord, check_deletable, deletable
 
 
 @dataclass(frozen=True)
@@ -143,16 +143,36 @@ class MemoryStore:
             log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
         return [e.load() for e in log]
 
-    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
-        """Delete finished runs last updated before ``finished_before``."""
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version, read under one lock."""
+        with self._lock:
+            stored = self._rows.get(run_id)
+            if stored is None or (tenant is not None and stored.record.tenant != tenant):
+                raise RunNotFound(run_id)
+            log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
+        return RunLog(stored.record.version, stored.record.tenant, [e.load() for e in log])
+
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+    ) -> int:
+        """Delete finished runs last updated before ``finished_before`` (see :meth:`Store.delete_runs`)."""
         check_deletable(statuses)
         with self._lock:
             doomed = [
                 run_id
                 for run_id, stored in self._rows.items()
-                if stored.record.status in statuses
-                and stored.record.updated_at < finished_before
-                and (tenant is None or stored.record.tenant == tenant)
+                if (tenant is None or stored.record.tenant == tenant)
+                and deletable(
+                    stored.load(),
+                    finished_before=finished_before,
+                    statuses=statuses,
+                    include_retryable=include_retryable,
+                )
             ]
             for run_id in doomed:
                 del self._rows[run_id]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,8 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, WAITING_STATUS, RunRecord, check_deletable
+from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
 
-SCHEMA_VERSION = 1
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -113,6 +113,17 @@ def _dump_json(value: Any) -> str:
         raise StoreError(f"cannot store content that is not JSON: {error}") from error
 
 
+_PASSWORD_IN_URL = re.compile(r"(://[^/?#@:]*:)[^/?#@]*@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown (messages, hints): its password, if any, replaced by ``***``."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:  # not a URL SQLAlchemy reads: still hide what looks like user:password@
+        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+
+
 def _check_sqlite_path(url: sa.engine.URL) -> None:
     """A missing directory is a configuration mistake: say so now, not at the first write."""
     database = url.database
@@ -146,7 +157,7 @@ class SQLStore:
         try:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError as error:
-            raise ConfigError(f"invalid database URL {url!r}: {error}") from error
+            raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
         options: dict[str, Any] = {"json_serializer": _dump_json}
         if self._sqlite:
@@ -197,7 +208,7 @@ class SQLStore:
         return f"{doing} ({self._where()}): {text}"
 
     def _where(self) -> str:
-        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+        return redact_url(self.url)
 
     def _ensure_schema(self) -> None:
         if self._ready:
@@ -206,25 +217,35 @@ class SQLStore:
             if self._ready:
                 return
             try:
-                SQLModel.metadata.create_all(self.engine, tables=[_RUN, _EVENT, _META, _CACHE])
-                with self.engine.begin() as connection:
-                    found = connection.execute(
-                        sa.select(_META.c.value).where(_META.c.key == "schema_version")
-                    ).scalar()
-                    if found is None:
-                        connection.execute(
-                            sa.insert(_META).values(key="schema_version", value=str(SCHEMA_VERSION))
-                        )
-                    elif int(found) > SCHEMA_VERSION:
-                        raise StoreError(
-                            f"the database uses tether schema {found}, newer than this tether "
-                            f"({SCHEMA_VERSION}); upgrade tether"
-                        )
-            except sa.exc.IntegrityError:
-                pass  # another process created the row at the same time
+                with self._schema_transaction() as connection:
+                    _migrate(connection)
             except sa.exc.DBAPIError as error:
                 raise StoreError(self._describe(error.orig, "cannot open database")) from error
             self._ready = True
+
+    @contextmanager
+    def _schema_transaction(self) -> Iterator[sa.Connection]:
+        """A transaction no other process setting up the same database runs at the same time.
+
+        SQLite: ``BEGIN IMMEDIATE`` (the write lock, taken before reading the version);
+        PostgreSQL: a transaction-scoped advisory lock for the schema in use. Tables,
+        migrations and the version are then written together or not at all.
+        """
+        if not self._sqlite:
+            with self.engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.tether'))"))
+                yield connection
+            return
+        with self.engine.connect() as raw:
+            connection = raw.execution_options(isolation_level="AUTOCOMMIT")  # pysqlite must not BEGIN itself
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield connection
+            except BaseException:
+                connection.exec_driver_sql("ROLLBACK")
+                raise
+            connection.exec_driver_sql("COMMIT")
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run with its first events."""
@@ -273,6 +294,23 @@ class SQLStore:
                 raise RunNotFound(run_id)
             rows = connection.execute(query).mappings().all()
         return [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows]
+
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
+        query = (
+            sa.select(_RUN.c.version, _RUN.c.tenant, _EVENT.c.seq, _EVENT.c.type, _EVENT.c.data, _EVENT.c.at)
+            .select_from(_RUN.outerjoin(_EVENT, _EVENT.c.run_id == _RUN.c.id))
+            .where(_RUN.c.id == run_id)
+            .order_by(_EVENT.c.seq)
+        )
+        if tenant is not None:
+            query = query.where(_RUN.c.tenant == tenant)
+        with self._transaction() as connection:
+            rows = connection.execute(query).mappings().all()
+        if not rows:
+            raise RunNotFound(run_id)
+        events = [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows if r["seq"] is not None]
+        return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
     def list_runs(
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
@@ -331,21 +369,91 @@ class SQLStore:
             deleted = connection.execute(sa.delete(_CACHE).where(_CACHE.c.expires_at <= now))
         return int(deleted.rowcount)
 
-    def delete_runs(self, *, finished_before: float, statuses: Collection[str], tenant: str | None = None) -> int:
-        """Delete finished runs last updated before ``finished_before``, with their events."""
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+    ) -> int:
+        """Delete finished runs last updated before ``finished_before``, with their events.
+
+        A failed run can still change (resuming a transient failure retries it), so the
+        rows are locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one
+        writer) and every DELETE repeats the conditions: a run another process resumed
+        meanwhile is left whole, never deleted, never stripped of its events.
+        """
         check_deletable(statuses)
-        finished = sorted(statuses)
-        doomed = sa.select(_RUN.c.id).where(_RUN.c.status.in_(finished), _RUN.c.updated_at < finished_before)
+        doomed = _RUN.c.status.in_(sorted(statuses)) & (_RUN.c.updated_at < finished_before)
+        if not include_retryable:  # a transient failure may still be resumed: keep it
+            retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
+            doomed &= (_RUN.c.status != "failed") | sa.not_(retryable)
         if tenant is not None:
-            doomed = doomed.where(_RUN.c.tenant == tenant)
-        # A finished run never changes again (its states are final), so nothing can race this.
+            doomed &= _RUN.c.tenant == tenant
+        deleted = 0
         with self._transaction() as connection:
-            ids = [row[0] for row in connection.execute(doomed)]
+            ids = [row[0] for row in connection.execute(sa.select(_RUN.c.id).where(doomed).with_for_update())]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
-                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(chunk)))
-                connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk)))
-        return len(ids)
+                still = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk), doomed)
+                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
+                deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
+        return deleted
+
+
+# Schema versions -----------------------------------------------------------------------
+def _to_v2(connection: sa.Connection) -> None:
+    """Version 1 to 2: the tool-result cache table; failed runs say if they were transient.
+
+    Some version 1 databases have the cache table already. Whether a failed run can be
+    retried is read from its log's ``run_finished``, so ``tether gc`` keeps those runs.
+    """
+    _CACHE.create(connection, checkfirst=True)
+    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(_RUN.c.status == "failed")).all()
+    for run_id, summary in failed:
+        finished = connection.execute(
+            sa.select(_EVENT.c.data)
+            .where(_EVENT.c.run_id == run_id, _EVENT.c.type == "run_finished")
+            .order_by(_EVENT.c.seq.desc())
+            .limit(1)
+        ).scalar()
+        retryable = bool((finished or {}).get("retryable"))
+        connection.execute(
+            sa.update(_RUN).where(_RUN.c.id == run_id).values(summary={**(summary or {}), "retryable": retryable})
+        )
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2),)
+"""(from version, step to the next), in order. A step only adds (tables, columns, facts
+derived from the log): it never drops or rewrites what runs recorded. Plain steps rather
+than alembic: a few small additive changes, applied on first use with no extra tool."""
+
+
+def _migrate(connection: sa.Connection) -> None:
+    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+    inspector = sa.inspect(connection)
+    stored: int | None = None
+    if inspector.has_table(_META.name):
+        found = connection.execute(sa.select(_META.c.value).where(_META.c.key == "schema_version")).scalar()
+        stored = None if found is None else int(found)
+    if stored is None and inspector.has_table(_RUN.name):
+        stored = 1  # tables written before the version was: the first layout
+    if stored == SCHEMA_VERSION:
+        return
+    if stored is None:
+        SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE])
+    elif stored > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
+        )
+    else:
+        _META.create(connection, checkfirst=True)
+        for from_version, step in MIGRATIONS:
+            if from_version >= stored:
+                step(connection)
+    connection.execute(sa.delete(_META).where(_META.c.key == "schema_version"))
+    connection.execute(sa.insert(_META).values(key="schema_version", value=str(SCHEMA_VERSION)))
 
 
 def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
