@@ -322,7 +322,7 @@ async def test_raising_tool_gives_is_error_with_message_verbatim(
     assert block["is_error"] is True
     assert "database is locked (code 5): 'main.db'" in block["content"]
     assert block["content"] == (
-        "Error (fatal): tool 'query' raised RuntimeError: database is locked (code 5): 'main.db'"
+        "Error (retryable): tool 'query' raised RuntimeError: database is locked (code 5): 'main.db'"
     )
 
 

@@ -6,6 +6,11 @@ the approval prompt the way a person would: approve, deny with a reason, edit, o
 
 from __future__ import annotations
 
+import json
+import os
+import pty
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +22,7 @@ from support import (
     FIBONACCI,
     Cli,
     Scenario,
+    clean_env,
     demo_db_url,
     finish_terminal,
     run_tether,
@@ -178,3 +184,34 @@ def test_terminal_eof_parks_the_run(terminal: pexpect.spawn, tmp_path: Path) -> 
     assert shown.data["status"] == "awaiting_approval"
     assert [p["tool"] for p in shown.data["pending_approvals"]] == ["run_python"]
     assert not [e for e in shown.data["events"] if e["type"] == "approval_decided"]
+
+
+def test_json_on_a_terminal_asks_on_stderr_and_prints_only_the_object_on_stdout(tmp_path: Path) -> None:
+    """stdin a terminal: the person is asked (``--json`` does not silence the gate), on stderr."""
+    master, slave = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tether", "demo", "--json"],
+        cwd=tmp_path,
+        env=clean_env(TERM="xterm"),
+        stdin=slave,
+        stderr=slave,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    os.close(slave)
+    shown = ""
+    try:
+        while "approve" not in shown or not shown.rstrip().endswith(">"):
+            chunk = os.read(master, 4096).decode("utf-8", "replace")
+            assert chunk, f"the terminal closed before the prompt: {shown!r}"
+            shown += chunk
+        os.write(master, b"a\n")
+        stdout, _ = child.communicate(timeout=TIMEOUT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        os.close(master)
+    assert "run_python" in shown  # the approval panel went to the terminal, via stderr
+    result = json.loads(stdout)  # stdout holds exactly one JSON object
+    assert (child.returncode, result["status"]) == (0, "done")
+    assert FIBONACCI in str(result["output"])

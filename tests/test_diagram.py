@@ -400,7 +400,7 @@ def test_sequence_diagram_of_a_real_run(run: tuple[list[Event], Agent]) -> None:
     assert f"    Note over tool_search: {retry}\n" in text
     assert '    tool_send_email->>Approver: approve c2? {"to": "a@b.c"} (the tool is marked approval=True)\n' in text
     assert "    Approver-->>tool_send_email: c2 approved by approve-all\n" in text
-    assert "    tool_broken--xModel: Error (user_fixable): tool 'broken' raised ValueError: nope\n" in text
+    assert "    tool_broken--xModel: Error (retryable): tool 'broken' raised ValueError: nope\n" in text
     assert text.endswith("    Model-->>User: Done #35;1.\n    Note over User,Model: run done\n")
 
 

@@ -306,13 +306,14 @@ def test_a_timeout_of_a_non_idempotent_tool_escalates_when_the_policy_says_so() 
         (PermissionError(), "permission"),
         (FileExistsError(), "conflict"),
         (FileNotFoundError(2, "No such file", "x.txt"), "user_fixable"),
-        (ValueError("bad"), "user_fixable"),
-        (KeyError("missing"), "user_fixable"),
-        (IndexError("out of range"), "user_fixable"),
         (TypeError("bug"), "fatal"),
         (AttributeError("bug"), "fatal"),
-        (RuntimeError("odd"), "fatal"),
-        (Exception("unknown"), "fatal"),
+        (NameError("bug"), "fatal"),
+        (NotImplementedError(), "fatal"),
+        (ValueError("flaky"), "retryable"),
+        (KeyError("missing"), "retryable"),
+        (RuntimeError("odd"), "retryable"),
+        (Exception("unknown"), "retryable"),
     ],
     ids=repr,
 )
@@ -355,7 +356,7 @@ def test_only_retryable_errors_are_retried_by_default() -> None:
     failures = {
         "bug": TypeError("unsupported operand"),
         "odd": RuntimeError("unexpected state"),
-        "bad_input": KeyError("no such item"),
+        "bad_input": http_status_error(422),
         "network": httpx.ConnectError("connection refused"),
     }
 
@@ -370,10 +371,10 @@ def test_only_retryable_errors_are_retried_by_default() -> None:
     script = [{"content": uses, "stop_reason": "tool_use"}, answer()]
     runner = Runner(Agent(model=ScriptedModel(script), tools=[failing(name) for name in failures]))
     result = runner.run("go")
-    assert tried == {"bug": 1, "odd": 1, "bad_input": 1, "network": 3}
+    assert tried == {"bug": 1, "odd": 3, "bad_input": 1, "network": 3}
     contents = {b["tool_use_id"]: str(b["content"]) for b in tool_results(runner, result.run_id)}
     assert contents["bug"].startswith("Error (fatal)")
-    assert contents["odd"].startswith("Error (fatal)")
+    assert contents["odd"].startswith("Error (retryable)")
     assert contents["bad_input"].startswith("Error (user_fixable)")
     assert contents["network"].startswith("Error (retryable)")
 

@@ -525,8 +525,9 @@ def test_should_retry_default_retries_only_retryable_errors() -> None:
     policy = RetryPolicy(max_attempts=2)
     assert policy.should_retry(ConnectionError("reset"), 1) is True
     assert policy.should_retry(ConnectionError("reset"), 2) is False
-    assert policy.should_retry(KeyError("k"), 1) is False  # user_fixable: the model must change its input
-    assert policy.should_retry(RuntimeError("odd"), 1) is False  # unrecognised: fatal
+    assert policy.should_retry(PermissionError("no"), 1) is False  # permission: retrying cannot pass
+    assert policy.should_retry(TypeError("bug"), 1) is False  # a programming error: fatal
+    assert policy.should_retry(RuntimeError("flaky"), 1) is True  # unrecognised: assumed transient
 
 
 def test_should_retry_with_a_predicate() -> None:

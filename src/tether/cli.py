@@ -152,10 +152,12 @@ class _Session:
             return AutoApprover(approve=True)
         if getattr(args, "deny_all", False):
             return AutoApprover(approve=False)
-        if sys.stdin.isatty() and not self.json:
+        if sys.stdin.isatty():
             from tether.terminal import TerminalApprover
 
-            return TerminalApprover(self.out, agent, actor=os.environ.get("USER") or "terminal")
+            # with --json, stdout holds the one JSON object: the person is asked on stderr
+            console = self.err if self.json else self.out
+            return TerminalApprover(console, agent, actor=os.environ.get("USER") or "terminal")
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:

@@ -5,16 +5,19 @@ Five classes drive the default retry decision and appear in the event log and in
 
 - ``retryable``: transient — timeouts, connection and network errors (builtin, httpx,
   requests), HTTP 408/429/5xx: retry it;
-- ``user_fixable``: the request was wrong — HTTP 400/422 and other 4xx, ``ValueError``,
-  ``LookupError`` (``KeyError``, ``IndexError``), a missing file, an invalid URL: tell the model;
+- ``user_fixable``: the request was wrong — HTTP 400/422 and other 4xx, a missing file, an
+  invalid URL: tell the model;
 - ``permission``: not allowed — HTTP 401/403, ``PermissionError``: tell the model, don't retry;
 - ``conflict``: the world changed under the call — HTTP 409, ``FileExistsError``;
-- ``fatal``: a bug or anything unrecognised (``TypeError``, ``AttributeError``,
-  ``RuntimeError``...): retrying the same code with the same input cannot help.
+- ``fatal``: a programming error (``TypeError``, ``AttributeError``, ``NameError``,
+  ``ImportError``, ``AssertionError``, ``NotImplementedError``...): retrying the same code with
+  the same input cannot help.
 
-Only ``retryable`` errors are retried by default. A tool whose own exception is transient
-says so: raise :class:`tether.tools.RetryLater`, set ``RetryPolicy(retry_on=...)``, or
-override the class with ``RetryPolicy(classify=...)``.
+Anything else (``RuntimeError``, ``ValueError``, a tool's own exception class) is assumed
+``retryable``, as retry libraries do: a tool given ``RetryPolicy(max_attempts=3)`` is retried
+unless its error says it cannot pass. Only ``retryable`` errors are retried by default; narrow it
+with ``RetryPolicy(retry_on=...)`` or override the class with ``RetryPolicy(classify=...)``, and
+raise :class:`tether.tools.ModelRetry` to tell the model what to change instead.
 
 HTTP libraries are recognised without importing them: an error's HTTP status is read from
 ``.response.status_code`` (httpx, requests), and library exceptions that do not derive from
@@ -72,10 +75,16 @@ _BUILTIN_CLASSES: tuple[tuple[type[BaseException], ErrorClass], ...] = (
     (TimeoutError, "retryable"),
     (ConnectionError, "retryable"),
     (OSError, "retryable"),  # other I/O failures (DNS, unreachable network, EAGAIN) are environmental
-    (ValueError, "user_fixable"),  # includes UnicodeError and pydantic's ValidationError
-    (LookupError, "user_fixable"),
+    (TypeError, "fatal"),
+    (AttributeError, "fatal"),
+    (NameError, "fatal"),
+    (ImportError, "fatal"),
+    (AssertionError, "fatal"),
+    (NotImplementedError, "fatal"),
+    (SyntaxError, "fatal"),
+    (RecursionError, "fatal"),
 )
-"""Builtin exceptions, most specific first; anything else is ``fatal``."""
+"""Builtin exceptions, most specific first; anything else is ``retryable``."""
 
 
 def http_status(error: BaseException) -> int | None:
@@ -122,4 +131,4 @@ def classify(error: BaseException, override: Classifier | None = None) -> ErrorC
     for kind, error_class in _BUILTIN_CLASSES:
         if isinstance(error, kind):
             return error_class
-    return "fatal"
+    return "retryable"
