@@ -2,7 +2,8 @@
 
 A streamed call returns exactly what the plain call returns (checked through the real
 anthropic client against FakeMessagesAPI serving real server-sent events); a failure
-mid-stream is a ModelError that leaves the run resumable; the runner streams only when
+mid-stream is asked again once unstreamed (the SDK retries that call), else a ModelError that
+leaves the run resumable; the runner streams only when
 someone listens and persists nothing per delta; the CLI shows the text in a real terminal.
 """
 
@@ -109,6 +110,15 @@ async def model(api: FakeMessagesAPI) -> AsyncIterator[AnthropicModel]:
     await adapter.aclose()
 
 
+@pytest.fixture
+async def strict(api: FakeMessagesAPI) -> AsyncIterator[AnthropicModel]:
+    """A model that reports a broken stream instead of asking again unstreamed."""
+    adapter = fake_api_model(api, MODEL, stream_fallback=False)
+    yield adapter
+    adapter.close()
+    await adapter.aclose()
+
+
 async def call(model: AnthropicModel, kind: str, listener: TextListener | None = None) -> ModelResponse:
     """One call, plain or streamed, with the sync or the async client."""
     if listener is None:
@@ -174,7 +184,7 @@ async def test_an_error_event_mid_stream_is_a_model_error_judged_like_its_http_t
 ) -> None:
     events = events_of("text")
     api.reply_events([*events[:5], error_event(error_type, "Overloaded")])  # two words, then the error
-    adapter = fake_api_model(api, MODEL, max_retries=3)
+    adapter = fake_api_model(api, MODEL, max_retries=3, stream_fallback=False)
     pieces: list[str] = []
 
     with pytest.raises(ModelError) as caught:
@@ -191,16 +201,16 @@ async def test_an_error_event_mid_stream_is_a_model_error_judged_like_its_http_t
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_stream_cut_short_is_a_retryable_model_error(
-    api: FakeMessagesAPI, model: AnthropicModel, kind: str
+    api: FakeMessagesAPI, strict: AnthropicModel, kind: str
 ) -> None:
     events = events_of("parallel_tool_use")
     api.reply_events(events[:9], drop_connection=True)  # the connection breaks
     api.reply_events(events[:-1])  # the body ends properly, but without message_stop
 
     with pytest.raises(ModelError) as dropped:
-        await call(model, kind, lambda _: None)
+        await call(strict, kind, lambda _: None)
     with pytest.raises(ModelError) as unfinished:
-        await call(model, kind, lambda _: None)
+        await call(strict, kind, lambda _: None)
 
     assert str(dropped.value).startswith("the connection to the Anthropic API broke mid-stream")
     assert str(unfinished.value) == "the response stream ended before the message was complete"
@@ -208,7 +218,7 @@ async def test_a_stream_cut_short_is_a_retryable_model_error(
     assert unfinished.value.retryable
 
 
-def test_a_tool_input_that_is_not_json_is_a_retryable_model_error(api: FakeMessagesAPI, model: AnthropicModel) -> None:
+def test_a_tool_input_that_is_not_json_is_a_retryable_model_error(api: FakeMessagesAPI, strict: AnthropicModel) -> None:
     events = events_of("max_tokens_cut_tool_use")
     broken = [
         {**e, "delta": {"type": "input_json_delta", "partial_json": '{"path": }'}}
@@ -218,7 +228,7 @@ def test_a_tool_input_that_is_not_json_is_a_retryable_model_error(api: FakeMessa
     ]
     api.reply_events(broken)
     with pytest.raises(ModelError) as caught:
-        model.stream(request(), lambda _: None)
+        strict.stream(request(), lambda _: None)
     assert str(caught.value).startswith("the response stream could not be read: Unable to parse tool parameter JSON")
     assert caught.value.retryable
 
@@ -299,11 +309,44 @@ async def test_the_runner_streams_only_when_someone_listens_and_commits_the_same
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("breaks", ["overloaded", "dropped"])
+async def test_a_stream_broken_midway_is_asked_again_unstreamed_in_the_same_step(
+    api: FakeMessagesAPI, model: AnthropicModel, kind: str, breaks: str
+) -> None:
+    if breaks == "overloaded":
+        api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
+    else:
+        api.reply_events(events_of("text")[:6], drop_connection=True)
+    api.reply(ANSWER)
+    pieces: list[str] = []
+    runner = make_runner(kind, model, on_text=pieces.append)
+
+    result = await drive(runner)
+
+    assert result.status == "done", result.error
+    assert result.output == "Both files hold their contents."
+    assert result.steps == 1  # the broken stream answered nothing: one model invocation
+    assert [r.get("stream") for r in api.requests] == [True, None]  # the second call is a plain one
+    assert pieces[:2] == ["Hello", " there,"]  # what arrived before the break was shown
+    assert api.requests[1]["messages"] == api.requests[0]["messages"]  # the same request again
+
+
+def test_a_stream_asked_again_unstreamed_fails_like_a_plain_call(api: FakeMessagesAPI, model: AnthropicModel) -> None:
+    api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
+    api.fail(529, "Overloaded")  # the plain call fails too (no retries configured here)
+    with pytest.raises(ModelError) as caught:
+        model.stream(request(), lambda _: None)
+    assert caught.value.status == 529
+    assert caught.value.retryable
+    assert len(api.requests) == 2
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_failure_mid_stream_fails_the_run_resumably_like_a_529(
-    api: FakeMessagesAPI, model: AnthropicModel, kind: str
+    api: FakeMessagesAPI, strict: AnthropicModel, kind: str
 ) -> None:
     api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
-    runner = make_runner(kind, model, on_text=lambda _: None)
+    runner = make_runner(kind, strict, on_text=lambda _: None)
 
     failed = await drive(runner)
 
@@ -413,15 +456,28 @@ def test_the_cli_in_a_terminal_shows_the_answer_while_it_is_written(api: FakeMes
     assert shown.rfind("\x1b[?25l") < shown.rfind("\x1b[?25h")  # the cursor is back
 
 
+def test_the_cli_asks_again_unstreamed_when_a_stream_breaks_midway(api: FakeMessagesAPI, tmp_path: Path) -> None:
+    api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
+    api.reply(ANSWER)
+    child = spawn(tmp_path, api, "Greet me")
+    child.expect("Hello there,")
+    status, _, text = finish(child)
+    assert status == 0, text
+    assert "Both files hold their contents." in text
+    assert [r.get("stream") for r in api.requests] == [True, None]
+
+
 def test_the_cli_reports_a_failure_mid_stream_and_resume_finishes_the_run(
     api: FakeMessagesAPI, tmp_path: Path
 ) -> None:
     api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
+    for _ in range(5):  # the unstreamed call asked again fails too, the SDK's 4 retries included
+        api.fail(529, "Overloaded", headers={"retry-after-ms": "10"})
     child = spawn(tmp_path, api, "Greet me")
     child.expect("Hello there,")
     status, _, text = finish(child)
     assert status == 1
-    assert "Anthropic API error mid-stream (overloaded_error): Overloaded" in text
+    assert "Anthropic API error 529: Overloaded" in text
     assert "resume the run to try again" in text
 
     api.reply(ANSWER)

@@ -105,8 +105,11 @@ class AnthropicModel:
         prompt_caching: bool = True,
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
         on_retry_wait: RetryWaitListener | None = None,
+        stream_fallback: bool = True,
     ) -> None:
         self.name = model or default_model_name()
+        self.stream_fallback = stream_fallback
+        """A stream that breaks after it started is asked again once, unstreamed (see :meth:`stream`)."""
         self.prompt_caching = prompt_caching
         self.max_retry_wait = max_retry_wait
         self.on_retry_wait = on_retry_wait
@@ -147,23 +150,42 @@ class AnthropicModel:
         return _response(message, waits)
 
     def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
-        """Make the same call streamed, telling ``on_text`` each text delta; returns what :meth:`complete` would."""
+        """Make the same call streamed, telling ``on_text`` each text delta; returns what :meth:`complete` would.
+
+        The SDK retries a stream only until it starts. One that breaks after that on a
+        transient error (``overloaded_error`` mid-stream, a dropped connection) is made again
+        once without streaming, which the SDK retries with its backoff, unless
+        ``stream_fallback=False``: still one model invocation, since the broken one answered nothing.
+        """
         relay = _TextRelay(on_text)
-        with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
-            for event in events:
-                relay.see(event)
-            message = relay.finished(events.get_final_message())
+        try:
+            with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
+                for event in events:
+                    relay.see(event)
+                message = relay.finished(events.get_final_message())
+        except ModelError as error:
+            if not self._falls_back(relay, error):
+                raise
+            return self.complete(request)
         return _response(message, waits)
 
     async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Async twin of :meth:`stream`."""
         relay = _TextRelay(on_text)
-        with _translated_errors() as waits:
-            async with self._loop_client().messages.stream(**self._params(request)) as events:
-                async for event in events:
-                    relay.see(event)
-                message = relay.finished(await events.get_final_message())
+        try:
+            with _translated_errors() as waits:
+                async with self._loop_client().messages.stream(**self._params(request)) as events:
+                    async for event in events:
+                        relay.see(event)
+                    message = relay.finished(await events.get_final_message())
+        except ModelError as error:
+            if not self._falls_back(relay, error):
+                raise
+            return await self.acomplete(request)
         return _response(message, waits)
+
+    def _falls_back(self, relay: _TextRelay, error: ModelError) -> bool:
+        return self.stream_fallback and relay.started and error.retryable
 
     def _sync_client(self) -> anthropic.Anthropic:
         if self._client is None:
@@ -200,10 +222,14 @@ class _TextRelay:
 
     def __init__(self, on_text: TextListener) -> None:
         self.on_text = on_text
+        self.started = False
+        """``message_start`` arrived: the SDK's own retries are behind us."""
         self.stopped = False
 
     def see(self, event: Any) -> None:
-        if event.type == "text":  # the SDK's event for a text_delta
+        if event.type == "message_start":
+            self.started = True
+        elif event.type == "text":  # the SDK's event for a text_delta
             self.on_text(event.text)
         elif event.type == "message_stop":
             self.stopped = True
