@@ -7,6 +7,7 @@ approving with edited input, denying, refusals (409/422/404/400) and racing deci
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -24,8 +25,10 @@ uvicorn = pytest.importorskip(
     "uvicorn", reason="the service example needs the 'service' extra: pip install -e '.[service]'"
 )
 
-from tether.engine import fingerprint  # noqa: E402 - after the skip: the service module needs the extra
+from tether import Agent, RetryPolicy, tool  # noqa: E402 - after the skip: the service module needs the extra
+from tether.engine import fingerprint  # noqa: E402
 from tether.examples.service import create_app  # noqa: E402
+from tether.models.scripted import ScriptedModel  # noqa: E402
 from tether.stores.sql import SQLStore  # noqa: E402
 
 FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
@@ -71,14 +74,10 @@ class Service:
         return self.request("POST", f"/runs/{run_id}/approvals/{call_id or 'toolu_demo_run'}", body, tenant=tenant)
 
 
-@pytest.fixture
-def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
-    workspace = tmp_path / "workspace"
-    monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(workspace))
-    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
-    config = uvicorn.Config(
-        create_app(store=store), host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none"
-    )
+@contextlib.contextmanager
+def serving(app: Any, store: SQLStore, workspace: Path) -> Iterator[Service]:
+    """``app`` on uvicorn at a free loopback port, in a thread, until the block ends."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -93,6 +92,17 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
+    workspace = tmp_path / "workspace"
+    monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(workspace))
+    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
+    try:
+        with serving(create_app(store=store), store, workspace) as running:
+            yield running
+    finally:
         store.close()
 
 
@@ -265,3 +275,43 @@ def test_racing_decisions_exactly_one_wins(service: Service, round_: int) -> Non
     assert winner.body["status"] == "done"
     final = service.request("GET", f"/runs/{run['run_id']}").body
     assert final["output"] == winner.body["output"]
+
+
+def test_a_retry_due_later_parks_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
+    """A request does not sleep for a distant retry: the run answers waiting_retry, then resumes."""
+    attempts: list[int] = []
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_delay=0.3))
+    def fetch(key: str) -> str:
+        """Fetch a value; the first attempt fails."""
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("upstream reset")
+        return f"value of {key}"
+
+    script = [
+        {"content": [{"type": "tool_use", "id": "toolu_f", "name": "fetch", "input": {"key": "k"}}],
+         "stop_reason": "tool_use"},
+        {"content": [{"type": "text", "text": "Got it."}], "stop_reason": "end_turn"},
+    ]
+    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
+    app = create_app(lambda tenant: Agent(model=ScriptedModel(script), tools=[fetch]), store=store, max_wait=0)
+    try:
+        with serving(app, store, tmp_path) as running:
+            started = running.request("POST", "/runs", {"prompt": "fetch k"})
+            assert started.status == 201, started
+            assert started.body["status"] == "waiting_retry"
+            assert started.body["next_due_at"] > time.time() - 1
+            assert attempts == [1]
+            run_id = started.body["run_id"]
+            assert running.request("GET", f"/runs/{run_id}").body["status"] == "waiting_retry"
+
+            early = running.request("POST", f"/runs/{run_id}/resume")  # not due yet: parks again
+            assert (early.status, early.body["status"]) == (200, "waiting_retry")
+            time.sleep(max(0.0, started.body["next_due_at"] - time.time()) + 0.05)
+            done = running.request("POST", f"/runs/{run_id}/resume")
+            assert (done.status, done.body["status"], done.body["output"]) == (200, "done", "Got it.")
+            assert attempts == [1, 1]
+            assert running.request("POST", "/runs/run_nope/resume").status == 404
+    finally:
+        store.close()

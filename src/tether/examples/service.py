@@ -17,7 +17,13 @@ POST     /runs/{run_id}/approvals/{call_id}      ``{"approve": bool, "reason": s
                                                  "actor": str, "fingerprint": str,
                                                  "remember_for_run": bool}`` → the decision is
                                                  recorded, the run driven on: 200 run
+POST     /runs/{run_id}/resume                   → the run driven on (a retry now due, a transient
+                                                 failure): 200 run
 =======  ======================================  =================================================
+
+A request never sleeps long for a tool retry: one due later than ``max_wait`` seconds (see
+:func:`create_app`) parks the run, answered with status ``waiting_retry`` and ``next_due_at``;
+a worker or a client resumes it then (``tether runs --due`` lists such runs).
 
 A run is its row: the keys ``tether run --json`` prints (``run_id, status, output, result,
 error, steps, tool_calls, usage, pending_approvals``) and any the row adds. Errors are
@@ -59,7 +65,7 @@ from tether.errors import ApprovalError, RunNotFound, StaleRun, TetherError
 from tether.history import tool_uses
 from tether.machine import STATUS_VALUES
 from tether.pending import pending_approvals
-from tether.runner import Runner
+from tether.runner import WAITING_RETRY, Runner
 from tether.state import RunState
 from tether.stores import RunRecord, Store, open_store
 
@@ -97,15 +103,19 @@ def demo_agent(tenant: str) -> Agent:
 
 def run_json(record: RunRecord) -> dict[str, Any]:
     """A run's row: :meth:`tether.RunResult.to_dict`'s keys plus whatever else the row keeps."""
-    return {"run_id": record.id, "status": STATUS_VALUES.get(record.status, record.status), **record.summary}
+    status = STATUS_VALUES.get(record.status, record.status)
+    if record.summary.get("next_due_at") is not None:
+        status = WAITING_RETRY  # as RunResult says it: parked until a tool retry is due
+    return {"run_id": record.id, "status": status, **record.summary}
 
 
 class _Service:
     """The endpoints; blocking store and model work runs in Starlette's thread pool."""
 
-    def __init__(self, agent_factory: AgentFactory, store: Store) -> None:
+    def __init__(self, agent_factory: AgentFactory, store: Store, max_wait: float) -> None:
         self.agent_factory = agent_factory
         self.store = store
+        self.max_wait = max_wait
 
     def runner(self, tenant: str) -> Runner:
         # Decisions arrive over HTTP: a gated call (or one a crash left in doubt) parks the run.
@@ -132,6 +142,12 @@ class _Service:
     async def get_run(self, request: Request) -> Response:
         tenant = _tenant(request)
         record = await run_in_threadpool(self.store.load_run, request.path_params["run_id"], tenant=tenant)
+        return JSONResponse(run_json(record))
+
+    async def resume(self, request: Request) -> Response:
+        tenant = _tenant(request)
+        run_id = request.path_params["run_id"]
+        record = await run_in_threadpool(self._drive, self.runner(tenant), run_id, tenant)
         return JSONResponse(run_json(record))
 
     async def list_approvals(self, request: Request) -> Response:
@@ -190,17 +206,23 @@ class _Service:
 
     def _drive(self, runner: Runner, run_id: str, tenant: str) -> RunRecord:
         """Drive until done or parked; answer from the row, so every response has one shape."""
-        runner.drive(run_id, tenant=tenant)
+        runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
         return self.store.load_run(run_id, tenant=tenant)
 
     def _drive_quietly(self, runner: Runner, run_id: str, tenant: str) -> None:
         try:
-            runner.drive(run_id, tenant=tenant)
+            runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
         except TetherError:  # after the response: log it; the run's row tells its status
             log.exception("background drive of %s failed", run_id)
 
 
-def create_app(agent_factory: AgentFactory = demo_agent, store: Store | None = None) -> Starlette:
+DEFAULT_MAX_WAIT = 5.0
+"""Seconds a request may sleep for a tool retry before it parks the run instead."""
+
+
+def create_app(
+    agent_factory: AgentFactory = demo_agent, store: Store | None = None, *, max_wait: float = DEFAULT_MAX_WAIT
+) -> Starlette:
     """The service's ASGI app.
 
     Args:
@@ -208,13 +230,17 @@ def create_app(agent_factory: AgentFactory = demo_agent, store: Store | None = N
             runs it already has). Default: the demo's tools on the offline scripted model.
         store: where runs live; default ``$TETHER_DB`` or ``sqlite:///tether.db``. Use a SQL
             store to decide from several processes.
+        max_wait: seconds a request sleeps for a tool retry; a later one parks the run.
     """
-    service = _Service(agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")))
+    service = _Service(
+        agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")), max_wait
+    )
     routes = [
         Route("/runs", service.start_run, methods=["POST"]),
         Route("/runs/{run_id}", service.get_run, methods=["GET"]),
         Route("/approvals", service.list_approvals, methods=["GET"]),
         Route("/runs/{run_id}/approvals/{call_id}", service.decide, methods=["POST"]),
+        Route("/runs/{run_id}/resume", service.resume, methods=["POST"]),
     ]
     handlers: dict[Any, Any] = {
         ServiceError: _service_error,
