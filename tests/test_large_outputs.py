@@ -213,7 +213,7 @@ def test_a_huge_exception_message_reaches_the_model_capped(kind: str) -> None:
     )
     assert result.status == "done"
     block = sent_result(model)
-    prefix = "Error (user_fixable): tool 'fails_loudly' raised ValueError: "
+    prefix = "Error (retryable): tool 'fails_loudly' raised ValueError: "
     assert block["is_error"] is True
     assert block["content"] == prefix + BIG[:20000] + NOTE
     (event,) = [e.data for e in store.load_events(result.run_id) if e.type == "tool_finished"]
