@@ -19,6 +19,7 @@ from tether.tools import (
     Tool,
     ToolTimeout,
     UnserializableResult,
+    make_tool,
     serialize_result,
     tool,
     tools_by_name,
@@ -579,3 +580,14 @@ def test_delay_jitter_adds_up_to_its_fraction_and_respects_the_cap() -> None:
 def test_retry_policy_rejects_bad_values(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="RetryPolicy"):
         RetryPolicy(**kwargs)
+
+
+def test_a_misspelt_option_is_refused_never_ignored() -> None:
+    def wipe(path: str) -> str:
+        """Delete everything under a path."""
+        return path
+
+    with pytest.raises(ToolDefinitionError, match=r"unknown option\(s\) aproval; known: name, description, approval"):
+        tool(aproval=True)(wipe)  # type: ignore[call-arg]
+    with pytest.raises(ToolDefinitionError, match="unknown option"):
+        make_tool(wipe, retries=3)  # type: ignore[call-arg]

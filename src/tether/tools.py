@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 import pydantic
 
@@ -214,22 +214,30 @@ def _description(function: Callable[..., Any]) -> str:
     return doc.strip() or f"Call {function.__name__}."
 
 
-def make_tool(
-    function: Callable[..., Any],
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    approval: ApprovalSetting = False,
-    retry: RetryPolicy | None = None,
-    timeout: float | None = None,
-    final: bool = False,
-    idempotent: bool = False,
-    on_interrupted: OnInterrupted | None = None,
-    tags: Iterable[str] = (),
-    cache_ttl: float | None = None,
-) -> Tool:
+class ToolOptions(TypedDict, total=False):
+    """What ``@tool(...)`` and :func:`make_tool` accept; each is the :class:`Tool` field of that name."""
+
+    name: str | None
+    description: str | None
+    approval: ApprovalSetting
+    retry: RetryPolicy | None
+    timeout: float | None
+    final: bool
+    idempotent: bool
+    on_interrupted: OnInterrupted | None
+    tags: Iterable[str]
+    cache_ttl: float | None
+
+
+def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> Tool:
     """Build a :class:`Tool` from a function (what ``@tool`` does)."""
-    tool_name = name or function.__name__
+    unknown = sorted(set(options) - set(ToolOptions.__annotations__))
+    if unknown:  # a misspelt option (``aproval=True``) must never silently drop a gate
+        known = ", ".join(ToolOptions.__annotations__)
+        raise ToolDefinitionError(f"@tool got unknown option(s) {', '.join(unknown)}; known: {known}")
+    tool_name = options.get("name") or function.__name__
+    timeout, cache_ttl = options.get("timeout"), options.get("cache_ttl")
+    on_interrupted = options.get("on_interrupted")
     if not TOOL_NAME.match(tool_name):
         raise ToolDefinitionError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}", tool=tool_name)
     if timeout is not None and timeout <= 0:
@@ -240,20 +248,21 @@ def make_tool(
         raise ToolDefinitionError(
             f"tool {tool_name!r}: on_interrupted must be 'ask' or 'error' (idempotent=True re-runs)", tool=tool_name
         )
+    tags = options.get("tags", ())
     labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
     if not all(isinstance(tag, str) and tag for tag in labels):
         raise ToolDefinitionError(f"tool {tool_name!r}: tags must be non-empty strings", tool=tool_name)
     model, wants_call_id, cancel_parameter = _input_model(function, tool_name)
     return Tool(
         name=tool_name,
-        description=description or _description(function),
+        description=options.get("description") or _description(function),
         function=function,
         input_model=model,
-        approval=approval,
-        retry=retry or NO_RETRY,
+        approval=options.get("approval", False),
+        retry=options.get("retry") or NO_RETRY,
         timeout=timeout,
-        final=final,
-        idempotent=idempotent,
+        final=options.get("final", False),
+        idempotent=options.get("idempotent", False),
         on_interrupted=on_interrupted,
         wants_call_id=wants_call_id,
         cancel_parameter=cancel_parameter,
@@ -267,62 +276,22 @@ def tool(function: Callable[..., Any], /) -> Tool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    approval: ApprovalSetting = False,
-    retry: RetryPolicy | None = None,
-    timeout: float | None = None,
-    final: bool = False,
-    idempotent: bool = False,
-    on_interrupted: OnInterrupted | None = None,
-    tags: Iterable[str] = (),
-    cache_ttl: float | None = None,
-) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(**options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
-    function: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    approval: ApprovalSetting = False,
-    retry: RetryPolicy | None = None,
-    timeout: float | None = None,
-    final: bool = False,
-    idempotent: bool = False,
-    on_interrupted: OnInterrupted | None = None,
-    tags: Iterable[str] = (),
-    cache_ttl: float | None = None,
+    function: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a function into a tool: ``@tool`` or ``@tool(approval=True, ...)``.
+    """Turn a function into a tool: ``@tool`` or ``@tool(approval=True, ...)`` (see :class:`ToolOptions`).
 
     The input schema comes from the type hints, the description from the docstring. A
     parameter named ``tool_use_id`` receives the call's id, for idempotency keys; one
     annotated ``threading.Event`` receives the attempt's cancel signal, set at its
     ``timeout`` (seconds one attempt may take).
     """
-
-    def decorate(fn: Callable[..., Any]) -> Tool:
-        return make_tool(
-            fn,
-            name=name,
-            description=description,
-            approval=approval,
-            retry=retry,
-            timeout=timeout,
-            final=final,
-            idempotent=idempotent,
-            on_interrupted=on_interrupted,
-            tags=tags,
-            cache_ttl=cache_ttl,
-        )
-
     if function is not None:
-        return decorate(function)
-    return decorate
+        return make_tool(function, **options)
+    return lambda fn: make_tool(fn, **options)
 
 
 def tools_by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
