@@ -30,7 +30,6 @@ RESULT_KEYS = {
     "tool_calls",
     "usage",
     "pending_approvals",
-    "next_due_at",
 }
 USAGE_KEYS = {"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"}
 

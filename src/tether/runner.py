@@ -71,8 +71,8 @@ class RunResult:
     """Summed duration of the run's tool attempts."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The CLI's JSON object."""
-        return {
+        """The CLI's JSON object: the contract's keys, plus ``next_due_at`` only while a retry waits."""
+        data = {
             "run_id": self.run_id,
             "status": self.status,
             "output": self.output,
@@ -82,8 +82,10 @@ class RunResult:
             "tool_calls": self.tool_calls,
             "usage": self.usage.to_dict(),
             "pending_approvals": self.pending_approvals,
-            "next_due_at": self.next_due_at,
         }
+        if self.next_due_at is not None:
+            data["next_due_at"] = self.next_due_at
+        return data
 
 
 WAITING_RETRY = "waiting_retry"
