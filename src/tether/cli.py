@@ -30,9 +30,9 @@ from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.policies import Budget
-from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of
+from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
-from tether.stores import RunRecord, Store, open_store, shown_url
+from tether.stores import Store, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -335,7 +335,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     rows = [
         {
             "run_id": r.id,
-            "status": _listed_status(r),
+            "status": shown_status(r),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -353,13 +353,6 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 
     render_runs(session.out, rows)
     return EXIT_DONE
-
-
-def _listed_status(record: RunRecord) -> str:
-    """The status ``tether runs`` shows: the machine's, or waiting_retry while a retry is pending."""
-    if record.summary.get("next_due_at") is not None:
-        return WAITING_RETRY
-    return STATUS_VALUES.get(record.status, record.status)
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:

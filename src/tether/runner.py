@@ -93,6 +93,13 @@ WAITING_RETRY = "waiting_retry"
 the run is in ``executing_tool``; a drive with ``max_wait`` parks it there)."""
 
 
+def shown_status(record: RunRecord) -> str:
+    """A stored run's status as :class:`RunResult` says it: the machine's, or waiting_retry."""
+    if record.summary.get("next_due_at") is not None:
+        return WAITING_RETRY
+    return STATUS_VALUES.get(record.status, record.status)
+
+
 def result_of(state: RunState) -> RunResult:
     """Summarise a run state."""
     due = state.next_due_at

@@ -63,9 +63,8 @@ from tether.agent import Agent
 from tether.approvals import Approve, DecideLater, Decision, Deny
 from tether.errors import ApprovalError, RunNotFound, StaleRun, TetherError
 from tether.history import tool_uses
-from tether.machine import STATUS_VALUES
 from tether.pending import pending_approvals
-from tether.runner import WAITING_RETRY, Runner
+from tether.runner import Runner, shown_status
 from tether.state import RunState
 from tether.stores import RunRecord, Store, open_store
 
@@ -103,10 +102,7 @@ def demo_agent(tenant: str) -> Agent:
 
 def run_json(record: RunRecord) -> dict[str, Any]:
     """A run's row: :meth:`tether.RunResult.to_dict`'s keys plus whatever else the row keeps."""
-    status = STATUS_VALUES.get(record.status, record.status)
-    if record.summary.get("next_due_at") is not None:
-        status = WAITING_RETRY  # as RunResult says it: parked until a tool retry is due
-    return {"run_id": record.id, "status": status, **record.summary}
+    return {"run_id": record.id, "status": shown_status(record), **record.summary}
 
 
 class _Service:
