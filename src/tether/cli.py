@@ -29,6 +29,7 @@ from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, Tet
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
+from tether.models import ModelAdapter
 from tether.policies import Budget
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
@@ -263,10 +264,10 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
 
 
-def _agent_for(session: _Session, run_id: str) -> Agent:
-    """The run's agent, warning (on stderr) when its rule file changed since it started."""
+def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
+    """The run's agent (importing its tools module), warning on stderr when its rule file changed since it started."""
     spec = session.store.load_run(run_id).spec
-    agent = agent_from_spec(spec)
+    agent = agent_from_spec(spec, model=model)
     changed = policy_change(run_id, spec, agent)
     if changed is not None:
         session.err.print(Text.assemble(("warning:", "yellow"), " ", changed))
@@ -279,7 +280,9 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(_agent_for(session, args.run_id), session.store)
+    """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone)."""
+    agent = _agent_for(session, args.run_id, model=_NoModel()) if args.command == "approve" else _reader()
+    runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
         edited = None
@@ -302,7 +305,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(Agent(model=_NoModel()), session.store)
+    runner = Runner(_reader(), session.store)
     state = runner.load(args.run_id)
     events = session.store.load_events(args.run_id)
     result = result_of(state)
@@ -413,23 +416,25 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError(f"--format {args.format} is binary: write it to a file with -o FILE")
     if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
         raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
-    events, agent = None, None
-    if args.run is not None:
+    events, tools = None, None
+    if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
         events = session.store.load_events(args.run)
-        try:
-            agent = agent_from_spec(record.spec, model=_NoModel())
-        except TetherError as error:  # the tools module may not import here: draw without them
-            session.err.print(f"[yellow]note:[/] tools not shown: {escape(str(error))}")
+        settings = record.spec.get("tool_settings")
+        if isinstance(settings, dict):
+            tools = [diagram.ToolNote.recorded(name, dict(s)) for name, s in settings.items()]
+        elif args.kind == "graph":
+            session.err.print("[yellow]note:[/] tools not shown: the run did not record them (an older tether)")
+    drawn = diagram.build(events=events, tools=tools)
     if args.kind == "sequence":
         output: str | bytes = diagram.to_sequence(events or [])
     elif args.format == "mermaid":
-        output = diagram.to_mermaid(events=events, agent=agent)
+        output = diagram.render_mermaid(drawn)
     elif args.format == "dot":
-        output = diagram.to_dot(events=events, agent=agent)
+        output = diagram.render_dot(drawn)
     else:
         try:
-            output = diagram.render(events=events, agent=agent, format=args.format)
+            output = diagram.graphviz(diagram.render_dot(drawn), args.format)
         except GraphvizError as error:
             session.err.print(f"[red]error:[/] {escape(str(error))}")
             return EXIT_FAILED
@@ -602,6 +607,11 @@ class _NoModel:
 
     def complete(self, request: Any) -> Any:
         raise ConfigError("this command does not call the model")
+
+
+def _reader() -> Agent:
+    """An agent for commands that read or stop runs: no tools imported, no model loaded."""
+    return Agent(model=_NoModel())
 
 
 def _print_error(label: str, error: Exception) -> None:

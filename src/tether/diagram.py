@@ -99,12 +99,19 @@ class ToolNote:
     @classmethod
     def of(cls, tool: Tool) -> ToolNote:
         """Read the traits off a tool."""
-        approval: Literal["always", "per call"] | None = None
-        if tool.approval is True:
-            approval = "always"
-        elif tool.approval is not False:
-            approval = "per call"
-        return cls(tool.name, approval, tool.retry.max_attempts, tool.final, tool.timeout)
+        return cls.recorded(tool.name, tool.settings())
+
+    @classmethod
+    def recorded(cls, name: str, settings: dict[str, Any]) -> ToolNote:
+        """The traits from a tool's :meth:`~tether.tools.Tool.settings`, as a run records them."""
+        approval = settings.get("approval")
+        return cls(
+            name,
+            approval if approval in ("always", "per call") else None,
+            int(settings.get("max_attempts") or 1),
+            bool(settings.get("final")),
+            settings.get("timeout"),
+        )
 
     def traits(self) -> list[str]:
         """Plain words, one per trait (``runs directly`` when it has none)."""
@@ -153,13 +160,19 @@ class Diagram:
 
 # Building ----------------------------------------------------------------------------------
 def build(
-    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+    machine: MachineRef = AgentMachine,
+    *,
+    events: Sequence[Event] | None = None,
+    agent: Agent | None = None,
+    tools: Sequence[ToolNote] | None = None,
 ) -> Diagram:
-    """Extract the machine's graph and adjust it for an agent and a run."""
+    """Extract the machine's graph and adjust it for an agent's tools (or ``tools``) and a run."""
     graph = extract(machine)
     diagram = Diagram(graph)
     if agent is not None:
-        diagram.tools = [ToolNote.of(tool) for tool in agent.tools]
+        tools = [ToolNote.of(tool) for tool in agent.tools]
+    if tools is not None:
+        diagram.tools = list(tools)
         ids = {state.id for state in _states(graph.states)}
         diagram.note_on = TOOLS_STATE if TOOLS_STATE in ids else None
     if events is not None:

@@ -18,8 +18,8 @@ from typing import Any
 
 from tether import cache, engine, leases, rules
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approver, Decision
-from tether.compat import check_compatible
+from tether.approvals import ApprovalRequest, Approver, Decision, Deny
+from tether.compat import check_compatible, check_versions
 from tether.errors import ModelError, RunBusy
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
@@ -220,6 +220,7 @@ class _RunnerBase:
             "machine_version": MACHINE_VERSION,
             "schema_version": SCHEMA_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
+            "tool_settings": {tool.name: tool.settings() for tool in self.agent.tools},
         }
         if continue_from is not None:
             parent = self.load(continue_from, tenant=tenant)
@@ -337,7 +338,11 @@ class _RunnerBase:
         Exactly one decision ever applies: a second one, or two racing processes, get
         :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
         """
-        state = self._state(run_id, tenant)
+        if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
+            state = self.load(run_id, tenant=tenant)
+            check_versions(state.id, state.spec)
+        else:
+            state = self._state(run_id, tenant)
         self._decide(state, call_id, decision, fingerprint)
         return result_of(state)
 
