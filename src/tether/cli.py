@@ -2,9 +2,10 @@
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
 3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 130 interrupted (Ctrl-C while the model or a tool
-ran: the run resumes from its last committed step). ``--json`` prints exactly one JSON object
-on stdout and nothing else.
+e.g. from cron with ``tether runs --due``), 128 + the signal when interrupted while the model or
+a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its
+last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout and
+nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +29,7 @@ from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, RunEnded, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
@@ -39,7 +43,10 @@ if TYPE_CHECKING:
     from tether.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
+EXIT_SIGNAL_BASE = 128
+"""Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
@@ -91,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_decision(deny)
     deny.add_argument("--reason", default="", help="why (the model sees it)")
     deny.add_argument("--by", default=None)
+
+    _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
     show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
     show.add_argument("run_id")
@@ -188,8 +197,19 @@ class _Session:
         self.run_id = state.id
 
     def interrupted(self) -> None:
-        """Ctrl-C while work ran: take the spinner down, then say how to go on."""
+        """Ctrl-C (or SIGTERM, SIGHUP) while work ran: take the spinner down, then say how to go on.
+
+        With ``--json`` the run's object is printed as it stands (read back from the store), so
+        a script still gets one JSON object; none if no run was created yet.
+        """
         self.close()
+        if self.json and self.run_id is not None:
+            try:
+                state = Runner(_reader(), self.store).load(self.run_id)
+            except TetherError:  # the store cannot say: the hint below still names the run
+                pass
+            else:
+                print(json.dumps(result_of(state).to_dict(), ensure_ascii=False))
         hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
@@ -301,6 +321,29 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
     if result.status != "awaiting_approval":
         session.out.print(Text(f"continue with: tether resume {args.run_id}{session._db_hint()}"))
+    return EXIT_DONE
+
+
+def _add_cancel(cancel: argparse.ArgumentParser) -> None:
+    """``tether cancel``'s arguments."""
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason", default="", help="why (kept as the run's error: cancelled: REASON)")
+    cancel.add_argument("--json", action="store_true", help="print the run's JSON object")
+
+
+def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
+    """End a run that has not ended (parked, interrupted, waiting for a retry, failed transiently).
+
+    Imports no tools and loads no model, so a run whose tools module is gone can still be
+    stopped. An ended run is a usage error (exit 2): there is nothing to cancel.
+    """
+    runner = Runner(_reader(), session.store)
+    before = result_of(runner.load(args.run_id)).status
+    result = runner.cancel(args.run_id, args.reason)
+    if session.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        session.out.print(Text(f"cancelled run {args.run_id} (it was {before})"))
     return EXIT_DONE
 
 
@@ -592,6 +635,7 @@ COMMANDS = {
     "resume": _cmd_resume,
     "approve": _cmd_decide,
     "deny": _cmd_decide,
+    "cancel": _cmd_cancel,
     "show": _cmd_show,
     "runs": _cmd_runs,
     "gc": _cmd_gc,
@@ -619,8 +663,51 @@ def _print_error(label: str, error: Exception) -> None:
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt, so both are handled alike."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While a command runs, SIGTERM and SIGHUP interrupt it as Ctrl-C does (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for name in STOP_SIGNALS:
+        signum = getattr(signal, name, None)  # no SIGHUP on Windows
+        if signum is not None:
+            previous[signum] = signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
+    with _stopped_by_signals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as interrupt:  # before the command started, or while it said so
+            return _interrupted_exit(interrupt)
+
+
+def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
+    signum = interrupt.signum if isinstance(interrupt, _Stopped) else signal.SIGINT
+    return EXIT_SIGNAL_BASE + signum
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         from tether import demo
@@ -633,7 +720,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound) as error:
+    except (ConfigError, RunNotFound, RunEnded) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:
@@ -642,10 +729,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TetherError as error:
         _print_error("error", error)
         return EXIT_FAILED
-    except KeyboardInterrupt:  # the last committed step stands; an unfinished tool call is in doubt
+    except KeyboardInterrupt as interrupt:  # the last committed step stands; an unfinished tool call is in doubt
         if session is not None:
-            session.interrupted()
-        return EXIT_INTERRUPTED
+            with suppress(OSError):  # the terminal may be gone (SIGHUP)
+                session.interrupted()
+        return _interrupted_exit(interrupt)
     finally:
         if session is not None:
             session.close()

@@ -20,10 +20,10 @@ from tether import cache, engine, leases, rules
 from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approver, Decision, Deny
 from tether.compat import check_compatible, check_versions
-from tether.errors import ModelError, RunBusy
+from tether.errors import ModelError, RunBusy, RunEnded
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
-from tether.machine import MACHINE_VERSION, STATUS_VALUES
+from tether.machine import ENDED_VALUES, MACHINE_VERSION, STATUS_VALUES
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -126,6 +126,7 @@ def result_of(state: RunState) -> RunResult:
                 "fingerprint": engine.fingerprint(c.input),
             }
             for c in state.pending_approvals()
+            if state.status == "awaitingApproval"  # a run cancelled or failed at its gate waits for no one
         ],
     )
 
@@ -347,8 +348,17 @@ class _RunnerBase:
         return result_of(state)
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
-        """Stop a run that has not finished."""
+        """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
+
+        Needs neither the run's tools nor its model. A tool another process is running is not
+        stopped: that driver finds the run changed when it records the result, and stops.
+
+        Raises:
+            RunEnded: the run is done, cancelled, or failed for good.
+        """
         state = self.load(run_id, tenant=tenant)
+        if state.status in ENDED_VALUES and not (state.status == "failed" and state.can_retry):
+            raise RunEnded(state.id, result_of(state).status, "cancel")
         self._commit(state, engine.cancellation(reason))
         return result_of(state)
 
