@@ -592,15 +592,21 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also delete runs that failed transiently (by default kept: `tether resume` may still finish them)",
     )
+    gc.add_argument(
+        "--include-parked",
+        action="store_true",
+        help="also delete runs that have not ended (awaiting approval, waiting for a retry, interrupted); "
+        "a process still driving one past the cutoff would lose it",
+    )
     gc.add_argument("--json", action="store_true")
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Delete old finished runs; never parked or running ones, nor resumable transient failures.
+    """Delete old finished runs; parked or running ones and resumable transient failures only if asked.
 
     Only final statuses can be chosen; a run that failed transiently is kept unless
-    ``--include-retryable`` says otherwise. Expired tool-cache entries go too (they are never
-    read again, whatever their age).
+    ``--include-retryable``, a run that has not ended unless ``--include-parked``. Expired
+    tool-cache entries go too (they are never read again, whatever their age).
     """
     from tether.audit import parse_since
 
@@ -609,8 +615,10 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     except ConfigError as error:
         raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
     statuses = set(args.status or ["done", "failed", "cancelled"])
-    retryable = args.include_retryable
-    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses, include_retryable=retryable)
+    retryable, parked = args.include_retryable, args.include_parked
+    deleted = session.store.delete_runs(
+        finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
+    )
     expired = session.store.cache_purge(time.time())
     if session.json:
         report = {
@@ -618,14 +626,16 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
             "before": cutoff,
             "statuses": sorted(statuses),
             "include_retryable": retryable,
+            "include_parked": parked,
             "cache_deleted": expired,
         }
         print(json.dumps(report))
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
         kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
-        kinds = ", ".join(sorted(statuses)) + kept
-        session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
+        kinds = ", ".join(sorted(statuses)) + kept + ("; parked runs too" if parked else "")
+        which = "run(s)" if parked else "finished run(s)"
+        session.out.print(f"deleted {deleted} {which} ({kinds}) last updated before {when}")
         session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE
 

@@ -96,14 +96,17 @@ class Store(Protocol):
         statuses: Collection[str],
         tenant: str | None = None,
         include_retryable: bool = False,
+        include_parked: bool = False,
     ) -> int:
         """Delete finished runs (and their events) last updated before a Unix time; return how many.
 
         Only final statuses may be given (see :func:`check_deletable`): a parked or running
-        run is never deleted, nor, unless ``include_retryable``, a run that failed
-        transiently (``summary["retryable"]``): resuming it may still finish it. The
-        conditions hold at the moment of deletion, even if another process resumes a run
-        meanwhile.
+        run is never deleted unless ``include_parked`` (then every run that has not ended,
+        :data:`PARKED_STATUSES`, goes too: awaiting a decision, waiting for a retry, or left
+        mid-step; a driver still working on one past the cutoff would lose it), nor, unless
+        ``include_retryable``, a run that failed transiently (``summary["retryable"]``):
+        resuming it may still finish it. The conditions hold at the moment of deletion, even
+        if another process resumes a run meanwhile.
         """
         ...
 
@@ -128,15 +131,28 @@ class Store(Protocol):
 
 
 FINAL_STATUSES = frozenset({"done", "failed", "cancelled"})
+PARKED_STATUSES = frozenset({"thinking", "executingTool", "awaitingApproval"})
+"""Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
 WAITING_STATUS = "executingTool"
 """The only state in which a run waits for a retry (see :meth:`Store.list_due`)."""
 DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
 
 
-def deletable(record: RunRecord, *, finished_before: float, statuses: Collection[str], include_retryable: bool) -> bool:
+def deletable(
+    record: RunRecord,
+    *,
+    finished_before: float,
+    statuses: Collection[str],
+    include_retryable: bool,
+    include_parked: bool = False,
+) -> bool:
     """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says)."""
-    if record.status not in statuses or not record.updated_at < finished_before:
+    if not record.updated_at < finished_before:
+        return False
+    if include_parked and record.status in PARKED_STATUSES:
+        return True
+    if record.status not in statuses:
         return False
     return include_retryable or not (record.status == "failed" and record.summary.get("retryable") is True)
 
@@ -172,6 +188,7 @@ def open_store(url: str | None) -> Store:
 __all__ = [
     "DUE_KEY",
     "FINAL_STATUSES",
+    "PARKED_STATUSES",
     "SCHEMA_VERSION",
     "WAITING_STATUS",
     "RunLog",

@@ -22,7 +22,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
+from tether.stores import DUE_KEY, PARKED_STATUSES, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
@@ -376,19 +376,23 @@ class SQLStore:
         statuses: Collection[str],
         tenant: str | None = None,
         include_retryable: bool = False,
+        include_parked: bool = False,
     ) -> int:
-        """Delete finished runs last updated before ``finished_before``, with their events.
+        """Delete finished (or, if asked, parked) runs last updated before ``finished_before``, with their events.
 
-        A failed run can still change (resuming a transient failure retries it), so the
-        rows are locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one
-        writer) and every DELETE repeats the conditions: a run another process resumed
-        meanwhile is left whole, never deleted, never stripped of its events.
+        A failed or parked run can still change (resuming it moves it on), so the rows are
+        locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one writer) and
+        every DELETE repeats the conditions: a run another process resumed meanwhile is left
+        whole, never deleted, never stripped of its events.
         """
         check_deletable(statuses)
-        doomed = _RUN.c.status.in_(sorted(statuses)) & (_RUN.c.updated_at < finished_before)
+        chosen = _RUN.c.status.in_(sorted(statuses))
         if not include_retryable:  # a transient failure may still be resumed: keep it
             retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
-            doomed &= (_RUN.c.status != "failed") | sa.not_(retryable)
+            chosen &= (_RUN.c.status != "failed") | sa.not_(retryable)
+        if include_parked:
+            chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES))
+        doomed = chosen & (_RUN.c.updated_at < finished_before)
         if tenant is not None:
             doomed &= _RUN.c.tenant == tenant
         deleted = 0
