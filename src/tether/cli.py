@@ -31,7 +31,7 @@ from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
 from tether.errors import ApprovalError, ConfigError, RunEnded, RunNotFound, StaleRun, TetherError
 from tether.events import Event
-from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
+from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.models import ModelAdapter
 from tether.policies import Budget
@@ -268,20 +268,43 @@ class _Session:
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
-    spec = {
-        "tools": list(args.tools),
-        "model": normalise_model_spec(args.model),
-        "system": args.system,
-        "cwd": os.getcwd(),
-        "max_steps": args.max_steps,
-        "budget": _budget(args),
-        **({"policy": str(Path(args.policy).resolve())} if args.policy else {}),
-    }
+    """Start a run; with ``--continue``, its agent is the earlier run's but for what the flags set."""
+    given = _run_flags(args)
+    if args.continue_from is not None:
+        spec = continued_spec(session.store.load_run(args.continue_from).spec, given)
+    else:
+        budget = given.get("budget") or {}
+        fresh = {"budget": Budget(**budget).to_dict() if set(budget) - {"on_limit"} else None}
+        spec = {"tools": [], "cwd": os.getcwd(), **given, **fresh}
+    spec.setdefault("model", normalise_model_spec(None))
     agent = agent_from_spec(spec)
-    if args.max_steps is None:
-        spec["max_steps"] = agent.limits.max_steps
     runner = session.runner(args, agent)
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
+
+
+def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``tether run``'s flags set, in a run spec's terms (a flag not given sets nothing).
+
+    ``budget`` holds only the limits given (and ``on_limit``), so a continued run can keep
+    the others; given tools come with the directory they are loaded from.
+    """
+    budget = {
+        "max_cost_usd": args.max_cost,
+        "max_total_tokens": args.max_tokens,
+        "max_tool_calls": args.max_tool_calls,
+        "max_seconds": args.max_seconds,
+        "on_limit": args.on_limit,
+    }
+    flags = {
+        "tools": list(args.tools) or None,
+        "cwd": os.getcwd() if args.tools else None,
+        "model": normalise_model_spec(args.model) if args.model else None,
+        "system": args.system,
+        "max_steps": args.max_steps,
+        "policy": str(Path(args.policy).resolve()) if args.policy else None,
+        "budget": {k: v for k, v in budget.items() if v is not None} or None,
+    }
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
@@ -523,19 +546,6 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
-def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The Budget the run flags ask for, in its stored form (None when no flag sets a limit)."""
-    limits = {
-        "max_cost_usd": args.max_cost,
-        "max_total_tokens": args.max_tokens,
-        "max_tool_calls": args.max_tool_calls,
-        "max_seconds": args.max_seconds,
-    }
-    if all(value is None for value in limits.values()):
-        return None
-    return Budget(**{k: v for k, v in limits.items() if v is not None}, on_limit=args.on_limit).to_dict()
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -567,12 +577,15 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     budget.add_argument(
         "--on-limit",
         choices=["final_answer", "fail"],
-        default="final_answer",
-        help="what a budget limit does (default: %(default)s)",
+        help="what a budget limit does (default: final_answer)",
     )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
-        "--continue", dest="continue_from", metavar="RUN_ID", help="continue an earlier run's conversation"
+        "--continue",
+        dest="continue_from",
+        metavar="RUN_ID",
+        help="continue an earlier run's conversation, with its tools, model, system prompt, policy and limits "
+        "(each flag given replaces what it sets)",
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(run)

@@ -159,6 +159,22 @@ def agent_from_spec(
     )
 
 
+CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget")
+"""What a run continuing another keeps from the earlier run's spec, unless set anew."""
+
+
+def continued_spec(earlier: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The spec of a run that continues ``earlier``: what ``given`` sets, the rest as ``earlier`` had it.
+
+    Tools go with the directory they are loaded from (``given`` tools bring their own
+    ``cwd``). A budget merges limit by limit: setting one keeps the others.
+    """
+    spec = {key: earlier[key] for key in CONTINUED if earlier.get(key) is not None}
+    for key, value in given.items():
+        spec[key] = {**(spec.get(key) or {}), **value} if key == "budget" else value
+    return spec
+
+
 def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None:
     """A warning when the run's rule file no longer holds the rules the run started with.
 
