@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from support import EFFECT_TOOLS, Cli, CliResult, finish_tether, model_reply, tool_use, tool_use_turn
+from support import EFFECT_TOOLS, Cli, CliResult, clean_env, finish_tether, model_reply, tool_use, tool_use_turn
 from tether import Agent, ModelError, Runner
 from tether.stores import open_store
 from tether.testing import ScriptedModel
@@ -203,3 +205,23 @@ def test_a_signal_while_a_tool_runs_leaves_the_run_resumable(
     assert resumed.data["status"] == "done"
     assert resumed.data["output"] == "All done."
     assert project.effects() == ["waiting for go", "waiting for go", "wait_for go"]
+
+
+def test_a_run_started_under_nohup_keeps_ignoring_sighup(project: Project) -> None:
+    """An ignored SIGHUP (``nohup tether run ...``) stays ignored: the run goes on to the end."""
+    args = ["run", "go", "--tools", "mytools:TOOLS", "--model", "scripted:waits.json", "--json", "--db", project.db]
+    driver = subprocess.Popen(
+        ["nohup", sys.executable, "-m", "tether", *args],
+        cwd=project.root,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    project.wait_for_effect("waiting for go")
+    driver.send_signal(signal.SIGHUP)
+    (project.root / "go").touch()
+    done = finish_tether(driver)
+    assert done.returncode == 0, done
+    assert done.data["status"] == "done"

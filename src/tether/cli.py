@@ -221,7 +221,8 @@ class _Session:
     def close(self) -> None:
         """Clear a spinner left by an error, so the message and the cursor show."""
         if self.live is not None:
-            self.live.stop()
+            with suppress(OSError):  # the terminal is gone (SIGHUP): nothing left to clear
+                self.live.stop()
 
     def finish(self, result: RunResult) -> int:
         if self.json:
@@ -349,7 +350,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
 
 def _add_cancel(cancel: argparse.ArgumentParser) -> None:
     """``tether cancel``'s arguments."""
-    cancel.add_argument("run_id")
+    cancel.add_argument("run_id", help="the run to stop")
     cancel.add_argument("--reason", default="", help="why (kept as the run's error: cancelled: REASON)")
     cancel.add_argument("--json", action="store_true", help="print the run's JSON object")
 
@@ -707,7 +708,7 @@ def _stopped_by_signals() -> Iterator[None]:
     previous = {}
     for name in STOP_SIGNALS:
         signum = getattr(signal, name, None)  # no SIGHUP on Windows
-        if signum is not None:
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: keep ignoring it
             previous[signum] = signal.signal(signum, _raise_stopped)
     try:
         yield
