@@ -265,3 +265,25 @@ def test_a_rule_file_changed_since_the_run_started_is_warned_about_and_its_rules
     assert resumed.data["status"] == "done"
     assert cli.effects() == ["send bob"]  # the refund of 50 fell under the new rule
     assert "deny-large-refunds" in str(tool_results(cli.show(run_id))["toolu_2"]["content"])
+
+
+@pytest.mark.parametrize("for_run", [False, True], ids=["plain", "for-run"])
+def test_a_deny_rule_added_after_a_call_was_approved_stops_it_on_resume(
+    cli: Cli, tmp_path: Path, for_run: bool
+) -> None:
+    parked = cli.run([turn(("toolu_1", "send", {"to": "bob"})), answer()])
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    rules = tmp_path / "rules.toml"
+    deny_bob = '[[rules]]\nname = "not-bob"\ntool = "send"\nwhen = { to = { equals = "bob" } }\n'
+    rules.write_text(deny_bob + 'action = "deny"\nmessage = "bob left the company"\n' + RULES, encoding="utf-8")
+    approved = cli("approve", run_id, "toolu_1", *(["--for-run"] if for_run else []))
+    assert approved.returncode == 0, approved
+    resumed = cli("resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed
+    assert "its current rules apply" in resumed.err
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == []  # approved before the rule arrived, and still never run
+    result = tool_results(cli.show(run_id))["toolu_1"]
+    assert result["is_error"] is True
+    assert "denied by policy: rule 1 (not-bob): bob left the company" in str(result["content"])

@@ -846,6 +846,33 @@ def test_an_edit_decided_before_a_stricter_rule_arrived_is_denied_when_it_would_
     assert finished["denied_by"] == "policy"
 
 
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        Approve(actor="alice"),
+        Approve(actor="alice", remember_for_run=True),
+        Approve(input={"invoice": "I-9", "amount": 500}, actor="alice"),
+    ],
+    ids=["plain", "for-run", "edited"],
+)
+def test_a_deny_rule_added_after_any_approval_stops_the_call_when_it_would_run(ran: Ran, decision: Approve) -> None:
+    store = MemoryStore()
+    script = [calls(use("toolu_1", "refund", {"invoice": "I-9", "amount": 500})), answer()]
+    lenient = runner(script, Policy([ASK_FOR_REFUNDS]), ran=ran, store=store)
+    parked = lenient.run("Refund I-9.")
+    lenient.decide(parked.run_id, "toolu_1", decision)
+    strict = runner(script, Policy([LARGE_REFUNDS, ASK_FOR_REFUNDS]), ran=ran, store=store)
+    result = strict.drive(parked.run_id)
+    assert result.status == "done"
+    assert ran.log == []
+    block = tool_results(strict, parked.run_id)["toolu_1"]
+    assert block["is_error"] is True
+    assert "denied by policy: rule 1 (deny-large-refunds): over 100: ask a manager" in block["content"]
+    [finished] = events(strict, parked.run_id, "tool_finished")
+    assert finished["denied_by"] == "policy"
+
+
 # Verdicts are checked ------------------------------------------------------------------------------
 def test_a_mistyped_verdict_is_an_error_listing_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match=r"'denied'.*'allow', 'require_approval', 'deny'"):

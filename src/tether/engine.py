@@ -230,8 +230,9 @@ def _call_action(
         if isinstance(gate, Step):
             return Commit(gate)
         warnings = gate
-    elif edited_input is not None:
-        # on_decision refuses an edit a rule denies; this holds should the rules change after it
+    else:
+        # A person's approval (plain, for the run, or edited) never outranks a deny rule: the
+        # rules as they are now judge what is about to run, whatever they said when it was decided.
         denial = _denial(state, agent, call, tool, arguments)
         if denial is not None:
             return Commit(_denied_by_policy(call, denial, []))
