@@ -20,8 +20,8 @@ from tether.testing import RecordingApprover, ScriptedModel
 from tether.tools import OnInterrupted, Tool
 
 
-class Crash(BaseException):
-    """Stands in for the process dying mid-tool."""
+class Crash(KeyboardInterrupt):
+    """Stands in for the process dying mid-tool (only Ctrl-C escapes a tool: anything else is its error)."""
 
 
 def transfer_tool(ran: list[int], on_interrupted: OnInterrupted | None = None) -> Tool:

@@ -58,8 +58,8 @@ class WritesStore(MemoryStore):
         self.writes.append([event.type for event in events])
 
 
-class Crash(BaseException):
-    """Escapes the runner like a killed process: the start is committed, the end never is."""
+class Crash(KeyboardInterrupt):
+    """Escapes the runner like a killed process (or Ctrl-C): the start is committed, the end never is."""
 
 
 class Ran:

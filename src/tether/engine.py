@@ -32,7 +32,7 @@ from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
-from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
+from tether.tools import ModelRetry, RetryLater, Tool, ToolExit, ToolTimeout, UnserializableResult
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 DEFAULT_LEASE = 600.0
@@ -522,7 +522,7 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         "tool": tool.name,
         "attempt": action.attempt,
         "duration": round(duration, 6),
-        "error_type": type(error).__name__,
+        "error_type": _raised_type(error),
     }
     limit = action.max_result_chars
     if isinstance(error, ModelRetry):
@@ -584,7 +584,12 @@ def _describe_tool_error(tool: Tool, error: BaseException, error_class: str, tex
         return f"Error ({error_class}): tool {tool.name!r} {text}"
     if isinstance(error, UnserializableResult):
         return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {text}"
-    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {text}"
+    return f"Error ({error_class}): tool {tool.name!r} raised {_raised_type(error)}: {text}"
+
+
+def _raised_type(error: BaseException) -> str:
+    """The name of what the tool raised (``SystemExit``, not the :class:`ToolExit` carrying it)."""
+    return type(error.original if isinstance(error, ToolExit) else error).__name__
 
 
 def _capped(text: str, limit: int | None) -> str:
