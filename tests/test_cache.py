@@ -157,7 +157,12 @@ def test_second_run_is_answered_from_the_cache_without_running_the_tool(kind: st
     assert "cache_miss" not in second_types
     assert second_types[second_types.index("cache_hit") + 1] == "tool_finished"
     hit = next(e.data for e in world.events(second.run_id) if e.type == "cache_hit")
-    assert hit == {"call_id": "toolu_1", "tool": "lookup", "key": cache_key("lookup", {"city": "Oslo", "units": "C"})}
+    assert hit == {
+        "call_id": "toolu_1",
+        "tool": "lookup",
+        "key": cache_key("lookup", {"city": "Oslo", "units": "C"}),
+        "allowed": {"by": None, "reason": "no approval needed"},  # for the audit: it passed the gate unasked
+    }
     # The model gets the same result either way; the hit is marked and not counted as an execution.
     fresh, cached = world.finished(first.run_id)[0], world.finished(second.run_id)[0]
     assert cached["content"] == fresh["content"] == '{"city": "Oslo", "temp": 21, "units": "C"}'

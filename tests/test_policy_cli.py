@@ -201,7 +201,7 @@ def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
     parked = cli.run(script)
     assert parked.returncode == 3, parked
     run_id = parked.data["run_id"]
-    approved = cli("approve", run_id, "toolu_1", "--for-run")
+    approved = cli("approve", run_id, "toolu_1", "--for-run", "--by", "alice")
     assert approved.returncode == 0, approved
     resumed = cli("resume", run_id, "--json")
     assert resumed.returncode == 0, resumed
@@ -211,6 +211,12 @@ def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
     [decided] = events_of(shown, "approval_decided")
     assert decided["remember_for_run"] is True
     assert len(events_of(shown, "approval_requested")) == 1
+    audited = cli("audit", "--run", run_id, "--json")
+    assert audited.returncode == 0, audited
+    later = audited.data["entries"][1]["decision"]
+    assert (later["verdict"], later["by"], later["for_run_call"]) == ("approved", "alice", "toolu_1")
+    table = " ".join(cli("audit", "--run", run_id).stdout.split())
+    assert "approved by alice (for the run, with toolu_1)" in table
 
 
 def test_an_invalid_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:

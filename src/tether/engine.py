@@ -64,6 +64,9 @@ class RunTool:
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
     warnings: tuple[Record, ...] = ()
     """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
+    allowed: dict[str, Any] | None = None
+    """Who let the call run without asking anyone now (see :func:`_verdict`), recorded with its
+    start for the audit; None when a person decided this very call."""
 
 
 @dataclass(frozen=True)
@@ -225,11 +228,12 @@ def _call_action(
         message = f"Error: not run: the budget is used up ({spent_up.describe()})"
         return Commit(_result(call, message, True, budget_limit=spent_up.limit))
     warnings: list[Record] = []
+    allowed: dict[str, Any] | None = None
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
         gate = _gate(state, agent, call, tool, arguments, can_ask=can_ask)
         if isinstance(gate, Step):
             return Commit(gate)
-        warnings = gate
+        warnings, allowed = gate
     else:
         # A person's approval (plain, for the run, or edited) never outranks a deny rule: the
         # rules as they are now judge what is about to run, whatever they said when it was decided.
@@ -238,7 +242,7 @@ def _call_action(
             return Commit(_denied_by_policy(call, denial, []))
     if tool.final:
         data = arguments.model_dump(mode="json")
-        final = _result(call, "Final result recorded.", False, final_result=data)
+        final = _result(call, "Final result recorded.", False, final_result=data, **_allowed_field(allowed))
         return Commit(Step(final.trigger, [*warnings, *final.records]))
     max_tool_calls = agent.limits.max_tool_calls
     if max_tool_calls is not None and state.tool_calls >= max_tool_calls:
@@ -250,19 +254,26 @@ def _call_action(
     limit = agent.limits.max_result_chars
     edited = edited_input is not None
     warnings += budgets.new_warnings(agent, state, now=now, tool_calls=1)
-    return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
+    return RunTool(
+        call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings), allowed=allowed
+    )
+
+
+def _allowed_field(allowed: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``allowed`` item of a start (or cache hit, or final result) record, when there is one."""
+    return {} if allowed is None else {"allowed": allowed}
 
 
 def _gate(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel, *, can_ask: bool
-) -> Step | list[Record]:
-    """A step parking the run (or denying the call), else the warnings to record with its start.
+) -> Step | tuple[list[Record], dict[str, Any]]:
+    """A step parking the run (or denying the call), else what to record with its start: warnings, who allowed it.
 
     A ``deny`` rule always wins; a call in doubt after a crash is resolved by its
     ``on_interrupted`` policy (asked about, or reported as not re-run); only then may a tool
     approved for the rest of the run skip the question.
     """
-    verdict, warnings = _verdict(state, agent, call, tool, arguments)
+    verdict, warnings, allowed = _verdict(state, agent, call, tool, arguments)
     if verdict.verdict == "deny":
         return _denied_by_policy(call, verdict.reason, warnings)
     if call.call_id in state.in_flight and not tool.idempotent:
@@ -274,7 +285,7 @@ def _gate(
         reported = _result(call, interrupted_message(why), True, interrupted=True)
         return Step(reported.trigger, [*warnings, *reported.records])
     if verdict.verdict == "allow":
-        return warnings
+        return warnings, allowed
     return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
 
 
@@ -295,23 +306,30 @@ def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, argume
 
 def _verdict(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
-) -> tuple[ApprovalVerdict, list[Record]]:
+) -> tuple[ApprovalVerdict, list[Record], dict[str, Any]]:
     """The agent's policy, else the tool's setting, softened by an approval for the run.
 
+    Also says who would let the call run unasked: ``{"by": "policy"}`` (a rule or the tool's
+    approval callable), ``{"by": "approved_for_run"}`` (a person's earlier ``remember_for_run``),
+    or ``{"by": None}`` when the tool needs no approval; each with a ``reason``.
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """
     decided = decide_call(agent.policy, tool, arguments, _context(state, agent, call, tool))
     verdict = decided.verdict
+    allowed: dict[str, Any] = {"by": None, "reason": "no approval needed"}
+    if decided.rule is not None or not isinstance(tool.approval, bool):
+        allowed = {"by": "policy", "reason": verdict.reason or f"the approval gate of {tool.name!r} allows it"}
     if verdict.verdict == "require_approval" and tool.name in state.approved_tools:
         verdict = ApprovalVerdict("allow", f"{tool.name} was approved for the rest of the run")
+        allowed = {"by": "approved_for_run", "reason": verdict.reason}
     if call.call_id in state.attempts:
-        return verdict, []
+        return verdict, [], allowed
     warnings: list[Record] = []
     for match in decided.warnings:
         data = {"message": match.reason, "call_id": call.call_id, "tool": tool.name}
         warnings.append((ev.WARNING, {**data, "rule": match.index, "rule_name": match.rule.name}))
-    return verdict, warnings
+    return verdict, warnings, allowed
 
 
 def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Record]) -> Step:
@@ -328,7 +346,7 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
             arguments = tool.validate(call.input)
         except pydantic.ValidationError:
             continue
-        verdict, more = _verdict(state, agent, call, tool, arguments)
+        verdict, more, _ = _verdict(state, agent, call, tool, arguments)
         if verdict.verdict == "require_approval":
             shown.append({"call_id": call.call_id, "tool": call.tool, "input": call.input, "reason": verdict.reason})
             records.extend(more)  # decided now, so never gated (nor warned about) again
@@ -464,6 +482,7 @@ def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[
         "attempt": action.attempt,
         "owner": owner,
         "lease_until": lease_until,
+        **_allowed_field(action.allowed),
     }
     return ev.TOOL_STARTED, data
 
@@ -493,7 +512,8 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
     reaches the model exactly as a fresh one would (same cap, same reviewer note).
     """
     step = _success(action, content, cached=True)
-    step.records[:0] = [*action.warnings, hit_record(action, key)]  # no start is recorded: warn here
+    kind, hit = hit_record(action, key)
+    step.records[:0] = [*action.warnings, (kind, {**hit, **_allowed_field(action.allowed)})]  # no start: warn here
     return step
 
 
