@@ -280,6 +280,9 @@ def _gate(
         policy = tool.on_interrupted or agent.on_interrupted
         if policy == "ask" and can_ask:
             reason = "it was interrupted mid-run and may already have run; run it again?"
+            earlier = state.decisions.get(call.call_id)
+            if earlier is not None and earlier.input is not None:
+                reason += f" (with its input as {earlier.actor} edited it)"
             return _approval_step(state, agent, call, reason, warnings)
         why = "its policy is not to re-run" if policy == "error" else "there is no approver to ask"
         reported = _result(call, interrupted_message(why), True, interrupted=True)
@@ -335,7 +338,7 @@ def _verdict(
 def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Record]) -> Step:
     """Park with every still-undecided gated call of the batch, to be decided together."""
     records = list(warnings)
-    shown = [{"call_id": first.call_id, "tool": first.tool, "input": first.input, "reason": reason}]
+    shown = [{"call_id": first.call_id, "tool": first.tool, "input": state.input_to_run(first), "reason": reason}]
     for call in state.batch:
         if call.call_id in state.outcomes or call.call_id in state.decisions or call is first:
             continue
@@ -348,7 +351,8 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
             continue
         verdict, more, _ = _verdict(state, agent, call, tool, arguments)
         if verdict.verdict == "require_approval":
-            shown.append({"call_id": call.call_id, "tool": call.tool, "input": call.input, "reason": verdict.reason})
+            item = {"call_id": call.call_id, "tool": call.tool, "input": state.input_to_run(call)}
+            shown.append({**item, "reason": verdict.reason})
             records.extend(more)  # decided now, so never gated (nor warned about) again
     for item in shown:
         item["fingerprint"] = fingerprint(item["input"])
@@ -575,12 +579,13 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
     if policy.on_exhausted == "escalate" and wants_retry:
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
+        to_run = action.arguments.model_dump(mode="json") if action.edited else call.input  # shown: what would run
         item = {
             "call_id": call.call_id,
             "tool": call.tool,
-            "input": call.input,
+            "input": to_run,
             "reason": reason,
-            "fingerprint": fingerprint(call.input),
+            "fingerprint": fingerprint(to_run),
             "last_error": message,
         }
         data = {"calls": [item], "escalation": True, "duration": facts["duration"]}
@@ -661,7 +666,7 @@ def on_decision(
         raise ApprovalError(
             f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
         )
-    shown = fingerprint(call.input)
+    shown = fingerprint(state.input_to_run(call))  # what the person was shown: an earlier edit, if any
     if expected_fingerprint is not None and expected_fingerprint != shown:
         raise ApprovalError(
             f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected_fingerprint} != {shown})",
@@ -686,6 +691,8 @@ def on_decision(
                 call_id=call_id,
             )
         edited_input = arguments.model_dump(mode="json")
+    elif approved:
+        edited_input = state.edited_inputs.get(call_id)  # approving what was shown: an earlier edit stands
     data = {
         "call_id": call_id,
         "tool": call.tool,
@@ -701,7 +708,7 @@ def on_decision(
         for other in state.pending_approvals():
             if other.call_id == call_id or other.tool != call.tool or other.call_id in state.in_flight:
                 continue  # a call in doubt after a crash is still asked about on its own
-            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(other.input)}
+            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(state.input_to_run(other))}
             why = f"{call.tool} approved for the run with {call_id}"
             records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
     return Step("decided", records)
