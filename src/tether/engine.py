@@ -64,6 +64,9 @@ class RunTool:
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
     warnings: tuple[Record, ...] = ()
     """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
+    execution_warnings: tuple[Record, ...] = ()
+    """Those of ``warnings`` that count this attempt as a tool execution (limit warnings): a cache
+    hit runs nothing, so it records only the others."""
     allowed: dict[str, Any] | None = None
     """Who let the call run without asking anyone now (see :func:`_verdict`), recorded with its
     start for the audit; None when a person decided this very call."""
@@ -253,9 +256,17 @@ def _call_action(
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
     edited = edited_input is not None
-    warnings += budgets.new_warnings(agent, state, now=now, tool_calls=1)
+    spending = budgets.new_warnings(agent, state, now=now, tool_calls=1)
     return RunTool(
-        call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings), allowed=allowed
+        call,
+        tool,
+        arguments,
+        attempt,
+        edited=edited,
+        max_result_chars=limit,
+        warnings=(*warnings, *spending),
+        execution_warnings=tuple(spending),
+        allowed=allowed,
     )
 
 
@@ -517,7 +528,8 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
     """
     step = _success(action, content, cached=True)
     kind, hit = hit_record(action, key)
-    step.records[:0] = [*action.warnings, (kind, {**hit, **_allowed_field(action.allowed)})]  # no start: warn here
+    warnings = [w for w in action.warnings if w not in action.execution_warnings]  # no start: warn here
+    step.records[:0] = [*warnings, (kind, {**hit, **_allowed_field(action.allowed)})]
     return step
 
 
