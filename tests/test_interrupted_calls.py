@@ -26,10 +26,10 @@ class Crash(KeyboardInterrupt):
     """Stands in for the process dying mid-tool (only Ctrl-C escapes a tool: anything else is its error)."""
 
 
-def transfer_tool(ran: list[int], on_interrupted: OnInterrupted | None = None) -> Tool:
+def transfer_tool(ran: list[int], on_interrupted: OnInterrupted | None = None, *, approval: bool = False) -> Tool:
     crashes = [True]
 
-    @tool(on_interrupted=on_interrupted)
+    @tool(on_interrupted=on_interrupted, approval=approval)
     def transfer(amount: int) -> str:
         """Move money (not idempotent)."""
         ran.append(amount)
@@ -141,17 +141,7 @@ def test_a_person_can_decide_later_from_another_runner() -> None:
 
 def test_a_call_in_doubt_whose_approval_edited_its_input_is_shown_and_rerun_with_that_input() -> None:
     ran: list[int] = []
-    crashes = [True]
-
-    @tool(approval=True)
-    def transfer(amount: int) -> str:
-        """Move money (not idempotent; a person approves it)."""
-        ran.append(amount)
-        if crashes:
-            crashes.pop()
-            raise Crash
-        return f"moved {amount}"
-
+    transfer = transfer_tool(ran, approval=True)
     store = MemoryStore()
     first = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[transfer]), store)
     run_id = first.run("Move 5.").run_id
