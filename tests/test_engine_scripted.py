@@ -886,8 +886,8 @@ def test_public_names_are_exported() -> None:
         assert hasattr(tether, name)
 
 
-class Crash(BaseException):
-    """Stands in for the process dying mid-tool (not an Exception: nothing catches it)."""
+class Crash(KeyboardInterrupt):
+    """Stands in for the process dying mid-tool (like Ctrl-C, the one exception that escapes a tool)."""
 
 
 def test_a_call_interrupted_mid_run_needs_approval_before_running_again(ran: Calls) -> None:

@@ -157,6 +157,29 @@ def test_escalation_denied_reports_the_denial() -> None:
     assert "stop trying" in str(block["content"])
 
 
+def test_an_escalated_call_whose_input_a_person_edited_is_asked_about_and_retried_with_that_input() -> None:
+    calls: list[str] = []
+
+    @tool(approval=True, retry=RetryPolicy(max_attempts=1, on_exhausted="escalate"))
+    def deploy(tag: str) -> str:
+        """Fails the first time."""
+        calls.append(tag)
+        if len(calls) == 1:
+            raise ConnectionError("registry unavailable")
+        return f"deployed {tag}"
+
+    runner = Runner(Agent(model=ScriptedModel([use("t1", "deploy", {"tag": "latest"}), answer()]), tools=[deploy]))
+    parked = runner.run("deploy")
+    runner.decide(parked.run_id, "t1", Approve(input={"tag": "v1.2"}, actor="oncall"))
+    escalated = runner.drive(parked.run_id)
+    assert escalated.status == "awaiting_approval"
+    (pending,) = escalated.pending_approvals
+    assert pending["input"] == {"tag": "v1.2"}  # what a retry would run, not the model's "latest"
+    runner.decide(parked.run_id, "t1", Approve(actor="oncall"), fingerprint=pending["fingerprint"])
+    assert runner.drive(parked.run_id).status == "done"
+    assert calls == ["v1.2", "v1.2"]
+
+
 def test_hung_sync_tool_times_out_without_hanging_the_run() -> None:
     release = threading.Event()
 

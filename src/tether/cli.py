@@ -30,6 +30,7 @@ from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.policies import Budget
+from tether.pricing import PRICE_FORM, parse_price
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
 from tether.stores import Store, open_store, shown_url
@@ -256,6 +257,9 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
         "budget": _budget(args),
         **({"policy": str(Path(args.policy).resolve())} if args.policy else {}),
     }
+    if args.price:
+        prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
+        spec["prices"] = {model: price.to_dict() for model, price in prices.items()}
     agent = agent_from_spec(spec)
     if args.max_steps is None:
         spec["max_steps"] = agent.limits.max_steps
@@ -521,6 +525,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         choices=["final_answer", "fail"],
         default="final_answer",
         help="what a budget limit does (default: %(default)s)",
+    )
+    budget.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar=PRICE_FORM,
+        help="USD per million tokens, for --max-cost with a model tether has no price for (default MODEL: the "
+        "run's; cache prices default to 1.25x and 0.1x INPUT; repeatable)",
     )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(

@@ -121,9 +121,9 @@ def result_of(state: RunState) -> RunResult:
             {
                 "call_id": c.call_id,
                 "tool": c.tool,
-                "input": c.input,
+                "input": state.input_to_run(c),
                 "reason": state.approval_reasons.get(c.call_id, ""),
-                "fingerprint": engine.fingerprint(c.input),
+                "fingerprint": engine.fingerprint(state.input_to_run(c)),
             }
             for c in state.pending_approvals()
         ],
@@ -300,10 +300,10 @@ class _RunnerBase:
                     run_id=state.id,
                     call_id=call.call_id,
                     tool=call.tool,
-                    input=call.input,
+                    input=state.input_to_run(call),
                     reason=state.approval_reasons.get(call.call_id, ""),
                     description=tool.description if tool else "",
-                    fingerprint=engine.fingerprint(call.input),
+                    fingerprint=engine.fingerprint(state.input_to_run(call)),
                     tenant=state.tenant,
                 )
             )

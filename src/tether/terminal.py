@@ -398,6 +398,10 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
     for entry in entries:
         decision = entry.decision or {}
         verdict = f"{decision.get('verdict', '-')} by {decision['by']}" if decision.get("by") else "-"
+        if decision.get("verdict") == "allowed" and not decision.get("by"):
+            verdict = str(decision.get("reason") or "allowed")  # no approval needed
+        if decision.get("for_run_call"):
+            verdict += f" (for the run, with {decision['for_run_call']})"
         if decision.get("reason") and decision.get("verdict") == "denied":
             verdict += f": {_preview(str(decision['reason']), 40)}"
         if decision.get("edited_input") is not None:

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypedDict, Unpack, overload
 import pydantic
 
 from tether import attempts
+from tether.attempts import ToolExit as ToolExit  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.attempts import ToolTimeout as ToolTimeout  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.errors import ToolDefinitionError
 from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
