@@ -227,7 +227,9 @@ class _Session:
 
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
-        pending = [p["call_id"] for p in result.pending_approvals] or ["CALL_ID"]
+        from tether.terminal import printable  # call ids come from the model
+
+        pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
         run, db = result.run_id, self._db_hint()
         each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
         return Text.assemble(
@@ -618,7 +620,9 @@ class _NoModel:
 
 def _print_error(label: str, error: Exception) -> None:
     """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
-    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
+    from tether.terminal import printable  # it may quote a model's or a tool's text too
+
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", printable(str(error))))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
