@@ -2,7 +2,7 @@
 pseudo-terminal, PostgreSQL schemas, the Anthropic client pointed at FakeMessagesAPI, and
 the external tools some tests need (Graphviz, Mermaid's parser).
 
-Imported as ``from support import ...`` (tests/ is on sys.path, like ``fake_messages_api``);
+Imported as ``from support import ...`` (tests/ is on sys.path);
 the fixtures built on these live in conftest.py.
 """
 
@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
+from tether.testing import FakeMessagesAPI
 
 if TYPE_CHECKING:
     from tether.models.anthropic import AnthropicModel

@@ -17,7 +17,6 @@ import anthropic  # noqa: TID251 - the scenarios check requests against the SDK'
 import pydantic
 import pytest
 
-from fake_messages_api import FakeMessagesAPI, validate_messages_request
 from support import closed_port, fake_api_model, token_usage
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether import events as ev
@@ -26,6 +25,7 @@ from tether.history import check_pairing
 from tether.models import Usage
 from tether.models.anthropic import AnthropicModel
 from tether.state import RunState
+from tether.testing import FakeMessagesAPI, validate_messages_request
 from tether.tools import Tool
 
 MODEL = "claude-test"

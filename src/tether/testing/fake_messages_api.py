@@ -1,24 +1,30 @@
-"""A local stand-in for the Anthropic Messages API, for tests.
+"""A local stand-in for the Anthropic Messages API, for testing agents that call Claude.
 
-Why: tests must exercise the real ``anthropic`` client (request building, error
-mapping, retries) without network access, and must fail when tether sends a
-request the real API would reject (most importantly broken ``tool_use`` /
-``tool_result`` pairing). A mock at the Python level would hide both.
+Why: a test should exercise the real ``anthropic`` client (request building, error
+mapping, retries, streaming) without network access or cost, and must fail when the code
+under test sends a request the real API would reject (most importantly a broken
+``tool_use`` / ``tool_result`` pairing, or more than 4 cache breakpoints). A mock at the
+Python level would hide both.
 
-Usage::
+Usage, with tether's own adapter (any client taking a ``base_url`` works the same)::
+
+    from tether import Agent, Runner
+    from tether.models.anthropic import AnthropicModel
+    from tether.testing import FakeMessagesAPI
 
     with FakeMessagesAPI() as api:
-        api.reply({"content": [{"type": "text", "text": "hi"}]})
-        client = anthropic.Anthropic(base_url=api.url, api_key="k", max_retries=0)
-        client.messages.create(model="m", max_tokens=10, messages=[...])
-        assert api.requests[0]["model"] == "m"
+        api.reply_tool_use("add", {"a": 2, "b": 3})
+        api.reply_text("5")
+        model = AnthropicModel("claude-test", api_key="k", base_url=api.url, max_retries=0)
+        result = Runner(Agent(model=model, tools=[add])).run("2 + 3?")
+        assert api.requests[1]["messages"][-1]["content"][0]["type"] == "tool_result"
 
 Only ``POST /v1/messages`` is served. A request with ``"stream": true`` gets the same
 scripted reply as server-sent events (see `sse_events`), written chunk by chunk as the
 real API does, so streamed and non-streamed calls can be compared; `reply_events` scripts
 a stream event by event (a mid-stream ``error`` event, a cut tool input, a dropped
-connection). The server uses nothing but the standard library, so it cannot drift with
-the client it is testing.
+connection); `fail` scripts an HTTP error. The server uses nothing but the standard
+library, so it cannot drift with the client it is testing, and needs no test framework.
 """
 
 from __future__ import annotations
@@ -948,7 +954,7 @@ class FakeMessagesAPI:
         if isinstance(item, _Dynamic):
             try:
                 response = item.responder(copy.deepcopy(request))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
                 message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
                 return _Answer(500, _error_body("api_error", message))
             message_body = self._complete(dict(response), request)
