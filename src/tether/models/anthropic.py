@@ -268,11 +268,23 @@ def _credentials_error(error: TypeError) -> ModelError:
 
 
 def _response(message: Any, waits: list[float]) -> ModelResponse:
-    data = message.model_dump(mode="json", exclude_none=False)
-    # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
-    # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
-    data["content"] = [{k: v for k, v in block.items() if v is not None} for block in data.get("content") or []]
-    return dataclasses.replace(ModelResponse.from_dict(data), retry_waits=tuple(waits))
+    """The SDK's message as tether's response, checked: the SDK builds it from the JSON unvalidated."""
+    data = message.model_dump(mode="json", exclude_none=False, warnings=False)
+    content = data.get("content")
+    if isinstance(content, list):
+        # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
+        # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
+        data["content"] = [_without_nulls(block) if isinstance(block, dict) else block for block in content]
+    try:
+        response = ModelResponse.from_dict(data, source="the Anthropic API")
+    except ModelError as error:  # malformed: the waits before it were still spent on this call
+        error.retry_waits = tuple(waits)
+        raise
+    return dataclasses.replace(response, retry_waits=tuple(waits))
+
+
+def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in block.items() if value is not None}
 
 
 STREAM_ERROR_STATUS = {

@@ -531,8 +531,13 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+$", text)
 
 
-def _block_events(index: int, block: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _block_events(index: int, block: object) -> list[dict[str, Any]]:
     """content_block_start, its deltas and content_block_stop for one finished block."""
+    if not isinstance(block, Mapping):  # a malformed reply scripted on purpose: sent as it is
+        return [
+            {"type": "content_block_start", "index": index, "content_block": block},
+            {"type": "content_block_stop", "index": index},
+        ]
     kind = block.get("type")
     start = dict(block)
     deltas: list[dict[str, Any]] = []
@@ -569,14 +574,18 @@ def sse_events(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     (``text_delta``, ``input_json_delta`` in pieces, ``thinking_delta`` then
     ``signature_delta``), ``message_delta`` (stop reason, cumulative usage), ``message_stop``.
     """
-    usage = dict(message.get("usage") or {})
+    usage = message.get("usage") or {}
+    if isinstance(usage, Mapping):
+        started_usage: object = {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))}
+    else:  # a malformed usage scripted on purpose: sent as it is
+        started_usage = usage
     started = {
         **message,
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
         "stop_details": None,
-        "usage": {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))},
+        "usage": started_usage,
     }
     events: list[dict[str, Any]] = [{"type": "message_start", "message": started}, {"type": "ping"}]
     for index, block in enumerate(message.get("content") or []):
@@ -816,6 +825,7 @@ class FakeMessagesAPI:
         ``model`` from the request, ``content`` ``[]``, ``stop_reason`` ``tool_use`` if
         the content holds a ``tool_use`` block else ``end_turn``, ``stop_sequence``
         ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
+        Anything else is served as given, malformed or not, to test how a client copes.
         """
         with self._lock:
             self._queue.append(_Reply(copy.deepcopy(dict(response))))
@@ -984,5 +994,7 @@ class FakeMessagesAPI:
         has_tool_use = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
         response.setdefault("stop_reason", "tool_use" if has_tool_use else "end_turn")
         response.setdefault("stop_sequence", None)
-        response["usage"] = {**_DEFAULT_USAGE, **dict(response.get("usage") or {})}
+        usage = response.get("usage") or {}
+        if isinstance(usage, Mapping):  # anything else is a malformed usage scripted on purpose
+            response["usage"] = {**_DEFAULT_USAGE, **usage}
         return response
