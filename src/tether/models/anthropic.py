@@ -22,7 +22,7 @@ import anthropic
 import httpx2
 
 from tether.errors import ModelError
-from tether.history import with_cache_breakpoint
+from tether.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, TextListener
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
@@ -123,7 +123,10 @@ class AnthropicModel:
         self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
-        messages = with_cache_breakpoint(request.messages) if self.prompt_caching else request.messages
+        messages = request.messages
+        if self.prompt_caching:
+            budget = MAX_CACHE_BREAKPOINTS - sum("cache_control" in tool for tool in request.tools)
+            messages = with_cache_breakpoints(messages, budget=budget)
         params: dict[str, Any] = {
             "model": self.name,
             "max_tokens": request.max_tokens,
