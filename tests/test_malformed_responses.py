@@ -87,10 +87,13 @@ def test_the_run_fails_resumably_naming_what_was_malformed(
     assert named in finished[0]["error"]  # the failed attempt stays in the log
 
 
-@pytest.mark.parametrize("body", [MALFORMED["tool_use without id"][0], MALFORMED["an unknown block type"][0]])
-def test_a_streamed_malformed_response_fails_the_same_way(api: FakeMessagesAPI, body: dict[str, Any]) -> None:
-    api.reply(body)
-    adapter = fake_api_model(api)
+STREAMED = ["tool_use without id", "an unknown block type", "a content block that is not an object"]
+
+
+@pytest.mark.parametrize("case", STREAMED)
+def test_a_streamed_malformed_response_fails_the_same_way(api: FakeMessagesAPI, case: str) -> None:
+    api.reply(MALFORMED[case][0])
+    adapter = fake_api_model(api, stream_fallback=False)
     runner = Runner(Agent(model=adapter, model_name="claude-test"), on_text=lambda _: None)
     failed = runner.run("hi")
     adapter.close()
@@ -98,6 +101,17 @@ def test_a_streamed_malformed_response_fails_the_same_way(api: FakeMessagesAPI, 
     assert failed.status == "failed"
     assert failed.error is not None
     assert "malformed response" in failed.error
+    assert "resume the run to try again" in failed.error
+
+
+async def test_a_streamed_malformed_response_fails_the_same_way_async(api: FakeMessagesAPI) -> None:
+    api.reply(MALFORMED["a content block that is not an object"][0])
+    adapter = fake_api_model(api, stream_fallback=False)
+    failed = await AsyncRunner(Agent(model=adapter, model_name="claude-test"), on_text=lambda _: None).run("hi")
+    await adapter.aclose()
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert "malformed response stream" in failed.error
 
 
 async def test_the_async_adapter_validates_too(api: FakeMessagesAPI) -> None:

@@ -14,7 +14,7 @@ import contextvars
 import dataclasses
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -163,7 +163,7 @@ class AnthropicModel:
         relay = _TextRelay(on_text)
         try:
             with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
-                for event in events:
+                for event in _folded(events):
                     relay.see(event)
                 message = relay.finished(events.get_final_message())
         except ModelError as error:
@@ -178,7 +178,7 @@ class AnthropicModel:
         try:
             with _translated_errors() as waits:
                 async with self._loop_client().messages.stream(**self._params(request)) as events:
-                    async for event in events:
+                    async for event in _afolded(events):
                         relay.see(event)
                     message = relay.finished(await events.get_final_message())
         except ModelError as error:
@@ -188,7 +188,8 @@ class AnthropicModel:
         return _response(message, waits)
 
     def _falls_back(self, relay: _TextRelay, error: ModelError) -> bool:
-        return self.stream_fallback and relay.started and error.retryable
+        """A broken stream is asked again unstreamed; a malformed one is not (it answered, badly)."""
+        return self.stream_fallback and relay.started and error.retryable and not isinstance(error, _MalformedStream)
 
     def _sync_client(self) -> anthropic.Anthropic:
         if self._client is None:
@@ -218,6 +219,44 @@ class AnthropicModel:
         if self._async_client is not None:
             await self._async_client.close()
             self._async_client = None
+
+
+class _MalformedStream(ModelError):
+    """The SDK could not fold the stream's events into a message: the API sent malformed ones."""
+
+    def __init__(self, error: Exception) -> None:
+        message = f"the Anthropic API sent a malformed response stream (unreadable: {type(error).__name__}: {error})"
+        super().__init__(message, retryable=True)
+
+
+_FOLDING_ERRORS = (AttributeError, KeyError, TypeError)
+"""What the SDK raises when an event does not have the shape it expects (it does not validate them)."""
+
+
+def _folded(events: Iterable[Any]) -> Iterator[Any]:
+    """The SDK's stream events; what it raises folding a malformed one into the message: :class:`_MalformedStream`."""
+    iterator = iter(events)
+    while True:
+        try:
+            event = next(iterator)
+        except StopIteration:
+            return
+        except _FOLDING_ERRORS as error:
+            raise _MalformedStream(error) from error
+        yield event
+
+
+async def _afolded(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """Async twin of :func:`_folded`."""
+    iterator = aiter(events)
+    while True:
+        try:
+            event = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except _FOLDING_ERRORS as error:
+            raise _MalformedStream(error) from error
+        yield event
 
 
 class _TextRelay:
