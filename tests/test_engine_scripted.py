@@ -18,7 +18,6 @@ import pydantic
 import pytest
 
 import tether
-from fake_messages_api import validate_messages_request
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
 from tether.approvals import DecideLater
@@ -28,6 +27,7 @@ from tether.machine import ENDED_VALUES
 from tether.models.scripted import ScriptedModel
 from tether.state import RunState
 from tether.stores.memory import MemoryStore
+from tether.testing import validate_messages_request
 from tether.tools import Tool
 
 PROMPT = "Please help."

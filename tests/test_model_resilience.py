@@ -10,9 +10,9 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import clean_env, fake_api_env, fake_api_model, run_tether, screen_text
 from tether import Agent, AsyncRunner, Runner, RunResult
+from tether.testing import FakeMessagesAPI
 
 
 def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None:

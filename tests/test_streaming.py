@@ -19,7 +19,6 @@ from typing import Any
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI, error_event, sse_events
 from support import fake_api_env, fake_api_model, run_tether, screen_text, spawn_tether, token_usage
 from tether import Agent, AsyncRunner, Limits, Runner, RunResult, tool
 from tether import events as ev
@@ -33,6 +32,7 @@ from tether.models import (
 )
 from tether.models.anthropic import AnthropicModel
 from tether.models.scripted import ScriptedModel
+from tether.testing.fake_messages_api import FakeMessagesAPI, error_event, sse_events
 
 MODEL = "claude-test"
 PROMPT: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}

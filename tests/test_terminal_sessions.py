@@ -20,7 +20,6 @@ from typing import Any
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import (
     ANSI,
     DEMO_PROMPT,
@@ -37,6 +36,7 @@ from support import (
     tool_use_turn,
     transcript,
 )
+from tether.testing import FakeMessagesAPI
 
 TOOLS_MODULE = textwrap.dedent(
     '''

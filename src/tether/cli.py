@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     diagram.add_argument(
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
     )
-    diagram.add_argument("-o", "--output", metavar="FILE", help="write here (required for svg/png)")
+    diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     return parser
 
 
@@ -410,13 +410,13 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
-    """Text formats go to stdout unless -o; images need -o and Graphviz's ``dot``."""
+    """Every format goes to stdout unless -o, but PNG not to a terminal; images need Graphviz's ``dot``."""
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether import diagram
 
-    if args.format in diagram.IMAGE_FORMATS and not args.output:
-        raise ConfigError(f"--format {args.format} is binary: write it to a file with -o FILE")
+    if args.format == "png" and not args.output and sys.stdout.isatty():
+        raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
         raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
     events, agent = None, None
@@ -444,8 +444,12 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             Path(args.output).write_bytes(output.encode() if isinstance(output, str) else output)
         except OSError as error:  # a missing directory, no permission, a full disk: say so, no traceback
             raise ConfigError(f"cannot write {args.output}: {error.strerror or error}") from error
+    elif isinstance(output, bytes):  # SVG is UTF-8 text as its XML declaration says, whatever the locale
+        sys.stdout.flush()
+        sys.stdout.buffer.write(output)
+        sys.stdout.buffer.flush()
     else:
-        sys.stdout.write(str(output))
+        sys.stdout.write(output)
     return EXIT_DONE
 
 
