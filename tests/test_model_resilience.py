@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 import pexpect
@@ -22,13 +21,11 @@ def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None
     adapter = fake_api_model(
         api, max_retries=2, max_retry_wait=0.05, on_retry_wait=lambda wait, retry: waits.append((wait, retry))
     )
-    started = time.monotonic()
     runner = Runner(Agent(model=adapter, model_name="claude-test"))
     result = runner.run("hi")
     adapter.close()
     assert result.status == "done"
-    assert time.monotonic() - started < 5  # not the 120 s the API asked for
-    assert waits == [(0.05, 1)]
+    assert waits == [(0.05, 1)]  # capped: not the 120 s the API asked for
     assert len(api.requests) == 2
     assert result.steps == 1  # SDK retries are inside one model invocation
     (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]

@@ -468,7 +468,12 @@ DRIVER = textwrap.dedent(
     script = [{"content": [{"type": "tool_use", "id": "t1", "name": "flaky", "input": {}}], "stop_reason": "tool_use"},
               {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}]
     store = SQLStore(f"sqlite:///{workdir / 'runs.db'}")
-    runner = Runner(Agent(model=ScriptedModel(script), tools=[flaky]), store)
+    def note_wait(state, action):  # the due time this driver waits for, as it saw it
+        if hasattr(action, "due_at"):
+            with (workdir / "waits.log").open("a") as log:
+                log.write(f"{action.due_at!r}\\n")
+
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[flaky]), store, on_action=note_wait)
     try:
         store.load_run(run_id)
     except Exception:
@@ -500,14 +505,18 @@ def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     assert first.poll() is None, "the driver ended before its retry was due"
     first.send_signal(signal.SIGKILL)  # the retry is committed; the driver is waiting for it
     first.communicate(timeout=10)
-    killed_at = time.time()
+    (waits_log := tmp_path / "waits.log").unlink(missing_ok=True)  # what the killed driver waited for
     second = run_python(str(script), str(tmp_path), "run_retry")
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["status"] == "done"
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    (due_at,) = [e.data["due_at"] for e in store.load_events("run_retry") if e.type == "retry_scheduled"]
+    store.close()
     first_attempt, second_attempt = (float(t) for t in log.read_text().split())
-    # the persisted due time was kept: not re-run at once on resume, nor with a fresh full delay
-    assert second_attempt - first_attempt >= 1.5
-    assert second_attempt - killed_at < 1.5
+    # the persisted due time was kept: the resumer waited for exactly it (not a fresh delay of
+    # its own), and the attempt did not run before it
+    assert {float(line) for line in waits_log.read_text().split()} == {due_at}
+    assert second_attempt >= due_at >= first_attempt + 1.5
 
 
 # Parking while a retry is due later ----------------------------------------------------
