@@ -13,7 +13,7 @@ import pydantic
 import pytest
 from pydantic import Field
 
-from tether.errors import ToolDefinitionError
+from tether.errors import ConfigError, ToolDefinitionError
 from tether.policies import NO_RETRY, RetryPolicy
 from tether.tools import (
     Tool,
@@ -578,8 +578,9 @@ def test_delay_jitter_adds_up_to_its_fraction_and_respects_the_cap() -> None:
     ],
 )
 def test_retry_policy_rejects_bad_values(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="RetryPolicy"):
+    with pytest.raises(ConfigError, match="RetryPolicy") as caught:
         RetryPolicy(**kwargs)
+    assert isinstance(caught.value, ValueError)  # code that caught ValueError here still does
 
 
 def test_a_misspelt_option_is_refused_never_ignored() -> None:

@@ -23,16 +23,25 @@ from tether import events as ev
 from tether.agent import Agent
 from tether.approvals import Approve, Deny
 from tether.cache import hit_record
-from tether.errors import ApprovalError, ModelError
+from tether.errors import (
+    AlreadyDecided,
+    DeniedByPolicy,
+    IncompatibleRun,
+    InvalidEditedInput,
+    ModelError,
+    NotAwaitingApproval,
+    StaleFingerprint,
+    UnknownCall,
+)
 from tether.events import Event
-from tether.history import check_pairing, text_of
+from tether.history import check_pairing, text_of, tool_uses
 from tether.machine import ENDED_VALUES, bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
-from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
+from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 DEFAULT_LEASE = 600.0
@@ -622,43 +631,29 @@ def on_decision(
     reason = decision.reason if isinstance(decision, Deny) else ""
     earlier = state.decisions.get(call_id)
     if earlier is not None:  # checked first: deciding a one-call batch already moved the run on
-        verdict = "approved" if earlier.approved else "denied"
-        raise ApprovalError(
-            f"call {call_id!r} was already decided ({verdict} by {earlier.actor})", run_id=state.id, call_id=call_id
-        )
-    if state.status != "awaitingApproval":
-        raise ApprovalError(
-            f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
-        )
+        raise AlreadyDecided(run_id=state.id, call_id=call_id, actor=earlier.actor, approved=earlier.approved)
+    if not _requested(state, call_id):
+        raise UnknownCall(run_id=state.id, call_id=call_id)
+    parked = state.status == "awaitingApproval"
     call = state.call(call_id)
-    if call is None or call_id not in state.awaiting:
-        raise ApprovalError(
-            f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
-        )
+    if not parked or call is None or call_id not in state.awaiting:
+        raise NotAwaitingApproval(run_id=state.id, call_id=call_id, status=state.status, run_waits=parked)
     shown = fingerprint(call.input)
     if expected_fingerprint is not None and expected_fingerprint != shown:
-        raise ApprovalError(
-            f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected_fingerprint} != {shown})",
-            run_id=state.id,
-            call_id=call_id,
-        )
+        raise StaleFingerprint(run_id=state.id, call_id=call_id, expected=expected_fingerprint, shown=shown)
     if edited_input is not None:
         tool = agent.tool_index.get(call.tool)
-        if tool is None:
-            raise ApprovalError(f"unknown tool {call.tool!r}", run_id=state.id, call_id=call_id)
+        if tool is None:  # the runner's compatibility check refuses such a run before this
+            raise IncompatibleRun(f"unknown tool {call.tool!r}", run_id=state.id)
         try:
             arguments = tool.validate(edited_input)
         except pydantic.ValidationError as error:
-            raise ApprovalError(
-                f"edited input is invalid for tool {tool.name!r}: {error}", run_id=state.id, call_id=call_id
+            raise InvalidEditedInput(
+                run_id=state.id, call_id=call_id, tool=tool.name, problems=plain_errors(error), details=str(error)
             ) from error
         denial = _denial(state, agent, call, tool, arguments)  # the rules judge what will run
         if denial is not None:
-            raise ApprovalError(
-                f"call {call_id!r}: the edited input is denied by policy ({denial}); nothing was recorded",
-                run_id=state.id,
-                call_id=call_id,
-            )
+            raise DeniedByPolicy(run_id=state.id, call_id=call_id, reason=denial)
         edited_input = arguments.model_dump(mode="json")
     data = {
         "call_id": call_id,
@@ -679,6 +674,16 @@ def on_decision(
             why = f"{call.tool} approved for the run with {call_id}"
             records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
     return Step("decided", records)
+
+
+def _requested(state: RunState, call_id: str) -> bool:
+    """Whether the model ever asked for this call in the run's history."""
+    return any(
+        block.get("id") == call_id
+        for message in state.messages
+        if message["role"] == "assistant"
+        for block in tool_uses(message)
+    )
 
 
 def cancellation(reason: str) -> Step:

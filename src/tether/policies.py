@@ -45,11 +45,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+            raise ConfigError("RetryPolicy.max_attempts must be at least 1")
         if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1 or self.jitter < 0:
-            raise ValueError("RetryPolicy delays must be >= 0, multiplier >= 1, jitter >= 0")
+            raise ConfigError("RetryPolicy delays must be >= 0, multiplier >= 1, jitter >= 0")
         if self.on_exhausted not in ("error", "fail", "escalate"):
-            raise ValueError("RetryPolicy.on_exhausted must be 'error', 'fail' or 'escalate'")
+            raise ConfigError("RetryPolicy.on_exhausted must be 'error', 'fail' or 'escalate'")
 
     def should_retry(self, error: BaseException, attempt: int) -> bool:
         """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried."""
@@ -204,12 +204,12 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not 0 < self.warn_at <= 1:
-            raise ValueError("Budget.warn_at must be in (0, 1]")
+            raise ConfigError("Budget.warn_at must be in (0, 1]")
         if self.on_limit not in ("final_answer", "fail"):
-            raise ValueError("Budget.on_limit must be 'final_answer' or 'fail'")
+            raise ConfigError("Budget.on_limit must be 'final_answer' or 'fail'")
         for name, value in self.limits().items():
             if not value > 0:
-                raise ValueError(f"Budget.{name} must be positive, not {value!r}")
+                raise ConfigError(f"Budget.{name} must be positive, not {value!r}")
 
     def limits(self) -> dict[str, float]:
         """The limits set, by field name."""
@@ -234,5 +234,5 @@ class Budget:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown budget field(s): {', '.join(unknown)}")
+            raise ConfigError(f"unknown budget field(s): {', '.join(unknown)}")
         return cls(**data)

@@ -156,6 +156,14 @@ class Tool:
         return serialize_result(value)
 
 
+def plain_errors(error: pydantic.ValidationError) -> str:
+    """What :meth:`Tool.validate` refused, in plain words: ``recursive: Input should be a valid boolean``."""
+    return "; ".join(
+        f"{'.'.join(map(str, problem['loc'])) or 'input'}: {problem['msg']}"
+        for problem in error.errors(include_url=False)
+    )
+
+
 def serialize_result(value: Any) -> str:
     """Text for the ``tool_result``: str as is, pydantic models and JSON-able values as JSON."""
     if isinstance(value, str):

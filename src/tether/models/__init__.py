@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from tether.errors import ModelError
 from tether.history import Block, Message
 
 
@@ -90,10 +91,10 @@ class ModelResponse:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelResponse:
-        """Read a Messages API response object (as JSON)."""
+        """Read a Messages API response object (as JSON); a malformed one is a :class:`ModelError`."""
         content = data.get("content")
         if not isinstance(content, list):
-            raise ValueError("a Messages API response needs a 'content' list")
+            raise ModelError("a Messages API response needs a 'content' list")
         details = data.get("stop_details")
         return cls(
             content=[dict(block) for block in content],

@@ -63,7 +63,7 @@ class ScriptedModel:
             return reply
         try:
             return ModelResponse.from_dict(reply)
-        except ValueError as error:
+        except ModelError as error:
             raise ModelError(f"scripted reply is not a Messages API response: {error}") from error
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
