@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
-from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult, plain_errors
+from tether.tools import ModelRetry, Tool, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 DEFAULT_LEASE = 600.0
@@ -522,8 +522,15 @@ def truncate_result(content: str, limit: int) -> str:
     return f"{content[:limit]}\n[truncated: {len(content)} characters, showing the first {limit}]"
 
 
-def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration: float) -> Step:
-    """The tool raised or timed out: retry per its policy, else what ``on_exhausted`` says."""
+def on_tool_error(
+    action: RunTool, error: BaseException, *, now: float, duration: float, rng: Callable[[], float]
+) -> Step:
+    """The tool raised or timed out: retry as its policy decides, else what the policy says instead.
+
+    One rule is the engine's, not the policy's: a timed-out call of a tool not marked
+    idempotent may still complete, so it is never retried automatically. ``rng`` is the
+    driver's random source for the policy's jitter.
+    """
     tool, call, policy = action.tool, action.call, action.tool.retry
     facts = {
         "call_id": call.call_id,
@@ -536,15 +543,15 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
     if isinstance(error, ModelRetry):
         shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
         return _result(call, shown, True, **facts, error_class="user_fixable", **_full_content(shown, full))
-    error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
+    error_class = policy.error_class(error)
     message = _describe_tool_error(tool, error, error_class, _capped(str(error), limit))
     full_message = _describe_tool_error(tool, error, error_class, str(error))
-    wants_retry = isinstance(error, RetryLater) or policy.matches(error)
+    decision = policy.decide(error, action.attempt, rng=rng)
     lingering = isinstance(error, ToolTimeout) and error.still_running
     records: list[Record] = [_abandoned_thread(action)] if lingering else []
     in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
-    if wants_retry and action.attempt < policy.max_attempts and not in_doubt:
-        due = now + policy.delay(action.attempt)
+    if decision.retry_in is not None and not in_doubt:
+        due = now + decision.retry_in
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
         return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
     suffix = ""
@@ -559,9 +566,9 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         ev.TOOL_FINISHED,
         {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
     )
-    if policy.on_exhausted == "fail" and wants_retry:
+    if decision.otherwise == "fail":
         return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
-    if policy.on_exhausted == "escalate" and wants_retry:
+    if decision.otherwise == "escalate":
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
         item = {
             "call_id": call.call_id,

@@ -24,6 +24,7 @@ from tether import attempts
 from tether.attempts import ToolTimeout as ToolTimeout  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.errors import ToolDefinitionError
 from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
+from tether.policies import RetryLater as RetryLater  # noqa: PLC0414 - an explicit re-export: tools raise it from here
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CALL_ID_PARAMETER = "tool_use_id"
@@ -32,10 +33,6 @@ OnInterrupted = Literal["ask", "error"]
 """What happens to a non-idempotent call a crash left in doubt (it started, never finished):
 ask a person whether to run it again, or tell the model it was interrupted and not re-run."""
 INTERRUPTED_POLICIES: tuple[OnInterrupted, ...] = ("ask", "error")
-
-
-class RetryLater(Exception):
-    """Raised by a tool to ask for another attempt; the message is kept for the model."""
 
 
 class ModelRetry(Exception):
