@@ -546,6 +546,9 @@ def test_should_retry_with_a_predicate() -> None:
     assert policy.should_retry(second, 1) is False
     assert seen == [first, second]
     assert policy.should_retry(first, 5) is False  # exhaustion wins over the predicate
+    seen.clear()
+    policy.decide(first, 1, rng=random.random)
+    assert seen == [first]  # the user's predicate runs once per decision
 
 
 def test_delay_grows_with_the_multiplier_and_is_capped() -> None:

@@ -76,12 +76,13 @@ class RetryPolicy:
 
         ``rng`` draws the jitter (a number in [0, 1)): the driver's seedable random source.
         """
-        retry_in = self.delay(attempt, rng) if self.should_retry(error, attempt) else None
-        return RetryDecision(retry_in, self.on_exhausted if self.matches(error) else "error")
+        wanted = self.matches(error)  # once: a retry_on predicate is the user's code
+        retry_in = self.delay(attempt, rng) if wanted and attempt < self.max_attempts else None
+        return RetryDecision(retry_in, self.on_exhausted if wanted else "error")
 
     def should_retry(self, error: BaseException, attempt: int) -> bool:
-        """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried."""
-        return attempt < self.max_attempts and self.matches(error)
+        """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried (see :meth:`decide`)."""
+        return self.decide(error, attempt, rng=lambda: 0.0).retry_in is not None
 
     def matches(self, error: BaseException) -> bool:
         """Whether ``error`` is the kind this policy retries (attempts aside)."""
