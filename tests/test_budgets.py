@@ -334,6 +334,7 @@ BUDGET_TOOLS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     script = [tool_use_turn(tool_use("t1", "danger", {"path": "x"}))] + [
@@ -352,6 +353,7 @@ def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     assert resumed.data["tool_calls"] == 2
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     (tmp_path / "script.json").write_text(json.dumps([tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2}))]))

@@ -464,6 +464,7 @@ def scheduled(store: SQLStore, run_id: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -601,6 +602,7 @@ WAITING_TOOLS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_cli_parks_a_long_retry_wait_and_runs_due_finds_it(tmp_path: Path) -> None:
     (tmp_path / "waiting.py").write_text(WAITING_TOOLS)
     for name in ("soon", "later"):
