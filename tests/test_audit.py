@@ -388,6 +388,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunResult]:
     return cwd, result
 
 
+@pytest.mark.slow
 def test_cli_json_is_one_object_with_entries(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
     done = tether(cwd, "--json")
@@ -405,6 +406,7 @@ def test_cli_json_is_one_object_with_entries(audited: tuple[Path, RunResult]) ->
     assert risky["run_id"] == result.run_id
 
 
+@pytest.mark.slow
 def test_cli_filters(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
 
@@ -420,6 +422,7 @@ def test_cli_filters(audited: tuple[Path, RunResult]) -> None:
     assert tools("--since", "2999-01-01") == []
 
 
+@pytest.mark.slow
 def test_cli_table(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
     done = tether(cwd)
@@ -438,6 +441,7 @@ def test_cli_table(audited: tuple[Path, RunResult]) -> None:
     assert "No tool calls match." in empty.stdout
 
 
+@pytest.mark.slow
 def test_cli_usage_errors(audited: tuple[Path, RunResult]) -> None:
     cwd, _ = audited
     bad = tether(cwd, "--since", "yesterday")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from support import Cli, tool_use, tool_use_turn
-from tether import Agent, Limits, Runner, tool
+from tether import Agent, ConfigError, Limits, Runner, tool
 from tether.models import ModelRequest, Usage
 from tether.policies import Budget
 from tether.pricing import PRICES, Price, parse_price, price_for
@@ -140,9 +140,9 @@ def test_conversation_budget_counts_earlier_runs() -> None:
 
 
 def test_budget_validation() -> None:
-    with pytest.raises(ValueError, match="warn_at"):
+    with pytest.raises(ConfigError, match="warn_at"):
         Budget(warn_at=0)
-    with pytest.raises(ValueError, match="on_limit"):
+    with pytest.raises(ConfigError, match="on_limit"):
         Budget(on_limit="explode")  # type: ignore[arg-type]
 
 
@@ -309,9 +309,9 @@ def test_a_response_from_an_unpriced_model_is_warned_about_once_under_a_cost_bud
 
 
 def test_budget_limits_must_be_positive_and_known() -> None:
-    with pytest.raises(ValueError, match="max_cost_usd must be positive"):
+    with pytest.raises(ConfigError, match="max_cost_usd must be positive"):
         Budget(max_cost_usd=0)
-    with pytest.raises(ValueError, match="unknown budget field"):
+    with pytest.raises(ConfigError, match="unknown budget field"):
         Budget.from_dict({"max_dollars": 5})
     assert Budget.from_dict(Budget(max_seconds=5).to_dict()) == Budget(max_seconds=5)
 
@@ -335,6 +335,7 @@ BUDGET_TOOLS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     script = [tool_use_turn(tool_use("t1", "danger", {"path": "x"}))] + [
@@ -353,6 +354,7 @@ def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     assert resumed.data["tool_calls"] == 2
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     (tmp_path / "script.json").write_text(json.dumps([tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2}))]))

@@ -363,6 +363,7 @@ def run_in_process(cwd: Path, tool_name: str) -> tuple[dict[str, Any], list[str]
     return result, [e["type"] for e in shown["events"]]
 
 
+@pytest.mark.slow
 def test_a_second_process_hits_the_cache_in_the_shared_database(workspace: Path) -> None:
     first, first_types = run_in_process(workspace, "slow_square")
     second, second_types = run_in_process(workspace, "slow_square")
@@ -376,6 +377,7 @@ def test_a_second_process_hits_the_cache_in_the_shared_database(workspace: Path)
     assert (first["tool_calls"], second["tool_calls"]) == (1, 0)
 
 
+@pytest.mark.slow
 def test_a_second_process_misses_once_the_ttl_elapsed(workspace: Path) -> None:
     _, first_types = run_in_process(workspace, "brief")
     time.sleep(0.6)

@@ -524,6 +524,7 @@ def test_the_entry_point_writes_every_file(tmp_path: Path) -> None:
 
 
 # Mermaid's own parser ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_mermaids_own_parser_accepts_every_diagram(
     run: tuple[list[Event], Agent], mermaid_dir: Path, tmp_path: Path
 ) -> None:
@@ -538,6 +539,7 @@ def test_mermaids_own_parser_accepts_every_diagram(
     assert mermaid_parse_errors(mermaid_dir, texts, tmp_path) == {}
 
 
+@pytest.mark.slow
 def test_mermaids_own_parser_rejects_what_we_must_escape(mermaid_dir: Path, tmp_path: Path) -> None:
     """So the check above can fail: a broken edge, and a raw ``;`` in a message (see ``_ENTITIES``)."""
     texts = {

@@ -29,6 +29,8 @@ from tether import diagram as dg
 from tether.events import Event
 from tether.stores import open_store
 
+pytestmark = pytest.mark.slow  # `tether diagram` processes, Graphviz and Mermaid's parser
+
 needs_dot = pytest.mark.usefixtures("graphviz")
 X = dg.COUNT_MARK
 

@@ -175,6 +175,7 @@ TOOLS = [transfer]
 '''
 
 
+@pytest.mark.slow
 def test_tether_resume_force_takes_over_from_a_driver_it_cannot_see(
     tmp_path: Path, other_process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:

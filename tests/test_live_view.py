@@ -222,6 +222,7 @@ def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:
             child.terminate(force=True)
 
 
+@pytest.mark.slow
 def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: pexpect.spawn) -> None:
     demo.expect("thinking · step 1 · calling the model")
     demo.expect("I'll write the\r")  # the model's text under the spinner, half written
@@ -250,6 +251,7 @@ def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: p
     assert "3 model call(s), 2 tool call(s)" in text  # the final usage line
 
 
+@pytest.mark.slow
 def test_resume_in_a_terminal_asks_then_shows_the_rest(tmp_path: Path) -> None:
     parked = run_tether(tmp_path, "demo", "--json")
     assert parked.returncode == 3, parked.stderr
@@ -268,6 +270,7 @@ def test_resume_in_a_terminal_asks_then_shows_the_rest(tmp_path: Path) -> None:
     assert "status: done" in screen_text(transcript(child))
 
 
+@pytest.mark.slow
 def test_demo_in_a_pipe_prints_plain_lines_only(tmp_path: Path) -> None:
     done = run_tether(tmp_path, "demo", "--approve-all", env={"TERM": "xterm"})
     assert done.returncode == 0, done.stderr

@@ -117,6 +117,7 @@ def test_a_permanent_failure_is_not_retried_on_resume(api: FakeMessagesAPI) -> N
     adapter.close()
 
 
+@pytest.mark.slow
 def test_the_cli_shows_retry_waits(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.fail(429, "slow down", headers={"retry-after": "0.2", "retry-after-ms": "200"})
     api.reply_text("hello")
@@ -127,6 +128,7 @@ def test_the_cli_shows_retry_waits(api: FakeMessagesAPI, tmp_path: Path) -> None
     assert "retrying in 0.2s (retry 1)" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_live_view_shows_retry_waits_in_its_spinner(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.fail(429, "slow down", headers={"retry-after": "1", "retry-after-ms": "1000"})
     api.reply_text("hello")

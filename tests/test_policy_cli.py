@@ -20,6 +20,8 @@ import pytest
 
 from support import events_of, tool_results
 
+pytestmark = pytest.mark.slow  # real `tether` processes
+
 DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
 
 TOOLS_MODULE = textwrap.dedent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -491,6 +492,7 @@ def scheduled(store: SQLStore, run_id: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -562,6 +564,24 @@ def test_a_drive_with_max_wait_parks_a_later_retry_and_a_later_drive_runs_it() -
     assert runner.store.list_due(2000.0) == []
 
 
+def test_the_jitter_comes_from_the_runners_random_source() -> None:
+    """Seeded, the schedule repeats whatever the global ``random`` does; the engine draws nothing itself."""
+
+    def due_at(seed: int, global_seed: int) -> float | None:
+        @tool(retry=RetryPolicy(max_attempts=2, initial_delay=60, max_delay=600, jitter=1.0))
+        def flaky() -> str:
+            """Fails."""
+            raise ConnectionError("reset")
+
+        agent = Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky])
+        runner = Runner(agent, clock=lambda: 1000.0, rng=random.Random(seed))
+        random.seed(global_seed)
+        return runner.run("go", max_wait=0).next_due_at
+
+    assert due_at(7, global_seed=1) == due_at(7, global_seed=2)
+    assert due_at(7, global_seed=1) != due_at(8, global_seed=1)
+
+
 def test_a_retry_due_within_max_wait_is_waited_for() -> None:
     attempts, flaky = failing_once(0.01)
     runner = Runner(Agent(model=ScriptedModel([use("t1", "flaky"), answer()]), tools=[flaky]))
@@ -614,6 +634,7 @@ WAITING_TOOLS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_cli_parks_a_long_retry_wait_and_runs_due_finds_it(tmp_path: Path) -> None:
     (tmp_path / "waiting.py").write_text(WAITING_TOOLS)
     for name in ("soon", "later"):

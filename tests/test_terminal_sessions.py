@@ -38,6 +38,8 @@ from support import (
 )
 from tether.testing import FakeMessagesAPI
 
+pytestmark = pytest.mark.slow  # real pseudo-terminals
+
 TOOLS_MODULE = textwrap.dedent(
     '''
     """Tools for the terminal session tests; each run leaves a line in effects.log."""

@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from support import DEMO_PROMPT, FIBONACCI, demo_db_url, finish_terminal, flat, run_tether, spawn_tether
+
+pytestmark = pytest.mark.slow  # real `tether` processes and pseudo-terminals
 
 MARKUP_KEY = '{"path": "fib.py", "[/x]": 1}'
 """Edited input whose extra key is a rich closing tag: the tool's schema rejects it."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,16 +23,25 @@ from tether import events as ev
 from tether.agent import Agent
 from tether.approvals import Approve, Deny
 from tether.cache import hit_record
-from tether.errors import ApprovalError, ModelError
+from tether.errors import (
+    AlreadyDecided,
+    DeniedByPolicy,
+    IncompatibleRun,
+    InvalidEditedInput,
+    ModelError,
+    NotAwaitingApproval,
+    StaleFingerprint,
+    UnknownCall,
+)
 from tether.events import Event
-from tether.history import check_pairing, text_of
+from tether.history import check_pairing, text_of, tool_uses
 from tether.machine import ENDED_VALUES, bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
-from tether.tools import ModelRetry, RetryLater, Tool, ToolExit, ToolTimeout, UnserializableResult
+from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 DEFAULT_LEASE = 600.0
@@ -550,8 +559,15 @@ def truncate_result(content: str, limit: int) -> str:
     return f"{content[:limit]}\n[truncated: {len(content)} characters, showing the first {limit}]"
 
 
-def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration: float) -> Step:
-    """The tool raised or timed out: retry per its policy, else what ``on_exhausted`` says."""
+def on_tool_error(
+    action: RunTool, error: BaseException, *, now: float, duration: float, rng: Callable[[], float]
+) -> Step:
+    """The tool raised or timed out: retry as its policy decides, else what the policy says instead.
+
+    One rule is the engine's, not the policy's: a timed-out call of a tool not marked
+    idempotent may still complete, so it is never retried automatically. ``rng`` is the
+    driver's random source for the policy's jitter.
+    """
     tool, call, policy = action.tool, action.call, action.tool.retry
     facts = {
         "call_id": call.call_id,
@@ -564,15 +580,15 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
     if isinstance(error, ModelRetry):
         shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
         return _result(call, shown, True, **facts, error_class="user_fixable", **_full_content(shown, full))
-    error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
+    error_class = policy.error_class(error)
     message = _describe_tool_error(tool, error, error_class, _capped(str(error), limit))
     full_message = _describe_tool_error(tool, error, error_class, str(error))
-    wants_retry = isinstance(error, RetryLater) or policy.matches(error)
+    decision = policy.decide(error, action.attempt, rng=rng)
     lingering = isinstance(error, ToolTimeout) and error.still_running
     records: list[Record] = [_abandoned_thread(action)] if lingering else []
     in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
-    if wants_retry and action.attempt < policy.max_attempts and not in_doubt:
-        due = now + policy.delay(action.attempt)
+    if decision.retry_in is not None and not in_doubt:
+        due = now + decision.retry_in
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
         return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
     suffix = ""
@@ -587,9 +603,9 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         ev.TOOL_FINISHED,
         {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
     )
-    if policy.on_exhausted == "fail" and wants_retry:
+    if decision.otherwise == "fail":
         return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
-    if policy.on_exhausted == "escalate" and wants_retry:
+    if decision.otherwise == "escalate":
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
         to_run = action.arguments.model_dump(mode="json") if action.edited else call.input  # shown: what would run
         item = {
@@ -665,43 +681,29 @@ def on_decision(
     reason = decision.reason if isinstance(decision, Deny) else ""
     earlier = state.decisions.get(call_id)
     if earlier is not None:  # checked first: deciding a one-call batch already moved the run on
-        verdict = "approved" if earlier.approved else "denied"
-        raise ApprovalError(
-            f"call {call_id!r} was already decided ({verdict} by {earlier.actor})", run_id=state.id, call_id=call_id
-        )
-    if state.status != "awaitingApproval":
-        raise ApprovalError(
-            f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
-        )
+        raise AlreadyDecided(run_id=state.id, call_id=call_id, actor=earlier.actor, approved=earlier.approved)
+    if not _requested(state, call_id):
+        raise UnknownCall(run_id=state.id, call_id=call_id)
+    parked = state.status == "awaitingApproval"
     call = state.call(call_id)
-    if call is None or call_id not in state.awaiting:
-        raise ApprovalError(
-            f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
-        )
+    if not parked or call is None or call_id not in state.awaiting:
+        raise NotAwaitingApproval(run_id=state.id, call_id=call_id, status=state.status, run_waits=parked)
     shown = fingerprint(state.input_to_run(call))  # what the person was shown: an earlier edit, if any
     if expected_fingerprint is not None and expected_fingerprint != shown:
-        raise ApprovalError(
-            f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected_fingerprint} != {shown})",
-            run_id=state.id,
-            call_id=call_id,
-        )
+        raise StaleFingerprint(run_id=state.id, call_id=call_id, expected=expected_fingerprint, shown=shown)
     if edited_input is not None:
         tool = agent.tool_index.get(call.tool)
-        if tool is None:
-            raise ApprovalError(f"unknown tool {call.tool!r}", run_id=state.id, call_id=call_id)
+        if tool is None:  # the runner's compatibility check refuses such a run before this
+            raise IncompatibleRun(f"unknown tool {call.tool!r}", run_id=state.id)
         try:
             arguments = tool.validate(edited_input)
         except pydantic.ValidationError as error:
-            raise ApprovalError(
-                f"edited input is invalid for tool {tool.name!r}: {error}", run_id=state.id, call_id=call_id
+            raise InvalidEditedInput(
+                run_id=state.id, call_id=call_id, tool=tool.name, problems=plain_errors(error), details=str(error)
             ) from error
         denial = _denial(state, agent, call, tool, arguments)  # the rules judge what will run
         if denial is not None:
-            raise ApprovalError(
-                f"call {call_id!r}: the edited input is denied by policy ({denial}); nothing was recorded",
-                run_id=state.id,
-                call_id=call_id,
-            )
+            raise DeniedByPolicy(run_id=state.id, call_id=call_id, reason=denial)
         edited_input = arguments.model_dump(mode="json")
     elif approved:
         edited_input = state.edited_inputs.get(call_id)  # approving what was shown: an earlier edit stands
@@ -724,6 +726,16 @@ def on_decision(
             why = f"{call.tool} approved for the run with {call_id}"
             records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
     return Step("decided", records)
+
+
+def _requested(state: RunState, call_id: str) -> bool:
+    """Whether the model ever asked for this call in the run's history."""
+    return any(
+        block.get("id") == call_id
+        for message in state.messages
+        if message["role"] == "assistant"
+        for block in tool_uses(message)
+    )
 
 
 def cancellation(reason: str) -> Step:

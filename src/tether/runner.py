@@ -10,6 +10,7 @@ holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its re
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -183,6 +184,7 @@ class _RunnerBase:
         approver: Approver | None = None,
         listeners: Sequence[EventListener] = (),
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
         on_action: ActionListener | None = None,
         on_text: TextListener | None = None,
     ) -> None:
@@ -194,6 +196,8 @@ class _RunnerBase:
         self.on_text = on_text
         """Told the answer's text as it arrives, when the model can stream (a live view); never persisted."""
         self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+        """Draws retry jitter; pass ``random.Random(seed)`` for a schedule that repeats."""
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
@@ -381,7 +385,7 @@ class _RunnerBase:
     def _tool_step(self, state: RunState, action: engine.RunTool, outcome: str | BaseException, started: float) -> None:
         duration = time.perf_counter() - started
         if isinstance(outcome, BaseException):
-            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration)
+            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
         else:
             step = engine.on_tool_success(action, outcome, duration=duration)
         self._commit(state, step)

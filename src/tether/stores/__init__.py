@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tether.errors import ConfigError
 from tether.events import Event
 
 SCHEMA_VERSION = 2
@@ -146,7 +147,13 @@ def check_deletable(statuses: Collection[str]) -> None:
     unsafe = set(statuses) - FINAL_STATUSES
     if unsafe or not statuses:
         finals = ", ".join(sorted(FINAL_STATUSES))
-        raise ValueError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+        raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+
+
+def check_limit(limit: int) -> None:
+    """Refuse a negative ``limit`` for a listing (SQL would read it as "no limit")."""
+    if limit < 0:
+        raise ConfigError(f"limit must be >= 0, not {limit}")
 
 
 def shown_url(url: str) -> str:
@@ -178,6 +185,7 @@ __all__ = [
     "RunRecord",
     "Store",
     "check_deletable",
+    "check_limit",
     "deletable",
     "open_store",
     "shown_url",

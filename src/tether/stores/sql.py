@@ -22,7 +22,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
+from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable, check_limit
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
@@ -316,8 +316,7 @@ class SQLStore:
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
         """Newest first."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         query = (
             sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
         )
@@ -331,8 +330,7 @@ class SQLStore:
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         query = (
             sa.select(_RUN)
