@@ -10,6 +10,7 @@ on stdout and nothing else.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -609,8 +610,21 @@ def _print_error(label: str, error: Exception) -> None:
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
 
 
+def _printable_output() -> None:
+    r"""Let every output path print any text a run holds (the one place output is made safe).
+
+    A lone surrogate (what ``errors="surrogateescape"`` makes of a binary file's bytes) cannot
+    be encoded: it is written as its ``\uXXXX`` escape instead, which a terminal shows and
+    which, inside ``--json`` output, is JSON for the very same string.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
+    _printable_output()
     args = _parser().parse_args(argv)
     if args.command == "demo":
         from tether import demo

@@ -7,7 +7,6 @@ PostgreSQL. Tables are created on first use.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import threading
 import time
@@ -22,7 +21,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
+from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable, codec
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
@@ -108,7 +107,7 @@ def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
 def _dump_json(value: Any) -> str:
     """Content to JSON text; what JSON cannot hold is a :class:`StoreError`, on every driver."""
     try:
-        return json.dumps(value)
+        return codec.dump_json(value)
     except (TypeError, ValueError) as error:
         raise StoreError(f"cannot store content that is not JSON: {error}") from error
 
@@ -159,7 +158,7 @@ class SQLStore:
         except sa.exc.ArgumentError as error:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
-        options: dict[str, Any] = {"json_serializer": _dump_json}
+        options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": codec.load_json}
         if self._sqlite:
             _check_sqlite_path(parsed)
             options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
@@ -351,11 +350,12 @@ class SQLStore:
         query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
         with self._transaction() as connection:
             value = connection.execute(query).scalar()
-        return None if value is None else str(value)
+        return None if value is None else codec.decode_text(str(value))
 
     def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
         """Store (or replace) a cached tool result, in one transaction."""
-        row = {"key": key, "tool": tool, "value": value, "created_at": time.time(), "expires_at": expires_at}
+        stored = codec.encode_text(value)  # PostgreSQL text holds no NUL nor lone surrogate
+        row = {"key": key, "tool": tool, "value": stored, "created_at": time.time(), "expires_at": expires_at}
         try:
             with self._transaction() as connection:
                 connection.execute(sa.delete(_CACHE).where(_CACHE.c.key == key))
