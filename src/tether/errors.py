@@ -12,7 +12,7 @@ The tree::
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
     │   └── ApprovalError        a decision that cannot apply (unknown/decided call, bad input)
-    ├── StoreError               the database could not be read or written
+    ├── StoreError               the database could not be read or written (.transient: may pass)
     └── ConfigError              bad CLI/agent configuration (tools spec, model name, db url)
 
 Signals are not errors: a denial is data, and a tool that wants a retry raises
@@ -62,7 +62,16 @@ class ModelError(TetherError):
 
 
 class StoreError(TetherError):
-    """The store could not read or write (locked, unreachable, full)."""
+    """The store could not read or write (locked, unreachable, full).
+
+    Attributes:
+        transient: the failure may pass by itself (a SQLite lock held past the busy timeout,
+            a dropped PostgreSQL connection): the same write may succeed if tried again.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class RunError(TetherError):

@@ -57,7 +57,8 @@ class Store(Protocol):
 
         Raises:
             StaleRun: another writer advanced the run first; nothing was written.
-            StoreError: the database failed; nothing was written.
+            StoreError: the database failed; nothing was written, unless a connection dropped
+                during the commit (``transient`` errors may pass if the write is tried again).
         """
         ...
 

@@ -193,18 +193,22 @@ class SQLStore:
         except sa.exc.IntegrityError:
             raise  # the caller knows what a constraint violation means for its write
         except sa.exc.DBAPIError as error:
-            raise StoreError(self._describe(error.orig)) from error
+            raise self._store_error(error) from error
         except sa.exc.StatementError as error:  # parameters failed before reaching the database
             raise StoreError(f"cannot write to database ({self._where()}): {error.orig}") from error
 
-    def _describe(self, cause: BaseException | None, doing: str = "database error") -> str:
-        text = str(cause).strip()
+    def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError:
+        """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``)."""
+        text = str(error.orig).strip()
         if self._sqlite and ("locked" in text or "busy" in text):
-            return (
+            return StoreError(
                 f"database {self._where()!r} is locked: another connection kept it busy longer "
-                f"than the busy timeout ({self.busy_timeout:g} s); nothing was changed, try again"
+                f"than the busy timeout ({self.busy_timeout:g} s); this write was not made",
+                transient=True,
             )
-        return f"{doing} ({self._where()}): {text}"
+        # PostgreSQL: a dropped connection, a server restarting, a serialization conflict
+        transient = error.connection_invalidated or (not self._sqlite and isinstance(error, sa.exc.OperationalError))
+        return StoreError(f"{doing} ({self._where()}): {text}", transient=transient)
 
     def _where(self) -> str:
         return redact_url(self.url)
@@ -219,7 +223,7 @@ class SQLStore:
                 with self._schema_transaction() as connection:
                     _migrate(connection)
             except sa.exc.DBAPIError as error:
-                raise StoreError(self._describe(error.orig, "cannot open database")) from error
+                raise self._store_error(error, "cannot open database") from error
             self._ready = True
 
     @contextmanager
