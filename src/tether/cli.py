@@ -26,7 +26,7 @@ from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, CorruptData, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
@@ -343,10 +343,13 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
             "updated_at": r.updated_at,
             "updated": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
             "next_due_at": r.summary.get("next_due_at"),
-            "error": r.summary.get("error"),
+            "error": r.unreadable or r.summary.get("error"),
         }
         for r in records
     ]
+    for record in records:  # listed all the same, so one damaged row hides no other run
+        if record.unreadable:
+            session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
         return EXIT_DONE
@@ -637,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound) as error:
+    except (ConfigError, RunNotFound, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:

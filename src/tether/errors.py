@@ -13,6 +13,7 @@ The tree::
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
     │   └── ApprovalError        a decision that cannot apply (unknown/decided call, bad input)
     ├── StoreError               the database could not be read or written (.transient: may pass)
+    │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     └── ConfigError              bad CLI/agent configuration (tools spec, model name, db url)
 
 Signals are not errors: a denial is data, and a tool that wants a retry raises
@@ -72,6 +73,22 @@ class StoreError(TetherError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class CorruptData(StoreError):
+    """A run's stored row or event cannot be read: changed outside tether, or the database is damaged.
+
+    Attributes:
+        run_id: the run the value belongs to.
+        where: which value (``summary``, ``event 3``...) and what is wrong with it.
+    """
+
+    def __init__(self, run_id: str, where: str) -> None:
+        super().__init__(
+            f"run {run_id!r} cannot be read: {where} (the database was changed outside tether, or is damaged)"
+        )
+        self.run_id = run_id
+        self.where = where
 
 
 class RunError(TetherError):

@@ -34,6 +34,9 @@ class RunRecord:
     ``retryable`` (a failed run that resuming may retry, which ``delete_runs`` keeps)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    unreadable: str | None = None
+    """Set only by a listing: what in the stored row could not be read (its spec and summary
+    are then empty). Loading that run by id raises :class:`tether.errors.CorruptData`."""
 
 
 @dataclass(frozen=True)

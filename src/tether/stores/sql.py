@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
+from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
 from tether.events import Event
 from tether.stores import DUE_KEY, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable, codec
 
@@ -112,6 +112,21 @@ def _dump_json(value: Any) -> str:
         raise StoreError(f"cannot store content that is not JSON: {error}") from error
 
 
+class _Unreadable:
+    """A stored JSON value that is not JSON: kept as this, so the row it is in can be named."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _load_json(data: str | bytes) -> Any:
+    """JSON text read back (see :func:`codec.load_json`); text that is not JSON is :class:`_Unreadable`."""
+    try:
+        return codec.load_json(data)
+    except (ValueError, RecursionError) as error:
+        return _Unreadable(error)
+
+
 _PASSWORD_IN_URL = re.compile(r"(://[^/?#@:]*:)[^/?#@]*@")
 
 
@@ -158,7 +173,7 @@ class SQLStore:
         except sa.exc.ArgumentError as error:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
-        options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": codec.load_json}
+        options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": _load_json}
         if self._sqlite:
             _check_sqlite_path(parsed)
             options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
@@ -284,7 +299,7 @@ class SQLStore:
             row = connection.execute(query).mappings().first()
         if row is None:
             raise RunNotFound(run_id)
-        return _record(row)
+        return _record(row, strict=True)
 
     def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
         """The whole log, oldest first."""
@@ -296,7 +311,7 @@ class SQLStore:
             if connection.execute(visible).first() is None:
                 raise RunNotFound(run_id)
             rows = connection.execute(query).mappings().all()
-        return [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows]
+        return [_event(run_id, r) for r in rows]
 
     def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
         """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
@@ -312,7 +327,7 @@ class SQLStore:
             rows = connection.execute(query).mappings().all()
         if not rows:
             raise RunNotFound(run_id)
-        events = [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows if r["seq"] is not None]
+        events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
     def list_runs(
@@ -330,7 +345,7 @@ class SQLStore:
             query = query.where(_RUN.c.tenant == tenant)
         with self._transaction() as connection:
             rows = connection.execute(query).mappings().all()
-        return [_record(r) for r in rows]
+        return [_record(r, strict=False) for r in rows]
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
@@ -347,7 +362,7 @@ class SQLStore:
             query = query.where(_RUN.c.tenant == tenant)
         with self._transaction() as connection:
             rows = connection.execute(query).mappings().all()
-        return [_record(r) for r in rows]
+        return [_record(r, strict=False) for r in rows]
 
     def cache_get(self, key: str, now: float) -> str | None:
         """The cached value, if present and not expired at ``now``."""
@@ -480,17 +495,39 @@ def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
     }
 
 
-def _record(row: Any) -> RunRecord:
+def _record(row: Any, *, strict: bool) -> RunRecord:
+    """The row as a record; a spec or summary that cannot be read raises if ``strict``, else marks it."""
+    problems = [p for p in (_problem(row["spec"], "spec"), _problem(row["summary"], "summary")) if p]
+    if problems and strict:
+        raise CorruptData(row["id"], "; ".join(problems))
     return RunRecord(
         id=row["id"],
         status=row["status"],
         version=row["version"],
         tenant=row["tenant"],
-        spec=row["spec"] or {},
-        summary=row["summary"] or {},
+        spec=row["spec"] if isinstance(row["spec"], dict) else {},
+        summary=row["summary"] if isinstance(row["summary"], dict) else {},
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        unreadable="; ".join(problems) or None,
     )
+
+
+def _event(run_id: str, row: Any) -> Event:
+    problem = _problem(row["data"], f"event {row['seq']}", absent=True)
+    if problem:
+        raise CorruptData(run_id, problem)
+    return Event(seq=row["seq"], type=row["type"], data=row["data"], at=row["at"])
+
+
+def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
+    """What is wrong with a stored JSON value that must be an object (None: nothing; ``absent``: null is wrong too)."""
+    if isinstance(value, _Unreadable):
+        return f"its stored {what} is not valid JSON ({value.error})"
+    if (value is None and absent) or not isinstance(value, dict | None):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        return f"its stored {what} is {kind}, not a JSON object"
+    return None
 
 
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:
