@@ -7,6 +7,7 @@ PostgreSQL. Tables are created on first use.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
@@ -92,11 +94,12 @@ class ToolCacheRow(SQLModel, table=True):
 _CACHE = ToolCacheRow.__table__  # type: ignore[attr-defined]
 
 
-def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+def _sqlite_pragmas(busy_timeout_ms: int, *, read_only: bool) -> Any:
     def on_connect(connection: Any, _record: Any) -> None:
         cursor = connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        if not read_only:  # a reader never switches the file's journal mode
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.close()
@@ -152,6 +155,28 @@ def _check_sqlite_path(url: sa.engine.URL) -> None:
         )
 
 
+def _read_only_sqlite(url: sa.engine.URL) -> sa.engine.URL | None:
+    """A URL that reads an existing database this process cannot write; None when it can write.
+
+    In WAL mode SQLite needs the ``-wal`` and ``-shm`` files beside the database: in a directory
+    it cannot write it cannot create them, and so could not even read. ``immutable=1`` reads the
+    file alone, which is exact only while no ``-wal`` file holds committed pages (and no writer
+    starts meanwhile); when one exists, plain ``mode=ro`` reads through it and the ``-shm``.
+    """
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:") or not Path(database).is_file():
+        return None
+    path = Path(database).resolve()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    directory_writable = os.access(path.parent, os.W_OK)
+    if os.access(path, os.W_OK) and (directory_writable or (os.access(wal, os.W_OK) and os.access(shm, os.W_OK))):
+        return None
+    query = {"mode": "ro", "uri": "true"}
+    if not directory_writable and not wal.exists():
+        query["immutable"] = "1"
+    return url.set(database=f"file:{quote(str(path))}", query=query)
+
+
 class SQLStore:
     """Runs and events in a relational database reached by a SQLAlchemy URL.
 
@@ -173,9 +198,14 @@ class SQLStore:
         except sa.exc.ArgumentError as error:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
+        self._read_only = False
+        """SQLite only: the file or its directory cannot be written here, so it is opened read-only."""
         options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": _load_json}
         if self._sqlite:
             _check_sqlite_path(parsed)
+            reader = _read_only_sqlite(parsed)
+            self._read_only = reader is not None
+            parsed = reader or parsed
             options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
         else:
             options["pool_pre_ping"] = True
@@ -191,7 +221,8 @@ class SQLStore:
             hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else ""
             raise ConfigError(f"cannot use database {self._where()!r}: {error}{hint}") from error
         if self._sqlite:
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas(round(busy_timeout * 1000)))
+            pragmas = _sqlite_pragmas(round(busy_timeout * 1000), read_only=self._read_only)
+            sa.event.listen(self.engine, "connect", pragmas)
         self._ready = False
         self._ready_lock = threading.Lock()
 
@@ -221,6 +252,11 @@ class SQLStore:
                 f"than the busy timeout ({self.busy_timeout:g} s); this write was not made",
                 transient=True,
             )
+        if self._read_only and "readonly" in text:
+            return StoreError(
+                f"database {self._where()!r} is read-only here (its file or directory cannot be written): "
+                f"commands that only read it work, this one writes ({text})"
+            )
         # PostgreSQL: a dropped connection, a server restarting, a serialization conflict
         transient = error.connection_invalidated or (not self._sqlite and isinstance(error, sa.exc.OperationalError))
         return StoreError(f"{doing} ({self._where()}): {text}", transient=transient)
@@ -235,11 +271,26 @@ class SQLStore:
             if self._ready:
                 return
             try:
-                with self._schema_transaction() as connection:
-                    _migrate(connection)
+                if self._read_only:  # nothing can be created or migrated: only read what is there
+                    with self.engine.connect() as connection:
+                        self._check_schema(connection)
+                else:
+                    with self._schema_transaction() as connection:
+                        _migrate(connection)
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
             self._ready = True
+
+    def _check_schema(self, connection: sa.Connection) -> None:
+        """A read-only database must already be in this tether's layout."""
+        stored = _stored_version(connection)
+        if stored is None or stored < SCHEMA_VERSION:
+            layout = "has no tether tables" if stored is None else f"uses tether schema {stored}, not {SCHEMA_VERSION}"
+            raise StoreError(
+                f"database {self._where()!r} is read-only here and {layout}: open it once where it can be "
+                "written, so tether can set it up"
+            )
+        _refuse_newer(stored)
 
     @contextmanager
     def _schema_transaction(self) -> Iterator[sa.Connection]:
@@ -449,24 +500,32 @@ derived from the log): it never drops or rewrites what runs recorded. Plain step
 than alembic: a few small additive changes, applied on first use with no extra tool."""
 
 
-def _migrate(connection: sa.Connection) -> None:
-    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+def _stored_version(connection: sa.Connection) -> int | None:
+    """The tether schema the database is in; None before any tether table exists."""
     inspector = sa.inspect(connection)
-    stored: int | None = None
     if inspector.has_table(_META.name):
         found = connection.execute(sa.select(_META.c.value).where(_META.c.key == "schema_version")).scalar()
-        stored = None if found is None else int(found)
-    if stored is None and inspector.has_table(_RUN.name):
-        stored = 1  # tables written before the version was: the first layout
+        if found is not None:
+            return int(found)
+    return 1 if inspector.has_table(_RUN.name) else None  # tables written before the version was: the first layout
+
+
+def _refuse_newer(stored: int) -> None:
+    if stored > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
+        )
+
+
+def _migrate(connection: sa.Connection) -> None:
+    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+    stored = _stored_version(connection)
     if stored == SCHEMA_VERSION:
         return
     if stored is None:
         SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE])
-    elif stored > SCHEMA_VERSION:
-        raise StoreError(
-            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
-        )
     else:
+        _refuse_newer(stored)
         _META.create(connection, checkfirst=True)
         for from_version, step in MIGRATIONS:
             if from_version >= stored:
