@@ -22,6 +22,7 @@ _MARKER_UTF8 = MARKER.encode()
 _ESCAPED = re.compile("[\\\\\x00\ud800-\udfff]")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _ESCAPE = re.compile(r"\\u([0-9a-f]{4})")
+_JSON = json.JSONEncoder(ensure_ascii=False)  # built once: json.dumps(..., ensure_ascii=False) builds one per call
 
 
 def encode_text(text: str) -> str:
@@ -40,9 +41,9 @@ def decode_text(text: str) -> str:
 
 def dump_json(value: Any) -> str:
     """JSON text of ``value`` with every string (and dict key) storable; raises what json.dumps does."""
-    text = json.dumps(value, ensure_ascii=False)
+    text = _JSON.encode(value)
     if "\\u0000" in text or MARKER in text or not _utf8(text):  # NUL is always written \u0000
-        text = json.dumps(_walk(value, encode_text), ensure_ascii=False)
+        text = _JSON.encode(_walk(value, encode_text))
     return text
 
 
