@@ -199,6 +199,7 @@ def test_every_output_path_prints_lone_surrogates(reader: Cli) -> None:
         ("show", run.data["run_id"], *a_db),
         ("runs", *a_db),
         ("pending",),
+        ("diagram", "--run", run.data["run_id"], "--kind", "sequence", "-o", "run.mmd", *a_db),
     )
     for result in (shown, pending, audit, *printed):
         assert result.returncode == 0, result
@@ -206,3 +207,4 @@ def test_every_output_path_prints_lone_surrogates(reader: Cli) -> None:
     assert tool_results(shown.data)["t1"]["content"] == BINARY.decode("utf-8", errors="surrogateescape")
     assert pending.data["pending"][0]["input"] == {"path": "out.bin", "content": "\udcff\x00"}
     assert audit.data["entries"][0]["result"] == BINARY.decode("utf-8", errors="surrogateescape")
+    assert "Saw \\udc89PNG" in (reader.cwd / "run.mmd").read_text(encoding="utf-8")

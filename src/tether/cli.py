@@ -439,7 +439,8 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             return EXIT_FAILED
     if args.output:
         try:
-            Path(args.output).write_bytes(output.encode() if isinstance(output, str) else output)
+            text = output.encode(errors="backslashreplace") if isinstance(output, str) else output  # as on stdout
+            Path(args.output).write_bytes(text)
         except OSError as error:  # a missing directory, no permission, a full disk: say so, no traceback
             raise ConfigError(f"cannot write {args.output}: {error.strerror or error}") from error
     else:
