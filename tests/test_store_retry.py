@@ -8,6 +8,7 @@ recovers, the error says that the tool ran and what a resume will do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
@@ -19,7 +20,7 @@ import pytest
 import sqlalchemy as sa  # noqa: TID251 - the tests break the store's own connections, as a network would
 
 from support import PgSchema, libpq_dsn, tool_use
-from tether import Agent, Runner, tool
+from tether import Agent, AsyncRunner, Runner, tool
 from tether.errors import StoreError
 from tether.runner import STORE_RETRY_WAITS
 from tether.stores.sql import SQLStore
@@ -66,8 +67,9 @@ def sending_tool(sent: list[str], on_send: Any) -> Any:
     return send
 
 
+@pytest.mark.parametrize("driver", ["sync", "async"])
 def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
-    tmp_path: Path, watch: RetryWatch
+    tmp_path: Path, watch: RetryWatch, driver: str
 ) -> None:
     path = tmp_path / "runs.db"
     locked, failures = threading.Event(), []
@@ -93,7 +95,10 @@ def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
     store = SQLStore(f"sqlite:///{path}", busy_timeout=0.2)
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[sending_tool(sent, lock_the_database)])
     try:
-        result = Runner(agent, store).run("go")
+        if driver == "sync":
+            result = Runner(agent, store).run("go")
+        else:
+            result = asyncio.run(AsyncRunner(agent, store).run("go"))
     finally:
         watch.retried.set()
         holder.join()
