@@ -10,6 +10,7 @@ on stdout and nothing else.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -25,7 +26,7 @@ from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, CorruptData, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
@@ -348,10 +349,13 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
             "updated_at": r.updated_at,
             "updated": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
             "next_due_at": r.summary.get("next_due_at"),
-            "error": r.summary.get("error"),
+            "error": r.unreadable or r.summary.get("error"),
         }
         for r in records
     ]
+    for record in records:  # listed all the same, so one damaged row hides no other run
+        if record.unreadable:
+            session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
         return EXIT_DONE
@@ -441,7 +445,8 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             return EXIT_FAILED
     if args.output:
         try:
-            Path(args.output).write_bytes(output.encode() if isinstance(output, str) else output)
+            text = output.encode(errors="backslashreplace") if isinstance(output, str) else output  # as on stdout
+            Path(args.output).write_bytes(text)
         except OSError as error:  # a missing directory, no permission, a full disk: say so, no traceback
             raise ConfigError(f"cannot write {args.output}: {error.strerror or error}") from error
     elif isinstance(output, bytes):  # SVG is UTF-8 text as its XML declaration says, whatever the locale
@@ -629,8 +634,21 @@ def _print_error(label: str, error: Exception) -> None:
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", printable(str(error))))
 
 
+def _printable_output() -> None:
+    r"""Let every output path print any text a run holds (the one place output is made safe).
+
+    A lone surrogate (what ``errors="surrogateescape"`` makes of a binary file's bytes) cannot
+    be encoded: it is written as its ``\uXXXX`` escape instead, which a terminal shows and
+    which, inside ``--json`` output, is JSON for the very same string.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
+    _printable_output()
     args = _parser().parse_args(argv)
     if args.command == "demo":
         from tether import demo
@@ -643,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound) as error:
+    except (ConfigError, RunNotFound, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:

@@ -658,7 +658,7 @@ def _full_content(shown: str, full: str) -> dict[str, Any]:
 def fingerprint(arguments: Any) -> str:
     """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()[:16]  # any str, lone surrogates too
 
 
 def on_decision(

@@ -18,7 +18,8 @@ The tree::
     │       ├── StaleFingerprint     the arguments differ from those shown (.expected, .shown)
     │       ├── DeniedByPolicy       a rule (or the tool's gate) denies the edited input (.reason)
     │       └── InvalidEditedInput   the tool's schema rejects the edited input (.tool, .problems)
-    ├── StoreError               the database could not be read or written
+    ├── StoreError               the database could not be read or written (.transient: may pass)
+    │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     └── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
                                  values (also a ValueError, as Python's own bad-value errors are)
 
@@ -73,7 +74,32 @@ class ModelError(TetherError):
 
 
 class StoreError(TetherError):
-    """The store could not read or write (locked, unreachable, full)."""
+    """The store could not read or write (locked, unreachable, full).
+
+    Attributes:
+        transient: the failure may pass by itself (a SQLite lock held past the busy timeout,
+            a dropped PostgreSQL connection): the same write may succeed if tried again.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class CorruptData(StoreError):
+    """A run's stored row or event cannot be read: changed outside tether, or the database is damaged.
+
+    Attributes:
+        run_id: the run the value belongs to.
+        where: which value (``summary``, ``event 3``...) and what is wrong with it.
+    """
+
+    def __init__(self, run_id: str, where: str) -> None:
+        super().__init__(
+            f"run {run_id!r} cannot be read: {where} (the database was changed outside tether, or is damaged)"
+        )
+        self.run_id = run_id
+        self.where = where
 
 
 class RunError(TetherError):

@@ -35,6 +35,9 @@ class RunRecord:
     ``retryable`` (a failed run that resuming may retry, which ``delete_runs`` keeps)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    unreadable: str | None = None
+    """Set only by a listing: what in the stored row could not be read (its spec and summary
+    are then empty). Loading that run by id raises :class:`tether.errors.CorruptData`."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class Store(Protocol):
 
         Raises:
             StaleRun: another writer advanced the run first; nothing was written.
-            StoreError: the database failed; nothing was written.
+            StoreError: the database failed; nothing was written, unless a connection dropped
+                during the commit (``transient`` errors may pass if the write is tried again).
         """
         ...
 
