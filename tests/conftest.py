@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import (
     MERMAID_DIR,
     MERMAID_HOME,
@@ -20,6 +19,7 @@ from support import (
     mermaid_missing,
     need_tool,
 )
+from tether.testing import FakeMessagesAPI
 
 
 # PostgreSQL -----------------------------------------------------------------------------

@@ -7,9 +7,12 @@ Mermaid's own parser (tests/mermaid) is the authority on what Mermaid accepts.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from tether import diagram as dg
 from tether.events import Event
@@ -173,4 +176,80 @@ def dot_edges(source: str) -> dict[tuple[str, str, str], dict[str, str]]:
         text = label[1] if label else ""
         attributes = _attributes(re.sub(r"label=<.*>>,", "", match[3]))
         found[(match[1], match[2], text)] = attributes
+    return found
+
+
+# Where Graphviz draws things --------------------------------------------------------------
+Box = tuple[float, float, float, float]
+"""left, bottom, right, top, in points."""
+
+
+def _layout(source: str) -> dict[str, Any]:
+    """Graphviz's own layout of a DOT text (``dot -Tjson``: positions, label texts, edge curves)."""
+    done = subprocess.run(["dot", "-Tjson"], input=source, capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
+
+
+def _label_lines(edge: dict[str, Any]) -> list[tuple[str, Box]]:
+    """Each text line of an edge's label, with the box its glyphs fill (baseline to cap height)."""
+    lines, size = [], 10.0
+    for op in edge.get("_ldraw_", []):
+        if op["op"] == "F":
+            size = float(op["size"])
+        elif op["op"] == "T" and op["text"].strip():
+            (x, y), width = op["pt"], float(op["width"])
+            left = {"l": x, "c": x - width / 2, "r": x - width}[op["align"]]
+            lines.append((op["text"], (left, y, left + width, y + 0.7 * size)))
+    return lines
+
+
+def _curve(edge: dict[str, Any], samples: int = 24) -> list[tuple[float, float]]:
+    """Points along an edge's Bézier curves."""
+    points = []
+    for op in edge.get("_draw_", []):
+        if op["op"] not in ("b", "B"):
+            continue
+        controls = op["points"]
+        for i in range(0, len(controls) - 3, 3):
+            p0, p1, p2, p3 = controls[i : i + 4]
+            for k in range(samples + 1):
+                t = k / samples
+                weights = ((1 - t) ** 3, 3 * (1 - t) ** 2 * t, 3 * (1 - t) * t * t, t**3)
+                x, y = (sum(w * p[axis] for w, p in zip(weights, (p0, p1, p2, p3), strict=True)) for axis in (0, 1))
+                points.append((x, y))
+    return points
+
+
+def _node_box(node: dict[str, Any]) -> Box:
+    x, y = (float(v) for v in node["pos"].split(","))
+    half_width, half_height = float(node["width"]) * 36, float(node["height"]) * 36  # inches → points, halved
+    return (x - half_width, y - half_height, x + half_width, y + half_height)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _inside(point: tuple[float, float], box: Box) -> bool:
+    return box[0] < point[0] < box[2] and box[1] < point[1] < box[3]
+
+
+def label_collisions(source: str) -> list[str]:
+    """Where an edge label's text, as Graphviz lays the DOT out, is covered by another label, a
+    state or another edge's line: what makes a label unreadable in the picture."""
+    layout = _layout(source)
+    names = {node["_gvid"]: node["name"] for node in layout.get("objects", [])}
+    edges = layout.get("edges", [])
+    lines = [(edge["_gvid"], text, box) for edge in edges for text, box in _label_lines(edge)]
+    found = []
+    for index, (owner, text, box) in enumerate(lines):
+        for other, other_text, other_box in lines[index + 1 :]:
+            if other != owner and _overlap(box, other_box):
+                found.append(f"label {text!r} overlaps label {other_text!r}")
+        for node in layout.get("objects", []):
+            if "pos" in node and _overlap(box, _node_box(node)):
+                found.append(f"label {text!r} overlaps state {node['name']}")
+        for edge in edges:
+            if edge["_gvid"] != owner and any(_inside(point, box) for point in _curve(edge)):
+                found.append(f"the edge {names[edge['tail']]} -> {names[edge['head']]} crosses label {text!r}")
     return found

@@ -2,7 +2,7 @@
 pseudo-terminal, PostgreSQL schemas, the Anthropic client pointed at FakeMessagesAPI, and
 the external tools some tests need (Graphviz, Mermaid's parser).
 
-Imported as ``from support import ...`` (tests/ is on sys.path, like ``fake_messages_api``);
+Imported as ``from support import ...`` (tests/ is on sys.path);
 the fixtures built on these live in conftest.py.
 """
 
@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
+from tether.testing import FakeMessagesAPI
 
 if TYPE_CHECKING:
     from tether.models.anthropic import AnthropicModel
@@ -188,10 +188,25 @@ def graphviz_missing() -> str | None:
     return None if shutil.which("dot") else "Graphviz is not installed (apt-get install graphviz)"
 
 
+def mermaid_node(where: Path) -> str | None:
+    """The ``node`` that runs Mermaid's parser: the Node 20 scripts/setup installed in ``where``/.node
+    (where the one on PATH is older), else the one on PATH."""
+    local = where / ".node" / "node_modules" / ".bin" / "node"
+    return str(local) if local.exists() else shutil.which("node")
+
+
 def mermaid_missing(where: Path) -> str | None:
     """Why Mermaid's parser cannot run from ``where``, or None."""
-    if shutil.which("node") is None:
+    node = mermaid_node(where)
+    if node is None:
         return "Node.js is not installed (apt-get install nodejs npm), so Mermaid's parser cannot run"
+    asked = subprocess.run([node, "-p", "process.versions.node"], capture_output=True, text=True, check=False)
+    version = asked.stdout.strip() or "unreadable"
+    if not re.match(r"(2\d|[3-9]\d|\d{3,})\.", version):
+        return (
+            f"Mermaid's parser needs Node.js >= 20 (for jsdom), and {node} is {version}: "
+            "scripts/setup installs Node 20 from the npm registry into tests/mermaid/.node, or says why it could not"
+        )
     if not (where / "node_modules" / "mermaid").is_dir() or not (where / "node_modules" / "jsdom").is_dir():
         return f"Mermaid's parser is not installed in {where} (scripts/setup runs `npm ci` in tests/mermaid)"
     return None
@@ -203,7 +218,8 @@ def mermaid_parse_errors(where: Path, texts: Mapping[str, str], scratch: Path) -
     for name, text in texts.items():
         (scratch / name).write_text(text, encoding="utf-8")
     script = (MERMAID_HOME / "parse.mjs").read_text(encoding="utf-8")
-    command = ["node", "--input-type=module", "-e", script, *(str(scratch / name) for name in texts)]
+    node = mermaid_node(where) or "node"
+    command = [node, "--input-type=module", "-e", script, *(str(scratch / name) for name in texts)]
     completed = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=120, check=False)
     errors = {}
     for line in completed.stdout.splitlines():

@@ -11,11 +11,11 @@ from typing import Any
 import anthropic  # noqa: TID251 - checks the adapter chains the SDK's errors
 import pytest
 
-from fake_messages_api import FakeMessagesAPI, validate_messages_request
 from support import closed_port, fake_api_model
 from tether.errors import ModelError
 from tether.models import ModelRequest, ModelResponse, Usage
 from tether.models.anthropic import DEFAULT_MODEL, AnthropicModel, default_model_name, translate_error
+from tether.testing import FakeMessagesAPI, validate_messages_request
 
 PROMPT: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
 

@@ -17,7 +17,6 @@ import anthropic  # noqa: TID251 - the scenarios check requests against the SDK'
 import pydantic
 import pytest
 
-from fake_messages_api import FakeMessagesAPI, validate_messages_request
 from support import closed_port, fake_api_model, token_usage
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether import events as ev
@@ -26,6 +25,7 @@ from tether.history import check_pairing
 from tether.models import Usage
 from tether.models.anthropic import AnthropicModel
 from tether.state import RunState
+from tether.testing import FakeMessagesAPI, validate_messages_request
 from tether.tools import Tool
 
 MODEL = "claude-test"
@@ -746,7 +746,7 @@ async def test_continue_after_an_empty_assistant_turn_is_valid(h: Harness, stop_
     assert result.status == "done", result.error
 
 
-async def test_every_request_has_one_cache_breakpoint_on_the_newest_block(
+async def test_every_request_marks_its_newest_block_and_where_the_previous_request_ended(
     h: Harness, tools: dict[str, Tool], calls: Calls
 ) -> None:
     for n in range(6):  # more steps than the API's 4 breakpoints: marks must not pile up
@@ -758,10 +758,11 @@ async def test_every_request_has_one_cache_breakpoint_on_the_newest_block(
 
     assert result.status == "done", result.error
     assert_valid(h.api, expected=7)
-    for body in h.api.requests:
+    for index, body in enumerate(h.api.requests):
         last = len(body["messages"]) - 1
         newest = len(body["messages"][last]["content"]) - 1
-        assert cache_marks(body) == [f"messages.{last}.content.{newest}"]
+        previous = [f"messages.{last - 2}.content.{len(body['messages'][last - 2]['content']) - 1}"] if index else []
+        assert cache_marks(body) == [*previous, f"messages.{last}.content.{newest}"]
         assert body["messages"][last]["content"][newest]["cache_control"] == EPHEMERAL
     assert "cache_control" not in repr(runner.load(result.run_id).messages)  # never persisted
 

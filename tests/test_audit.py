@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from support import CliResult, run_tether, tool_use, tool_use_turn
-from tether import Agent, ApprovalVerdict, Approve, Deny, RetryPolicy, Runner, RunResult, tool
+from tether import Agent, ApprovalVerdict, Approve, Deny, Policy, RetryPolicy, Rule, Runner, RunResult, tool
 from tether.audit import AuditEntry, entries, parse_since, query, select
 from tether.errors import ConfigError, RunNotFound
 from tether.events import Event
@@ -146,9 +146,7 @@ def test_a_retried_call_lists_its_attempts_and_the_failure(run: Run) -> None:
     assert retry["attempt"] == 1
     assert "transient glitch" in retry["error"]
     assert retry["due_at"] is not None
-    assert entry.decision is not None
-    assert entry.decision["verdict"] == "allowed"
-    assert entry.decision["by"] == "policy"
+    assert entry.decision == {"verdict": "allowed", "by": None, "at": entry.started_at, "reason": "no approval needed"}
     assert entry.duration is not None
     assert entry.duration >= 0
     assert entry.started_at is not None
@@ -205,6 +203,61 @@ def test_a_policy_denial_is_by_policy(run: Run) -> None:
     assert entry.approvals == []
 
 
+def test_an_ungated_call_needs_no_approval(run: Run) -> None:
+    entry = run[2]["toolu_add"]
+    assert entry.decision == {"verdict": "allowed", "by": None, "at": entry.started_at, "reason": "no approval needed"}
+
+
+def test_a_call_let_through_by_a_rule_or_an_approval_gate_is_allowed_by_policy() -> None:
+    @tool(approval=lambda args, context: ApprovalVerdict("allow", "small amounts are fine"))
+    def pay(amount: int) -> str:
+        """Pay."""
+        return "paid"
+
+    script = [
+        tool_use_turn(tool_use("toolu_risky", "risky", {"target": "x"}), tool_use("toolu_pay", "pay", {"amount": 1})),
+        ANSWER,
+    ]
+    store = MemoryStore()
+    policy = Policy([Rule(tool="risky", action="allow", name="risky-is-fine-here")])
+    agent = Agent(model=ScriptedModel(script), tools=[*make_tools(), pay], policy=policy)
+    result = Runner(agent, store).run("go")
+    by_call = {e.call_id: e for e in entries(result.run_id, store.load_events(result.run_id))}
+    assert by_call["toolu_risky"].decision == {
+        "verdict": "allowed",
+        "by": "policy",
+        "at": by_call["toolu_risky"].started_at,
+        "reason": "rule 1 (risky-is-fine-here): allowed",
+    }
+    pay_decision = by_call["toolu_pay"].decision
+    assert pay_decision is not None
+    assert (pay_decision["by"], pay_decision["reason"]) == ("policy", "small amounts are fine")
+
+
+def test_a_call_allowed_by_an_approval_for_the_run_is_attributed_to_it() -> None:
+    script = [
+        tool_use_turn(tool_use("toolu_1", "risky", {"target": "a"})),
+        tool_use_turn(tool_use("toolu_2", "risky", {"target": "b"})),
+        ANSWER,
+    ]
+    store = MemoryStore()
+    approver = RecordingApprover({"risky": Approve(actor="alice", remember_for_run=True)})
+    result = Runner(Agent(model=ScriptedModel(script), tools=make_tools()), store, approver=approver).run("go")
+    assert result.status == "done"
+    first, second = entries(result.run_id, store.load_events(result.run_id))
+    assert first.decision is not None
+    assert second.decision == {
+        "verdict": "approved",
+        "by": "alice",
+        "at": first.decision["at"],
+        "reason": "risky was approved for the rest of the run",
+        "asked_because": "the tool is marked approval=True",
+        "edited_input": None,
+        "for_run_call": "toolu_1",
+    }
+    assert second.approvals == []  # nobody was asked about this one
+
+
 def test_a_cached_call_is_marked_and_did_not_run() -> None:
     @tool(cache_ttl=60)
     def lookup(q: str) -> str:
@@ -217,8 +270,7 @@ def test_a_cached_call_is_marked_and_did_not_run() -> None:
         result = Runner(Agent(model=ScriptedModel(script), tools=[lookup]), store).run("go")
     (entry,) = entries(result.run_id, store.load_events(result.run_id))
     assert (entry.status, entry.cached, entry.attempts, entry.result) == ("ok", True, 0, "HI")
-    assert entry.decision is not None
-    assert entry.decision["verdict"] == "allowed"
+    assert entry.decision == {"verdict": "allowed", "by": None, "at": entry.last_at, "reason": "no approval needed"}
 
 
 def test_a_parked_call_is_awaiting_approval() -> None:
@@ -336,6 +388,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RunResult]:
     return cwd, result
 
 
+@pytest.mark.slow
 def test_cli_json_is_one_object_with_entries(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
     done = tether(cwd, "--json")
@@ -353,6 +406,7 @@ def test_cli_json_is_one_object_with_entries(audited: tuple[Path, RunResult]) ->
     assert risky["run_id"] == result.run_id
 
 
+@pytest.mark.slow
 def test_cli_filters(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
 
@@ -368,17 +422,26 @@ def test_cli_filters(audited: tuple[Path, RunResult]) -> None:
     assert tools("--since", "2999-01-01") == []
 
 
+@pytest.mark.slow
 def test_cli_table(audited: tuple[Path, RunResult]) -> None:
     cwd, result = audited
     done = tether(cwd)
     assert done.returncode == 0, done
     text = " ".join(done.stdout.split())
-    for expected in ("flaky", "denied by alice", "approved by bob (input edited)", "error ValueError", result.run_id):
+    for expected in (
+        "flaky",
+        "denied by alice",
+        "approved by bob (input edited)",
+        "no approval needed",
+        "error ValueError",
+        result.run_id,
+    ):
         assert expected in text
     empty = tether(cwd, "--tool", "nothing")
     assert "No tool calls match." in empty.stdout
 
 
+@pytest.mark.slow
 def test_cli_usage_errors(audited: tuple[Path, RunResult]) -> None:
     cwd, _ = audited
     bad = tether(cwd, "--since", "yesterday")

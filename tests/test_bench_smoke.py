@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs scripts/bench --quick
+
 ROOT = Path(__file__).resolve().parents[1]
 TETHER_ROWS = ("floor-loop", "floor-sqlite", "tether-memory", "tether-sqlite", "tether-postgres")
 PEER_ROWS = ("langgraph", "langgraph-sqlite", "langgraph-sqlite-sync", "pydantic-ai")

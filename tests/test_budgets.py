@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from support import Cli, tool_use, tool_use_turn
-from tether import Agent, Limits, Runner, tool
+from tether import Agent, ConfigError, Limits, Runner, tool
 from tether.models import ModelRequest, Usage
 from tether.policies import Budget
-from tether.pricing import PRICES, Price, price_for
+from tether.pricing import PRICES, Price, parse_price, price_for
 from tether.testing import ScriptedModel
 
 
@@ -139,9 +140,9 @@ def test_conversation_budget_counts_earlier_runs() -> None:
 
 
 def test_budget_validation() -> None:
-    with pytest.raises(ValueError, match="warn_at"):
+    with pytest.raises(ConfigError, match="warn_at"):
         Budget(warn_at=0)
-    with pytest.raises(ValueError, match="on_limit"):
+    with pytest.raises(ConfigError, match="on_limit"):
         Budget(on_limit="explode")  # type: ignore[arg-type]
 
 
@@ -308,9 +309,9 @@ def test_a_response_from_an_unpriced_model_is_warned_about_once_under_a_cost_bud
 
 
 def test_budget_limits_must_be_positive_and_known() -> None:
-    with pytest.raises(ValueError, match="max_cost_usd must be positive"):
+    with pytest.raises(ConfigError, match="max_cost_usd must be positive"):
         Budget(max_cost_usd=0)
-    with pytest.raises(ValueError, match="unknown budget field"):
+    with pytest.raises(ConfigError, match="unknown budget field"):
         Budget.from_dict({"max_dollars": 5})
     assert Budget.from_dict(Budget(max_seconds=5).to_dict()) == Budget(max_seconds=5)
 
@@ -334,6 +335,7 @@ BUDGET_TOOLS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     script = [tool_use_turn(tool_use("t1", "danger", {"path": "x"}))] + [
@@ -352,6 +354,7 @@ def test_cli_budget_flags_are_kept_for_resume(tmp_path: Path) -> None:
     assert resumed.data["tool_calls"] == 2
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
     (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
     (tmp_path / "script.json").write_text(json.dumps([tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2}))]))
@@ -360,3 +363,71 @@ def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused
     assert "cost budget needs the model's price" in refused.err
     assert cli("runs", "--json").data["runs"] == []  # refused before any run was created
+
+
+@pytest.mark.parametrize(
+    ("text", "model", "price"),
+    [
+        ("3,15", "my-model", Price(3.0, 15.0, 3.75, 0.3)),  # cache prices at Claude's ratios to input
+        ("3,15,4,0.5", "my-model", Price(3.0, 15.0, 4.0, 0.5)),
+        ("other-model=0.5, 2", "other-model", Price(0.5, 2.0, 0.625, 0.05)),
+        ("scripted:/x/y=1,1,0,0", "scripted:/x/y", Price(1.0, 1.0, 0.0, 0.0)),
+    ],
+)
+def test_a_price_is_read_from_its_command_line_form(text: str, model: str, price: Price) -> None:
+    parsed_model, parsed = parse_price(text, model="my-model")
+    assert parsed_model == model
+    assert parsed == price
+    assert Price.from_dict(parsed.to_dict()) == parsed
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("3", "expected [MODEL=]INPUT,OUTPUT[,CACHE_WRITE,CACHE_READ]"),
+        ("3,15,4", "expected [MODEL=]INPUT,OUTPUT[,CACHE_WRITE,CACHE_READ]"),
+        ("3,cheap", "'cheap' is not a number"),
+        ("3,-1", "'-1' must be a number >= 0"),
+        ("3,nan", "'nan' must be a number >= 0"),
+        ("=3,15", "the model name before '=' is empty"),
+    ],
+)
+def test_a_bad_price_says_what_is_wrong(text: str, problem: str) -> None:
+    from tether.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        parse_price(text, model="my-model")
+
+
+def test_cli_price_makes_a_cost_budget_work_with_any_model_and_is_kept_for_resume(tmp_path: Path) -> None:
+    (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
+    script = [
+        tool_use_turn(tool_use("t1", "danger", {"path": "x"})),
+        tool_use_turn(tool_use("t2", "add", {"a": 1, "b": 2})),
+        {"content": [{"type": "text", "text": "3"}], "stop_reason": "end_turn", "usage": {}},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    cli = Cli(tmp_path)
+    base = ["--tools", "budgettools:add", "--tools", "budgettools:danger", "--model", "scripted:script.json"]
+    # each scripted reply uses 1 input and 1 output token: 2e-6 USD at 1 USD per million each way
+    flags = ["--max-cost", "0.000003", "--on-limit", "fail", "--price", "1,1", "--json"]
+    parked = cli("run", "go", *base, *flags)
+    assert parked.returncode == 3, parked  # the first call cost 2e-6: under the limit
+    run_id = parked.data["run_id"]
+    shown = cli("show", run_id, "--json").data
+    assert shown["cost_usd"] == pytest.approx(2e-6)
+    assert cli("approve", run_id, "t1").returncode == 0
+    resumed = cli("resume", run_id, "--json")  # no --price here: the run remembers its own
+    assert resumed.returncode == 1, resumed
+    assert resumed.data["error"] == "budget exceeded: max_cost_usd: 4e-06 of 3e-06"
+
+
+def test_cli_refuses_a_bad_price_before_creating_a_run(tmp_path: Path) -> None:
+    (tmp_path / "budgettools.py").write_text(BUDGET_TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps([tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2}))]))
+    cli = Cli(tmp_path)
+    base = ["--tools", "budgettools:add", "--model", "scripted:script.json", "--max-cost", "1"]
+    refused = cli("run", "go", *base, "--price", "1,lots")
+    assert refused.returncode == 2, refused
+    assert "--price '1,lots': 'lots' is not a number" in refused.err
+    assert cli("runs", "--json").data["runs"] == []

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from support import run_tether, tool_use, tool_use_turn
-from tether import Agent, Approve, AsyncRunner, Runner, RunResult, tool
+from tether import Agent, Approve, AsyncRunner, Limits, Runner, RunResult, tool
 from tether.cache import cache_key, canonical_json
 from tether.errors import ToolDefinitionError
 from tether.events import Event
 from tether.models.scripted import ScriptedModel
+from tether.policies import Budget
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover
 from tether.tools import Tool
@@ -68,8 +69,10 @@ class World:
 
         self.tools: list[Tool] = [lookup, plain]
 
-    def run(self, script: list[dict[str, Any]], *, tenant: str | None = None, approver: Any = None) -> RunResult:
-        agent = Agent(model=ScriptedModel(script), tools=self.tools)
+    def run(
+        self, script: list[dict[str, Any]], *, tenant: str | None = None, approver: Any = None, limits: Any = None
+    ) -> RunResult:
+        agent = Agent(model=ScriptedModel(script), tools=self.tools, **({"limits": limits} if limits else {}))
         if self.kind == "sync":
             return Runner(agent, self.store, clock=self.clock, approver=approver).run("go", tenant=tenant)
         runner = AsyncRunner(agent, self.store, clock=self.clock, approver=approver)
@@ -157,7 +160,12 @@ def test_second_run_is_answered_from_the_cache_without_running_the_tool(kind: st
     assert "cache_miss" not in second_types
     assert second_types[second_types.index("cache_hit") + 1] == "tool_finished"
     hit = next(e.data for e in world.events(second.run_id) if e.type == "cache_hit")
-    assert hit == {"call_id": "toolu_1", "tool": "lookup", "key": cache_key("lookup", {"city": "Oslo", "units": "C"})}
+    assert hit == {
+        "call_id": "toolu_1",
+        "tool": "lookup",
+        "key": cache_key("lookup", {"city": "Oslo", "units": "C"}),
+        "allowed": {"by": None, "reason": "no approval needed"},  # for the audit: it passed the gate unasked
+    }
     # The model gets the same result either way; the hit is marked and not counted as an execution.
     fresh, cached = world.finished(first.run_id)[0], world.finished(second.run_id)[0]
     assert cached["content"] == fresh["content"] == '{"city": "Oslo", "temp": 21, "units": "C"}'
@@ -165,6 +173,18 @@ def test_second_run_is_answered_from_the_cache_without_running_the_tool(kind: st
     assert cached["is_error"] is False
     assert "cached" not in fresh
     assert (first.tool_calls, second.tool_calls) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "limits", [Limits(max_tool_calls=1), Limits(budget=Budget(max_tool_calls=1))], ids=["hard cap", "budget"]
+)
+def test_a_cache_hit_is_not_a_tool_execution_for_the_limit_warnings(kind: str, limits: Limits) -> None:
+    world = World(kind)
+    world.run(LOOKUP)  # warms the cache
+    second = world.run(LOOKUP, limits=limits)
+    assert second.status == "done"
+    assert second.tool_calls == 0
+    assert [e.data for e in world.events(second.run_id) if e.type == "warning"] == []  # not "1 of 1"
 
 
 def test_the_key_is_the_validated_input_so_defaults_and_order_do_not_matter(kind: str) -> None:
@@ -343,6 +363,7 @@ def run_in_process(cwd: Path, tool_name: str) -> tuple[dict[str, Any], list[str]
     return result, [e["type"] for e in shown["events"]]
 
 
+@pytest.mark.slow
 def test_a_second_process_hits_the_cache_in_the_shared_database(workspace: Path) -> None:
     first, first_types = run_in_process(workspace, "slow_square")
     second, second_types = run_in_process(workspace, "slow_square")
@@ -356,6 +377,7 @@ def test_a_second_process_hits_the_cache_in_the_shared_database(workspace: Path)
     assert (first["tool_calls"], second["tool_calls"]) == (1, 0)
 
 
+@pytest.mark.slow
 def test_a_second_process_misses_once_the_ttl_elapsed(workspace: Path) -> None:
     _, first_types = run_in_process(workspace, "brief")
     time.sleep(0.6)

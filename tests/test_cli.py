@@ -20,6 +20,8 @@ import pytest
 
 from support import Cli, CliResult, Scenario, finish_all, flat, token_usage, tool_use
 
+pytestmark = pytest.mark.slow  # real `tether` processes
+
 RESULT_KEYS = {
     "run_id",
     "status",

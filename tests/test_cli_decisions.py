@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from support import CliResult, run_tether
+
+pytestmark = pytest.mark.slow  # real `tether` processes
 
 
 def tether(cwd: Path, *args: str) -> CliResult:

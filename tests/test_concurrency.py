@@ -15,10 +15,14 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from concurrency_driver import agent
 from support import clean_env
 from tether import Runner
 from tether.stores.sql import SQLStore
+
+pytestmark = pytest.mark.slow  # real processes racing
 
 DRIVER = Path(__file__).with_name("concurrency_driver.py")
 PROCESSES = 4

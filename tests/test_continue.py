@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from fake_messages_api import FakeMessagesAPI
 from support import Cli, CliResult, fake_api_env, model_reply, tool_results, tool_use, tool_use_turn
+from tether.testing import FakeMessagesAPI
 
 TOOLS = textwrap.dedent(
     '''

@@ -12,6 +12,8 @@ from tether.pricing import PRICES
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 
+pytestmark = pytest.mark.slow  # real `tether` processes
+
 
 def test_show_reports_each_step_and_the_totals(tmp_path: Path) -> None:
     attempts: list[int] = []

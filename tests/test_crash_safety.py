@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
-from fake_messages_api import validate_messages_request
 from support import run_python
 from tether.events import Event
 from tether.stores.sql import SQLStore
+from tether.testing import validate_messages_request
+
+pytestmark = pytest.mark.slow  # kills real processes at every step boundary
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 CLEAN_WRITES = 7  # store writes of an uninterrupted run; checked by test_clean_run_write_count

@@ -29,6 +29,8 @@ from support import (
     spawn_tether,
 )
 
+pytestmark = pytest.mark.slow  # `tether demo` processes
+
 TIMEOUT = 20
 
 

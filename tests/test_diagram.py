@@ -30,6 +30,7 @@ from diagram_reading import (
     dot_counts,
     dot_edges,
     dot_nodes,
+    label_collisions,
     mermaid_counts,
     recorded_counts,
 )
@@ -236,7 +237,8 @@ def test_dot_renders_with_graphviz_to_an_svg_holding_every_state_and_edge() -> N
     assert set(nodes) == STATE_IDS | {"__initial_0"}
     assert len(edges) == 18 + 1  # every transition, and the initial arrow
     assert "thinking->executing_tool" in edges
-    assert Counter(edges)["executing_tool->executing_tool"] == 2  # tool_finished and retry_scheduled
+    without_ports = Counter(re.sub(r":[nsew]+\b", "", edge) for edge in edges)  # a self-loop's title names its ports
+    assert without_ports["executing_tool->executing_tool"] == 2  # tool_finished and retry_scheduled
     assert "Retry scheduled" in svg_texts(completed.stdout)
 
 
@@ -385,6 +387,24 @@ def test_overlay_renders_with_graphviz(run: tuple[list[Event], Agent]) -> None:
     assert set(nodes) == STATE_IDS | {"__initial_0", "__tools"}
 
 
+@needs_dot
+def test_every_label_of_the_machine_is_clear_of_other_labels_states_and_edges() -> None:
+    """As Graphviz lays it out: the two self-loops of Executing tool once ran through their labels."""
+    assert label_collisions(dg.to_dot()) == []
+
+
+@needs_dot
+def test_every_label_of_a_run_overlay_is_clear_too(run: tuple[list[Event], Agent]) -> None:
+    events, agent = run  # both self-loops of Executing tool taken: their labels carry counts
+    assert label_collisions(dg.to_dot(events=events, agent=agent)) == []
+
+
+def test_a_states_self_loops_are_drawn_on_alternate_sides() -> None:
+    loops = [attributes for (src, dst, _), attributes in dot_edges(dg.to_dot()).items() if src == dst]
+    ports = Counter((a.get("tailport"), a.get("headport")) for a in loops)
+    assert ports == Counter({(None, None): 2, ("n", "n"): 1, ("s", "s"): 1})  # one loop keeps its place
+
+
 def test_sequence_diagram_of_a_real_run(run: tuple[list[Event], Agent]) -> None:
     events, _ = run
     text = dg.to_sequence(events)
@@ -504,6 +524,7 @@ def test_the_entry_point_writes_every_file(tmp_path: Path) -> None:
 
 
 # Mermaid's own parser ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_mermaids_own_parser_accepts_every_diagram(
     run: tuple[list[Event], Agent], mermaid_dir: Path, tmp_path: Path
 ) -> None:
@@ -518,6 +539,7 @@ def test_mermaids_own_parser_accepts_every_diagram(
     assert mermaid_parse_errors(mermaid_dir, texts, tmp_path) == {}
 
 
+@pytest.mark.slow
 def test_mermaids_own_parser_rejects_what_we_must_escape(mermaid_dir: Path, tmp_path: Path) -> None:
     """So the check above can fail: a broken edge, and a raw ``;`` in a message (see ``_ENTITIES``)."""
     texts = {

@@ -6,17 +6,31 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from diagram_reading import check_state_diagram, dot_counts, dot_nodes, mermaid_counts, recorded_counts
-from support import demo_db_url, finish_tether, mermaid_parse_errors, run_tether, start_tether
+from support import (
+    clean_env,
+    demo_db_url,
+    finish_tether,
+    mermaid_parse_errors,
+    run_tether,
+    screen_text,
+    spawn_tether,
+    start_tether,
+)
 from tether import diagram as dg
 from tether.events import Event
 from tether.stores import open_store
+
+pytestmark = pytest.mark.slow  # `tether diagram` processes, Graphviz and Mermaid's parser
 
 needs_dot = pytest.mark.usefixtures("graphviz")
 X = dg.COUNT_MARK
@@ -96,12 +110,31 @@ def test_an_unwritable_o_is_a_one_line_error(tmp_path: Path, target: str) -> Non
     assert done.stdout == ""
 
 
-@pytest.mark.parametrize("image", ["svg", "png"])
-def test_images_need_o(tmp_path: Path, image: str) -> None:
-    done = run_tether(tmp_path, "diagram", "--format", image)
-    assert done.returncode == 2
-    assert "-o FILE" in done.stderr
-    assert done.stdout == ""
+@needs_dot
+def test_svg_is_text_on_stdout(tmp_path: Path) -> None:
+    done = run_tether(tmp_path, "diagram", "--format", "svg")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == dg.render(format="svg").decode()
+    titles = {t.text for t in ET.fromstring(done.stdout).iter("{http://www.w3.org/2000/svg}title")}
+    assert "executing_tool" in titles
+
+
+@needs_dot
+def test_png_goes_to_a_pipe_as_bytes(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "tether", "diagram", "--format", "png"]
+    done = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_png_is_refused_on_a_terminal(tmp_path: Path) -> None:
+    child = spawn_tether(tmp_path, "diagram", "--format", "png")
+    child.expect(pexpect.EOF)
+    child.close()
+    shown = screen_text(child.before or "")
+    assert child.exitstatus == 2
+    assert "--format png is binary: write it to a file with -o FILE" in shown
+    assert "PNG" not in shown.replace("--format png", "")  # no image bytes thrown at the terminal
 
 
 @needs_dot

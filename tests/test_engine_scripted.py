@@ -18,7 +18,6 @@ import pydantic
 import pytest
 
 import tether
-from fake_messages_api import validate_messages_request
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
 from tether.approvals import DecideLater
@@ -28,6 +27,7 @@ from tether.machine import ENDED_VALUES
 from tether.models.scripted import ScriptedModel
 from tether.state import RunState
 from tether.stores.memory import MemoryStore
+from tether.testing import validate_messages_request
 from tether.tools import Tool
 
 PROMPT = "Please help."
@@ -886,8 +886,8 @@ def test_public_names_are_exported() -> None:
         assert hasattr(tether, name)
 
 
-class Crash(BaseException):
-    """Stands in for the process dying mid-tool (not an Exception: nothing catches it)."""
+class Crash(KeyboardInterrupt):
+    """Stands in for the process dying mid-tool (like Ctrl-C, the one exception that escapes a tool)."""
 
 
 def test_a_call_interrupted_mid_run_needs_approval_before_running_again(ran: Calls) -> None:

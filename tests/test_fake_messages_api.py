@@ -15,7 +15,7 @@ import httpx2
 import pytest
 from anthropic.types import Message, MessageParam, TextBlock, ToolUseBlock  # noqa: TID251 - see above
 
-from fake_messages_api import FakeMessagesAPI, error_event, sse_events, validate_messages_request
+from tether.testing.fake_messages_api import FakeMessagesAPI, error_event, sse_events, validate_messages_request
 
 MODEL = "claude-test-model"
 USER_HI: dict[str, Any] = {"role": "user", "content": "hi"}

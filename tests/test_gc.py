@@ -14,6 +14,8 @@ from tether import Agent, ModelError, Runner, tool
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 
+pytestmark = pytest.mark.slow  # real `tether` processes and a PostgreSQL race
+
 
 @tool(approval=True)
 def publish(text: str) -> str:

@@ -16,7 +16,7 @@ from tether.history import (
     text_of,
     tool_result_block,
     tool_uses,
-    with_cache_breakpoint,
+    with_cache_breakpoints,
 )
 
 Message = dict[str, Any]
@@ -171,7 +171,7 @@ def test_check_pairing_rejects_a_result_not_preceded_by_an_assistant(
         check_pairing(messages, run_id="r1")
 
 
-# with_cache_breakpoint -----------------------------------------------------------------
+# with_cache_breakpoints ----------------------------------------------------------------
 def _count_marks(messages: list[Message]) -> int:
     return sum(
         1
@@ -182,24 +182,43 @@ def _count_marks(messages: list[Message]) -> int:
     )
 
 
-def test_with_cache_breakpoint_marks_only_the_newest_block() -> None:
+def _marked(block: dict[str, Any]) -> dict[str, Any]:
+    return {**block, "cache_control": CACHE_BREAKPOINT}
+
+
+def test_with_cache_breakpoints_marks_the_newest_block_and_where_the_previous_request_ended() -> None:
     messages = [
         user(txt("hi")),
         assistant(txt("a"), use("toolu_1")),
         user(result("toolu_1"), txt("tail")),
     ]
-    marked = with_cache_breakpoint(messages)
-    assert marked[-1]["content"][-1] == {**txt("tail"), "cache_control": CACHE_BREAKPOINT}
-    assert marked[-1]["content"][0] == result("toolu_1")
-    assert _count_marks(marked) == 1
-    assert marked[:-1] == messages[:-1]
-    assert marked[-1]["role"] == "user"
+    marked = with_cache_breakpoints(messages)
+    assert marked[-1]["content"] == [result("toolu_1"), _marked(txt("tail"))]
+    assert marked[0]["content"] == [_marked(txt("hi"))]  # the previous request's newest block
+    assert marked[1] is messages[1]
+    assert _count_marks(marked) == 2
+    assert [m["role"] for m in marked] == ["user", "assistant", "user"]
 
 
-def test_with_cache_breakpoint_does_not_mutate_its_input() -> None:
+def test_with_cache_breakpoints_after_pause_turn_marks_the_request_before_the_partial_turn() -> None:
+    messages = [user(txt("hi")), assistant(txt("a")), user(txt("go on")), assistant(txt("partial"))]
+    marked = with_cache_breakpoints(messages)
+    assert marked[2]["content"] == [_marked(txt("go on"))]
+    assert marked[3]["content"] == [_marked(txt("partial"))]
+    assert _count_marks(marked) == 2
+
+
+def test_with_cache_breakpoints_within_a_budget() -> None:
+    messages = [user(txt("hi")), assistant(txt("hello")), user(txt("again"))]
+    assert _count_marks(with_cache_breakpoints(messages, budget=1)) == 1
+    assert "cache_control" in with_cache_breakpoints(messages, budget=1)[-1]["content"][-1]
+    assert with_cache_breakpoints(messages, budget=0) == messages
+
+
+def test_with_cache_breakpoints_does_not_mutate_its_input() -> None:
     messages = [user(txt("hi")), assistant(txt("hello")), user(txt("again"))]
     before = copy.deepcopy(messages)
-    marked = with_cache_breakpoint(messages)
+    marked = with_cache_breakpoints(messages)
     assert messages == before
     assert _count_marks(messages) == 0
     assert marked is not messages
@@ -207,26 +226,28 @@ def test_with_cache_breakpoint_does_not_mutate_its_input() -> None:
     assert marked[-1]["content"][-1] is not messages[-1]["content"][-1]
 
 
-def test_with_cache_breakpoint_twice_still_marks_one_block() -> None:
+def test_with_cache_breakpoints_do_not_pile_up() -> None:
     messages = [user(txt("hi"))]
-    first = with_cache_breakpoint(messages)
-    messages.extend([assistant(txt("hello")), user(txt("more"))])
-    second = with_cache_breakpoint(messages)
+    first = with_cache_breakpoints(messages)
+    for turn in range(5):
+        messages.extend([assistant(txt(f"hello {turn}")), user(txt("more"))])
+    second = with_cache_breakpoints(messages)
     assert _count_marks(first) == 1
-    assert _count_marks(second) == 1
+    assert _count_marks(second) == 2
     assert "cache_control" in second[-1]["content"][-1]
+    assert "cache_control" in second[-3]["content"][-1]
 
 
-def test_with_cache_breakpoint_turns_string_content_into_a_marked_block() -> None:
+def test_with_cache_breakpoints_turns_string_content_into_a_marked_block() -> None:
     messages: list[Message] = [{"role": "user", "content": "hi"}]
-    marked = with_cache_breakpoint(messages)
+    marked = with_cache_breakpoints(messages)
     block = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
     assert marked == [{"role": "user", "content": [block]}]
     assert messages == [{"role": "user", "content": "hi"}]
 
 
-def test_with_cache_breakpoint_of_nothing() -> None:
-    assert with_cache_breakpoint([]) == []
+def test_with_cache_breakpoints_of_nothing() -> None:
+    assert with_cache_breakpoints([]) == []
 
 
 # append_user_text ----------------------------------------------------------------------

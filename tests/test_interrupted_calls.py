@@ -1,7 +1,7 @@
 """A call a crash left in doubt (started, never finished) is resolved by policy, never silently re-run.
 
-The crash here is a BaseException raised inside the tool: nothing catches it, so the
-tool's start stays committed and its end never is, as when the process dies (the real
+The crash here is a KeyboardInterrupt raised inside the tool (the one exception a tool's error
+does not absorb): the tool's start stays committed and its end never is, as when the process dies (the real
 SIGKILL version of these cases is in test_crash_safety.py). A fresh runner then resumes.
 """
 
@@ -14,20 +14,22 @@ import pytest
 from support import tool_use, tool_use_turn
 from tether import Agent, Approve, Deny, Runner, tool
 from tether.approvals import Approver, AutoApprover, DecideLater
+from tether.engine import fingerprint
 from tether.errors import ConfigError, ToolDefinitionError
+from tether.pending import pending_approvals
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover, ScriptedModel
 from tether.tools import OnInterrupted, Tool
 
 
-class Crash(BaseException):
-    """Stands in for the process dying mid-tool."""
+class Crash(KeyboardInterrupt):
+    """Stands in for the process dying mid-tool (only Ctrl-C escapes a tool: anything else is its error)."""
 
 
-def transfer_tool(ran: list[int], on_interrupted: OnInterrupted | None = None) -> Tool:
+def transfer_tool(ran: list[int], on_interrupted: OnInterrupted | None = None, *, approval: bool = False) -> Tool:
     crashes = [True]
 
-    @tool(on_interrupted=on_interrupted)
+    @tool(on_interrupted=on_interrupted, approval=approval)
     def transfer(amount: int) -> str:
         """Move money (not idempotent)."""
         ran.append(amount)
@@ -135,6 +137,39 @@ def test_a_person_can_decide_later_from_another_runner() -> None:
     service.decide(run_id, "toolu_1", Approve(actor="bob"))
     assert service.drive(run_id).status == "done"
     assert ran == [5, 5]
+
+
+def test_a_call_in_doubt_whose_approval_edited_its_input_is_shown_and_rerun_with_that_input() -> None:
+    ran: list[int] = []
+    transfer = transfer_tool(ran, approval=True)
+    store = MemoryStore()
+    first = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[transfer]), store)
+    run_id = first.run("Move 5.").run_id
+    first.decide(run_id, "toolu_1", Approve(input={"amount": 3}, actor="alice"))
+    with pytest.raises(Crash):
+        first.drive(run_id)
+    assert ran == [3]
+
+    parked = resumed(store, run_id, transfer, DecideLater()).drive(run_id)
+    assert parked.status == "awaiting_approval"
+    [shown] = parked.pending_approvals
+    assert shown["input"] == {"amount": 3}  # what would run, not the model's {"amount": 5}
+    assert shown["fingerprint"] == fingerprint({"amount": 3})
+    assert "as alice edited it" in shown["reason"]
+    [listed] = pending_approvals(store, run_id=run_id)
+    assert (listed.input, listed.fingerprint) == ({"amount": 3}, shown["fingerprint"])
+    asked = [e.data for e in store.load_events(run_id) if e.type == "approval_requested"][-1]
+    assert asked["calls"][0]["input"] == {"amount": 3}
+
+    approver = RecordingApprover({"toolu_1": Approve(actor="bob")})
+    result = resumed(store, run_id, transfer, approver).drive(run_id)
+    assert [(request.input, request.fingerprint) for request in approver.seen[0]] == [
+        ({"amount": 3}, shown["fingerprint"])
+    ]
+    assert result.status == "done"
+    assert ran == [3, 3]  # approving what was shown runs what was shown
+    decided = [e.data for e in store.load_events(run_id) if e.type == "approval_decided"][-1]
+    assert (decided["actor"], decided["input"]) == ("bob", {"amount": 3})
 
 
 def test_bad_settings_are_refused_when_defined() -> None:

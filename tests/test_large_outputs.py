@@ -163,6 +163,7 @@ def test_the_audit_shows_the_whole_result(kind: str) -> None:
 
 
 # tether show --json, in a real process ---------------------------------------------------------
+@pytest.mark.slow
 def test_show_json_has_the_full_value(tmp_path: Path) -> None:
     (tmp_path / "bigtools.py").write_text(
         textwrap.dedent(

@@ -95,7 +95,7 @@ def transfer_tool(ran: list[int]) -> Tool:
         """Move money (not idempotent)."""
         ran.append(amount)
         if len(ran) == 1:
-            raise BaseException("the process dies here")  # nothing catches it, as with SIGKILL
+            raise KeyboardInterrupt("the process dies here")  # only Ctrl-C escapes a tool, as SIGKILL would
         return f"moved {amount}"
 
     return transfer
@@ -167,7 +167,7 @@ def transfer(amount: int) -> str:
     with Path("effects.log").open("a") as log:
         log.write(f"transfer {amount}\\n")
     if os.environ.get("CRASH_IN_TOOL"):
-        raise BaseException("the process dies here")
+        raise KeyboardInterrupt("the process dies here")
     return f"moved {amount}"
 
 
@@ -175,6 +175,7 @@ TOOLS = [transfer]
 '''
 
 
+@pytest.mark.slow
 def test_tether_resume_force_takes_over_from_a_driver_it_cannot_see(
     tmp_path: Path, other_process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -188,15 +188,15 @@ def test_live_view_shows_a_model_retry_wait_in_the_spinner() -> None:
     assert LiveView(plain).waiting_for_model(1.0, 1) is False  # off a terminal the CLI prints a line
 
 
-def test_describe_activity() -> None:
+def test_describe_activity_names_the_status_by_its_python_id() -> None:
     call = PendingCall(call_id="c1", tool="add", input={"a": 1, "b": 2})
     state = RunState(id="r", status="executingTool", steps=4)
     running = RunTool(call=call, tool=add, arguments=add.validate(call.input), attempt=1)
-    assert describe_activity(state, running) == "executingTool · step 4 · running add…"
+    assert describe_activity(state, running) == "executing_tool · step 4 · running add…"
     retrying = RunTool(call=call, tool=add, arguments=add.validate(call.input), attempt=3)
-    assert describe_activity(state, retrying) == "executingTool · step 4 · running add (attempt 3)…"
+    assert describe_activity(state, retrying) == "executing_tool · step 4 · running add (attempt 3)…"
     waiting = WaitUntil(due_at=105.0)
-    assert describe_activity(state, waiting, now=100.0) == "executingTool · step 4 · waiting 5s to retry…"
+    assert describe_activity(state, waiting, now=100.0) == "executing_tool · step 4 · waiting 5s to retry…"
 
 
 # The CLI -----------------------------------------------------------------------------------
@@ -222,12 +222,13 @@ def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:
             child.terminate(force=True)
 
 
+@pytest.mark.slow
 def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: pexpect.spawn) -> None:
     demo.expect("thinking · step 1 · calling the model")
     demo.expect("I'll write the\r")  # the model's text under the spinner, half written
     demo.expect("model  I'll write the program first.")  # then its summary, once committed
     demo.expect("call   write_file")
-    demo.expect("executingTool · step 1 · running write_file")
+    demo.expect("executing_tool · step 1 · running write_file")
     demo.expect("result write_file: wrote")
     demo.expect("thinking · step 2 · calling the model")
     demo.expect("call   run_python")
@@ -236,7 +237,7 @@ def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: p
     # Every spinner shown before the prompt was taken down (the cursor shown again) before it.
     assert 0 <= shown.rfind(HIDE_CURSOR) < shown.rfind(SHOW_CURSOR) < shown.rfind("Approval needed")
     demo.sendline("a")
-    demo.expect("executingTool · step 2 · running run_python")
+    demo.expect("executing_tool · step 2 · running run_python")
     demo.expect(f"result run_python: [^\n]*{FIBONACCI}")
     demo.expect("thinking · step 3 · calling the model")
     demo.expect(pexpect.EOF)
@@ -250,6 +251,7 @@ def test_demo_in_a_terminal_shows_a_spinner_then_stops_it_for_the_prompt(demo: p
     assert "3 model call(s), 2 tool call(s)" in text  # the final usage line
 
 
+@pytest.mark.slow
 def test_resume_in_a_terminal_asks_then_shows_the_rest(tmp_path: Path) -> None:
     parked = run_tether(tmp_path, "demo", "--json")
     assert parked.returncode == 3, parked.stderr
@@ -268,6 +270,7 @@ def test_resume_in_a_terminal_asks_then_shows_the_rest(tmp_path: Path) -> None:
     assert "status: done" in screen_text(transcript(child))
 
 
+@pytest.mark.slow
 def test_demo_in_a_pipe_prints_plain_lines_only(tmp_path: Path) -> None:
     done = run_tether(tmp_path, "demo", "--approve-all", env={"TERM": "xterm"})
     assert done.returncode == 0, done.stderr

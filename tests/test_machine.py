@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
+from tether.errors import IncompatibleRun
 from tether.machine import FINAL_VALUES, STATUS_VALUES, AgentMachine, bind
 
 STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
@@ -178,7 +179,7 @@ def test_bind_without_a_status_enters_thinking() -> None:
 
 @pytest.mark.parametrize("bad", ["executing_tool", "awaiting_approval", "Done", "", "bogus"])
 def test_bind_refuses_an_unknown_stored_status(bad: str) -> None:
-    with pytest.raises(ValueError, match="unknown run status"):
+    with pytest.raises(IncompatibleRun, match="unknown run status"):
         bind(Run(bad))
 
 

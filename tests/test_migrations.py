@@ -162,6 +162,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_database_at_once_all_succeed(db_url: str, tmp_path: Path) -> None:
     go = tmp_path / "go"
     processes = [

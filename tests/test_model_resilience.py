@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import clean_env, fake_api_env, fake_api_model, run_tether, screen_text
 from tether import Agent, AsyncRunner, Runner, RunResult
+from tether.testing import FakeMessagesAPI
 
 
 def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None:
@@ -22,13 +21,11 @@ def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None
     adapter = fake_api_model(
         api, max_retries=2, max_retry_wait=0.05, on_retry_wait=lambda wait, retry: waits.append((wait, retry))
     )
-    started = time.monotonic()
     runner = Runner(Agent(model=adapter, model_name="claude-test"))
     result = runner.run("hi")
     adapter.close()
     assert result.status == "done"
-    assert time.monotonic() - started < 5  # not the 120 s the API asked for
-    assert waits == [(0.05, 1)]
+    assert waits == [(0.05, 1)]  # capped: not the 120 s the API asked for
     assert len(api.requests) == 2
     assert result.steps == 1  # SDK retries are inside one model invocation
     (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
@@ -120,6 +117,7 @@ def test_a_permanent_failure_is_not_retried_on_resume(api: FakeMessagesAPI) -> N
     adapter.close()
 
 
+@pytest.mark.slow
 def test_the_cli_shows_retry_waits(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.fail(429, "slow down", headers={"retry-after": "0.2", "retry-after-ms": "200"})
     api.reply_text("hello")
@@ -130,6 +128,7 @@ def test_the_cli_shows_retry_waits(api: FakeMessagesAPI, tmp_path: Path) -> None
     assert "retrying in 0.2s (retry 1)" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_live_view_shows_retry_waits_in_its_spinner(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.fail(429, "slow down", headers={"retry-after": "1", "retry-after-ms": "1000"})
     api.reply_text("hello")

@@ -175,6 +175,7 @@ def test_decisions_from_another_process_shrink_the_list_and_the_run_resumes_on_t
 
 
 # The CLI -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'tether.db'}"
     parked = run_tether(tmp_path, "demo", "--workspace", str(tmp_path / "ws"), "--db", db, "--json")

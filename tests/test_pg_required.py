@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support import clean_env, closed_port
+
+pytestmark = pytest.mark.slow  # runs pytest in a subprocess
 
 A_POSTGRES_TEST = "tests/test_sql_store.py::test_postgres_stores_json_queryable_as_jsonb"
 

@@ -20,6 +20,8 @@ import pytest
 
 from support import events_of, tool_results
 
+pytestmark = pytest.mark.slow  # real `tether` processes
+
 DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
 
 TOOLS_MODULE = textwrap.dedent(
@@ -201,7 +203,7 @@ def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
     parked = cli.run(script)
     assert parked.returncode == 3, parked
     run_id = parked.data["run_id"]
-    approved = cli("approve", run_id, "toolu_1", "--for-run")
+    approved = cli("approve", run_id, "toolu_1", "--for-run", "--by", "alice")
     assert approved.returncode == 0, approved
     resumed = cli("resume", run_id, "--json")
     assert resumed.returncode == 0, resumed
@@ -211,6 +213,12 @@ def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
     [decided] = events_of(shown, "approval_decided")
     assert decided["remember_for_run"] is True
     assert len(events_of(shown, "approval_requested")) == 1
+    audited = cli("audit", "--run", run_id, "--json")
+    assert audited.returncode == 0, audited
+    later = audited.data["entries"][1]["decision"]
+    assert (later["verdict"], later["by"], later["for_run_call"]) == ("approved", "alice", "toolu_1")
+    table = " ".join(cli("audit", "--run", run_id).stdout.split())
+    assert "approved by alice (for the run, with toolu_1)" in table
 
 
 def test_an_invalid_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
@@ -265,3 +273,25 @@ def test_a_rule_file_changed_since_the_run_started_is_warned_about_and_its_rules
     assert resumed.data["status"] == "done"
     assert cli.effects() == ["send bob"]  # the refund of 50 fell under the new rule
     assert "deny-large-refunds" in str(tool_results(cli.show(run_id))["toolu_2"]["content"])
+
+
+@pytest.mark.parametrize("for_run", [False, True], ids=["plain", "for-run"])
+def test_a_deny_rule_added_after_a_call_was_approved_stops_it_on_resume(
+    cli: Cli, tmp_path: Path, for_run: bool
+) -> None:
+    parked = cli.run([turn(("toolu_1", "send", {"to": "bob"})), answer()])
+    assert parked.returncode == 3, parked
+    run_id = parked.data["run_id"]
+    rules = tmp_path / "rules.toml"
+    deny_bob = '[[rules]]\nname = "not-bob"\ntool = "send"\nwhen = { to = { equals = "bob" } }\n'
+    rules.write_text(deny_bob + 'action = "deny"\nmessage = "bob left the company"\n' + RULES, encoding="utf-8")
+    approved = cli("approve", run_id, "toolu_1", *(["--for-run"] if for_run else []))
+    assert approved.returncode == 0, approved
+    resumed = cli("resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed
+    assert "its current rules apply" in resumed.err
+    assert resumed.data["status"] == "done"
+    assert cli.effects() == []  # approved before the rule arrived, and still never run
+    result = tool_results(cli.show(run_id))["toolu_1"]
+    assert result["is_error"] is True
+    assert "denied by policy: rule 1 (not-bob): bob left the company" in str(result["content"])

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from tether import Agent, Runner
+from tether import Agent, Runner, tool
 from tether.diagram import COUNT_MARK
 from tether.testing import ScriptedModel
 
@@ -47,3 +48,27 @@ def test_readme_diagram_example_runs_on_a_real_run() -> None:
     assert "penwidth" in found["dot"]
     if "svg" in found:
         assert found["svg"].startswith(b"<?xml")
+
+
+def test_readme_calls_a_step_what_steps_in_json_counts() -> None:
+    """The mission's step is one model invocation: ``steps`` counts those, and so does the README."""
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    def turn(call_id: str) -> dict[str, Any]:
+        use = {"type": "tool_use", "id": call_id, "name": "add", "input": {"a": 1, "b": 2}}
+        return {"content": [use], "stop_reason": "tool_use"}
+
+    answer = {"content": [{"type": "text", "text": "3"}], "stop_reason": "end_turn"}
+    result = Runner(Agent(model=ScriptedModel([turn("t1"), turn("t2"), answer]), tools=[add])).run("Add twice.")
+    assert (result.steps, result.tool_calls) == (3, 2)  # three model invocations, two tool executions
+
+    readme = (ROOT / "README.md").read_text()
+    body = " ".join(readme[: readme.index("## Benchmarks")].split())  # the benchmarks define their own unit
+    definitions = re.findall(r"(?:A step is|Each step \() [^.]*", body)
+    assert definitions, "the README no longer says what a step is"
+    assert all("model invocation" in d and "tool attempt" not in d for d in definitions), definitions
+    assert "its own step" not in body  # a tool attempt is not a step

@@ -58,8 +58,8 @@ class WritesStore(MemoryStore):
         self.writes.append([event.type for event in events])
 
 
-class Crash(BaseException):
-    """Escapes the runner like a killed process: the start is committed, the end never is."""
+class Crash(KeyboardInterrupt):
+    """Escapes the runner like a killed process (or Ctrl-C): the start is committed, the end never is."""
 
 
 class Ran:
@@ -830,18 +830,28 @@ def test_an_edit_the_tools_own_approval_callable_denies_is_refused(ran: Ran) -> 
     assert ran.log == []
 
 
-def test_an_edit_decided_before_a_stricter_rule_arrived_is_denied_when_it_would_run(ran: Ran) -> None:
+@pytest.mark.parametrize(
+    "decision",
+    [
+        Approve(actor="alice"),
+        Approve(actor="alice", remember_for_run=True),
+        Approve(input={"invoice": "I-9", "amount": 500}, actor="alice"),
+    ],
+    ids=["plain", "for-run", "edited"],
+)
+def test_a_deny_rule_added_after_any_approval_stops_the_call_when_it_would_run(ran: Ran, decision: Approve) -> None:
     store = MemoryStore()
-    lenient = runner(REFUND_SMALL, Policy([ASK_FOR_REFUNDS]), ran=ran, store=store)
+    script = [calls(use("toolu_1", "refund", {"invoice": "I-9", "amount": 500})), answer()]
+    lenient = runner(script, Policy([ASK_FOR_REFUNDS]), ran=ran, store=store)
     parked = lenient.run("Refund I-9.")
-    lenient.decide(parked.run_id, "toolu_1", Approve(input={"invoice": "I-9", "amount": 5000}))
-    strict = runner(REFUND_SMALL, Policy([LARGE_REFUNDS, ASK_FOR_REFUNDS]), ran=ran, store=store)
+    lenient.decide(parked.run_id, "toolu_1", decision)
+    strict = runner(script, Policy([LARGE_REFUNDS, ASK_FOR_REFUNDS]), ran=ran, store=store)
     result = strict.drive(parked.run_id)
     assert result.status == "done"
     assert ran.log == []
     block = tool_results(strict, parked.run_id)["toolu_1"]
     assert block["is_error"] is True
-    assert "denied by policy: rule 1 (deny-large-refunds)" in block["content"]
+    assert "denied by policy: rule 1 (deny-large-refunds): over 100: ask a manager" in block["content"]
     [finished] = events(strict, parked.run_id, "tool_finished")
     assert finished["denied_by"] == "policy"
 

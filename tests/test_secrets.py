@@ -8,8 +8,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import Cli, PgSchema, closed_port, fake_api_env, libpq_dsn, run_tether, tool_use, tool_use_turn
+from tether.testing import FakeMessagesAPI
+
+pytestmark = pytest.mark.slow  # real `tether` processes
 
 SECRET = "sk-ant-api03-DO-NOT-LEAK-4f1c9e"
 DB_PASSWORD = "pg-pw-DO-NOT-PRINT-77a1"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tether.errors import RunNotFound, StaleRun, StoreError
+from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
 from tether.stores import RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
@@ -268,7 +268,7 @@ def test_list_runs_filters_orders_and_limits(store: Store) -> None:
     assert ids(tenant="a", limit=1) == ["run_5"]
     assert ids(limit=0) == []
     assert store.list_runs(tenant="b") == [record("run_2", tenant="b", status="done", created_at=300.0)]
-    with pytest.raises(ValueError, match="limit"):
+    with pytest.raises(ConfigError, match="limit"):
         store.list_runs(limit=-1)
 
 
@@ -309,7 +309,7 @@ def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> 
     assert store.list_due(100.5)[0] == record(
         "due_a", status="executingTool", tenant="a", summary={"steps": 1, "next_due_at": 100.5}
     )
-    with pytest.raises(ValueError, match="limit"):
+    with pytest.raises(ConfigError, match="limit"):
         store.list_due(0.0, limit=-1)
 
 
@@ -396,7 +396,7 @@ def test_delete_runs_removes_old_parked_runs_only_when_asked(store: Store) -> No
 @pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])
 def test_delete_runs_refuses_unfinished_statuses(store: Store, statuses: set[str]) -> None:
     store.create_run(record("parked", status="awaitingApproval", updated_at=1.0), events(0))
-    with pytest.raises(ValueError, match="only finished runs"):
+    with pytest.raises(ConfigError, match="only finished runs"):
         store.delete_runs(finished_before=2.0, statuses=statuses)
     assert store.load_run("parked").status == "awaitingApproval"
 

@@ -19,7 +19,6 @@ from typing import Any
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI, error_event, sse_events
 from support import fake_api_env, fake_api_model, run_tether, screen_text, spawn_tether, token_usage
 from tether import Agent, AsyncRunner, Limits, Runner, RunResult, tool
 from tether import events as ev
@@ -33,6 +32,7 @@ from tether.models import (
 )
 from tether.models.anthropic import AnthropicModel
 from tether.models.scripted import ScriptedModel
+from tether.testing.fake_messages_api import FakeMessagesAPI, error_event, sse_events
 
 MODEL = "claude-test"
 PROMPT: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
@@ -442,6 +442,7 @@ def finish(child: pexpect.spawn) -> tuple[int | None, str, str]:
     return child.exitstatus, log.getvalue(), screen_text(log.getvalue())
 
 
+@pytest.mark.slow
 def test_the_cli_in_a_terminal_shows_the_answer_while_it_is_written(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.reply(REPLIES["text"])
     child = spawn(tmp_path, api, "Greet me")
@@ -456,6 +457,7 @@ def test_the_cli_in_a_terminal_shows_the_answer_while_it_is_written(api: FakeMes
     assert shown.rfind("\x1b[?25l") < shown.rfind("\x1b[?25h")  # the cursor is back
 
 
+@pytest.mark.slow
 def test_the_cli_asks_again_unstreamed_when_a_stream_breaks_midway(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
     api.reply(ANSWER)
@@ -467,6 +469,7 @@ def test_the_cli_asks_again_unstreamed_when_a_stream_breaks_midway(api: FakeMess
     assert [r.get("stream") for r in api.requests] == [True, None]
 
 
+@pytest.mark.slow
 def test_the_cli_reports_a_failure_mid_stream_and_resume_finishes_the_run(
     api: FakeMessagesAPI, tmp_path: Path
 ) -> None:
@@ -490,6 +493,7 @@ def test_the_cli_reports_a_failure_mid_stream_and_resume_finishes_the_run(
     assert resumed.data["output"] == "Both files hold their contents."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("json_flag", [True, False])
 def test_the_cli_off_a_terminal_does_not_stream(api: FakeMessagesAPI, tmp_path: Path, json_flag: bool) -> None:
     api.reply(REPLIES["text"])

@@ -11,6 +11,8 @@ import pytest
 
 from support import DEMO_PROMPT, FIBONACCI, demo_db_url, finish_terminal, run_tether, spawn_tether
 
+pytestmark = pytest.mark.slow  # real pseudo-terminals
+
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:

@@ -19,7 +19,6 @@ from typing import Any
 import pexpect
 import pytest
 
-from fake_messages_api import FakeMessagesAPI
 from support import (
     ANSI,
     DEMO_PROMPT,
@@ -37,6 +36,9 @@ from support import (
     transcript,
 )
 from support import EFFECT_TOOLS as TOOLS_MODULE
+from tether.testing import FakeMessagesAPI
+
+pytestmark = pytest.mark.slow  # real pseudo-terminals
 
 LONG_BODY = "Hello Bob, " + "this line goes on and on " * 12 + "END-OF-BODY"
 LONG_ANSWER = "Cleaned up as asked: " + "every word of this answer must reach the screen " * 5 + "THE-END"
@@ -93,6 +95,15 @@ def prompt(label: str) -> str:
     return re.escape(label) + r"[^\n]*: approve[^\n]*> "
 
 
+def stop_answering(child: pexpect.spawn, how: str) -> tuple[int | None, str]:
+    """Press Ctrl-D (``how="eof"``) or Ctrl-C at a prompt; the command's exit status and screen."""
+    if how == "eof":
+        child.sendeof()
+    else:
+        child.sendintr()
+    return finish_terminal(child)
+
+
 def panel_text(child: pexpect.spawn) -> str:
     """What the session showed, escape codes and panel borders removed, whitespace normalised."""
     return " ".join(BOX.sub(" ", ANSI.sub("", transcript(child))).split())
@@ -144,6 +155,33 @@ def test_a_batch_shows_every_call_asks_each_by_position_and_a_covers_same_tool_s
     assert decided["toolu_3"]["reason"] == "delete approved for the run with toolu_1"
 
 
+@pytest.mark.parametrize("how", ["eof", "ctrl-c"])
+def test_no_answer_partway_through_a_batch_keeps_the_decisions_given(
+    ws: Workspace, children: list[pexpect.spawn], how: str
+) -> None:
+    child = ws.spawn_run(BATCH, columns=80)
+    children.append(child)
+    child.expect(prompt("[1/3] delete toolu_1"))
+    child.sendline("a")
+    child.expect(prompt("[2/3] send toolu_2"))
+    child.sendline("d")
+    child.expect(r"reason[^\n]*> ")
+    child.sendline("too chatty")
+    child.expect(prompt("[3/3] delete toolu_3"))
+    status, output = stop_answering(child, how)
+    assert status == 3, output
+    assert "the 2 decision(s) given are kept; 1 call(s) stay pending and the run is parked" in output
+    assert panel_text(child).count("3 calls need your approval") == 1  # not asked again
+    assert "1 call needs" not in output
+    assert ws.effects() == []  # the batch runs once every call of it is decided
+
+    data = ws.show(ws.only_run())
+    assert data["status"] == "awaiting_approval"
+    decided = {d["call_id"]: d["approved"] for d in events_of(data, "approval_decided")}
+    assert decided == {"toolu_1": True, "toolu_2": False}
+    assert [p["call_id"] for p in data["pending_approvals"]] == ["toolu_3"]
+
+
 @pytest.mark.parametrize("columns", [80, 120])
 def test_the_results_panel_wraps_the_answer_and_the_usage_line(
     ws: Workspace, children: list[pexpect.spawn], columns: int
@@ -178,6 +216,36 @@ def test_an_edit_denied_by_a_rule_is_asked_again_at_the_terminal(ws: Workspace, 
     status, _ = finish_terminal(child)
     assert status == 0, transcript(child)
     assert ws.effects() == ["delete /tmp/y"]
+
+
+def test_an_empty_line_at_the_edit_prompt_goes_back_and_mistakes_are_said_in_plain_words(
+    ws: Workspace, children: list[pexpect.spawn]
+) -> None:
+    script = [tool_use_turn(tool_use("toolu_1", "delete", {"path": "/tmp/x"})), model_reply([], "end_turn")]
+    child = ws.spawn_run(script, columns=80)
+    children.append(child)
+    child.expect(prompt("delete toolu_1"))
+    child.sendline("e")
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline('{"path": 5, "force": true}')
+    plain = "Not valid for delete: path: Input should be a valid string; force: Extra inputs are not permitted"
+    child.expect(r"(?:\s|\x1b\[[0-9;]*m)+".join(map(re.escape, plain.split())))  # wrapped between words
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline("{")
+    child.expect(re.escape("Not valid JSON: Expecting property name enclosed in double quotes"))
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline("")
+    child.expect(prompt("delete toolu_1"))  # back to the question, nothing decided
+    child.sendline("d")
+    child.expect(r"reason[^\n]*> ")
+    child.sendline("")
+    status, output = finish_terminal(child)
+    assert status == 0, output
+    assert "pydantic.dev" not in output
+    assert "type=" not in output
+    assert ws.effects() == []
+    [decided] = events_of(ws.show(ws.only_run()), "approval_decided")
+    assert decided["approved"] is False
 
 
 # The demo: an edit to other input, and no decision at the later prompts ----------------------------
@@ -224,11 +292,7 @@ def test_no_answer_at_the_reason_or_edit_prompt_leaves_the_run_parked(
     child.expect(DEMO_PROMPT)
     child.sendline(choice)
     child.expect(asked)
-    if how == "eof":
-        child.sendeof()
-    else:
-        child.sendintr()
-    status, output = finish_terminal(child)
+    status, output = stop_answering(child, how)
     assert status == 3, output
     assert "No decision: the call stays pending and the run is parked." in output
 

@@ -5,6 +5,7 @@
 
 import asyncio
 import json
+import random
 import threading
 import time
 from typing import Annotated, Any
@@ -13,9 +14,10 @@ import pydantic
 import pytest
 from pydantic import Field
 
-from tether.errors import ToolDefinitionError
-from tether.policies import NO_RETRY, RetryPolicy
+from tether.errors import ConfigError, ToolDefinitionError
+from tether.policies import NO_RETRY, RetryDecision, RetryPolicy
 from tether.tools import (
+    RetryLater,
     Tool,
     ToolTimeout,
     UnserializableResult,
@@ -544,17 +546,20 @@ def test_should_retry_with_a_predicate() -> None:
     assert policy.should_retry(second, 1) is False
     assert seen == [first, second]
     assert policy.should_retry(first, 5) is False  # exhaustion wins over the predicate
+    seen.clear()
+    policy.decide(first, 1, rng=random.random)
+    assert seen == [first]  # the user's predicate runs once per decision
 
 
 def test_delay_grows_with_the_multiplier_and_is_capped() -> None:
     policy = RetryPolicy(max_attempts=10, initial_delay=0.5, multiplier=3, max_delay=10)
-    delays = [policy.delay(attempt) for attempt in range(1, 7)]
+    delays = [policy.delay(attempt, rng=random.random) for attempt in range(1, 7)]
     assert delays == pytest.approx([0.5, 1.5, 4.5, 10, 10, 10])
 
 
 def test_delay_with_multiplier_one_is_constant() -> None:
     policy = RetryPolicy(initial_delay=2, multiplier=1)
-    assert [policy.delay(a) for a in (1, 2, 3)] == [2, 2, 2]
+    assert [policy.delay(a, rng=random.random) for a in (1, 2, 3)] == [2, 2, 2]
 
 
 def test_delay_jitter_adds_up_to_its_fraction_and_respects_the_cap() -> None:
@@ -564,6 +569,35 @@ def test_delay_jitter_adds_up_to_its_fraction_and_respects_the_cap() -> None:
     assert policy.delay(2, rng=lambda: 0.5) == pytest.approx(2.5)
     assert policy.delay(2, rng=lambda: 1.0) == pytest.approx(3.0)  # 3.0 would be capped
     assert policy.delay(5, rng=lambda: 1.0) == pytest.approx(3.0)
+
+
+def test_the_policy_alone_decides_retry_in_how_long_or_what_instead() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_delay=1, jitter=0.5, retry_on=(ConnectionError,), on_exhausted="fail")
+    assert policy.decide(ConnectionError("reset"), 1, rng=lambda: 1.0) == RetryDecision(retry_in=1.5, otherwise="fail")
+    assert policy.decide(ConnectionError("reset"), 2, rng=lambda: 0.0) == RetryDecision(retry_in=2.0, otherwise="fail")
+    exhausted = policy.decide(ConnectionError("reset"), 3, rng=lambda: 0.0)
+    assert exhausted == RetryDecision(retry_in=None, otherwise="fail")  # on_exhausted applies
+    not_retried = policy.decide(ValueError("bad input"), 1, rng=lambda: 0.0)
+    assert not_retried == RetryDecision(retry_in=None, otherwise="error")  # the model gets the error
+
+
+def test_the_same_seed_gives_the_same_delays() -> None:
+    policy = RetryPolicy(max_attempts=6, initial_delay=1, max_delay=100, jitter=1.0)
+
+    def delays(seed: int) -> list[float | None]:
+        rng = random.Random(seed)
+        return [policy.decide(ConnectionError("reset"), attempt, rng=rng.random).retry_in for attempt in range(1, 6)]
+
+    assert delays(7) == delays(7)
+    assert delays(7) != delays(8)  # the jitter is drawn, not fixed
+
+
+def test_retry_later_is_retried_while_attempts_remain_whatever_retry_on_says() -> None:
+    policy = RetryPolicy(max_attempts=2, initial_delay=0, retry_on=(ConnectionError,), classify=lambda _: "fatal")
+    assert policy.should_retry(RetryLater("busy"), 1) is True
+    assert policy.decide(RetryLater("busy"), 1, rng=random.random).retry_in == 0
+    assert policy.decide(RetryLater("busy"), 2, rng=random.random).retry_in is None
+    assert policy.error_class(RetryLater("busy")) == "retryable"
 
 
 @pytest.mark.parametrize(
@@ -578,8 +612,9 @@ def test_delay_jitter_adds_up_to_its_fraction_and_respects_the_cap() -> None:
     ],
 )
 def test_retry_policy_rejects_bad_values(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="RetryPolicy"):
+    with pytest.raises(ConfigError, match="RetryPolicy") as caught:
         RetryPolicy(**kwargs)
+    assert isinstance(caught.value, ValueError)  # code that caught ValueError here still does
 
 
 def test_a_misspelt_option_is_refused_never_ignored() -> None:

@@ -8,12 +8,19 @@ One model invocation is one step; every step is a transition of
 from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
 from tether.errors import (
+    AlreadyDecided,
     ApprovalError,
+    ConfigError,
+    DeniedByPolicy,
+    InvalidEditedInput,
     ModelError,
+    NotAwaitingApproval,
     RunNotFound,
+    StaleFingerprint,
     StaleRun,
     StoreError,
     TetherError,
+    UnknownCall,
 )
 from tether.machine import AgentMachine
 from tether.policies import ApprovalVerdict, Limits, RetryPolicy
@@ -24,6 +31,7 @@ from tether.tools import RetryLater, Tool, tool
 __all__ = [
     "Agent",
     "AgentMachine",
+    "AlreadyDecided",
     "ApprovalError",
     "ApprovalRequest",
     "ApprovalVerdict",
@@ -31,9 +39,13 @@ __all__ = [
     "AsyncRunner",
     "AutoApprover",
     "CallbackApprover",
+    "ConfigError",
+    "DeniedByPolicy",
     "Deny",
+    "InvalidEditedInput",
     "Limits",
     "ModelError",
+    "NotAwaitingApproval",
     "Policy",
     "RetryLater",
     "RetryPolicy",
@@ -41,9 +53,11 @@ __all__ = [
     "RunNotFound",
     "RunResult",
     "Runner",
+    "StaleFingerprint",
     "StaleRun",
     "StoreError",
     "TetherError",
     "Tool",
+    "UnknownCall",
     "tool",
 ]

@@ -50,7 +50,8 @@ class Agent:
             # A cost budget that cannot count would never stop anything: refuse it up front.
             raise ConfigError(
                 f"a cost budget needs the model's price, and {self.model_name!r} has none in "
-                "tether.pricing.PRICES: pass Agent(prices={...}) or drop the cost limit"
+                "tether.pricing.PRICES: pass Agent(prices={...}) (tether run: --price INPUT,OUTPUT) "
+                "or drop the cost limit"
             )
 
     @cached_property

@@ -12,6 +12,12 @@ keeps running in a daemon thread. Two rules keep that safe:
 
 Calls are told apart by ``(run_id, call_id)``; without a run id (a tool executed directly,
 outside a runner) nothing is remembered.
+
+A tool cannot end the program: a ``BaseException`` it raises that is not an ``Exception``
+(``sys.exit()``, argparse on a bad flag, a stray ``GeneratorExit``, a ``CancelledError`` nobody
+asked for, a framework's own) comes out as :class:`ToolExit`, an ordinary tool error. Two stay
+what they are: ``KeyboardInterrupt`` (the user's Ctrl-C) and the ``CancelledError`` of an async
+attempt that is really being cancelled (its timeout, or the drive's own cancellation).
 """
 
 from __future__ import annotations
@@ -35,6 +41,44 @@ class ToolTimeout(TimeoutError):
         """A sync tool's thread was abandoned and is still running: the call may yet complete."""
 
 
+class ToolExit(Exception):
+    """A tool raised a ``BaseException`` that is not an ``Exception``: its error, not the program's end."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+        """What the tool raised (``SystemExit(2)``...); its type is what the model and the log are told."""
+
+
+def _call(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call a sync tool; what it raises that would end the program comes out as :class:`ToolExit`."""
+    try:
+        return function(**kwargs)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as error:
+        raise ToolExit(error) from error
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """Await an async tool, as :func:`_call` calls a sync one; a real cancellation stays one."""
+    try:
+        return await awaitable
+    except (Exception, KeyboardInterrupt):
+        raise
+    except asyncio.CancelledError as error:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this attempt is being cancelled (timeout, or the drive): not the tool's doing
+        raise ToolExit(error) from error
+    except GeneratorExit as error:
+        if error.__traceback__ is not None and error.__traceback__.tb_next is None:
+            raise  # thrown in here by close(): this coroutine is being discarded, not the tool failing
+        raise ToolExit(error) from error
+    except BaseException as error:
+        raise ToolExit(error) from error
+
+
 class _Worker:
     """One sync attempt in a daemon thread; says when it is done, from any thread."""
 
@@ -50,7 +94,7 @@ class _Worker:
 
     def _run(self) -> None:
         try:
-            self.value = self._function(**self._kwargs)
+            self.value = _call(self._function, self._kwargs)
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits for the attempt
             self.error = error
         with self._lock:
@@ -146,7 +190,7 @@ def run_sync(
     if earlier is not None and not earlier.done.wait(timeout):
         raise _busy()
     if timeout is None:
-        return function(**kwargs)
+        return _call(function, kwargs)
     worker = _Worker(function, kwargs)
     worker.thread.start()
     if not worker.done.wait(timeout):
@@ -183,7 +227,7 @@ async def run_sync_in_loop(
 async def run_async(awaitable: Awaitable[Any], timeout: float | None, *, cancel: threading.Event) -> Any:
     """Await an async tool; past ``timeout`` it is cancelled (it does not linger)."""
     try:
-        return await asyncio.wait_for(awaitable, timeout)
+        return await asyncio.wait_for(_awaited(awaitable), timeout)
     except TimeoutError:
         cancel.set()
         raise ToolTimeout(f"timed out after {timeout:g}s") from None

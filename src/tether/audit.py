@@ -7,7 +7,9 @@ the model made:
 
 - **input** the model gave, and the input a reviewer edited it to, if any;
 - **decision**: who let it run or refused it, when, and why (a person's
-  ``approval_decided``, a policy's denial, or ``policy`` allowing it unasked);
+  ``approval_decided``, a policy's denial, a rule or approval callable allowing it unasked
+  (``by: policy``), an earlier approval for the rest of the run (that person's decision), or
+  nobody, for a tool that needs no approval);
 - **attempts** (``tool_started`` events) and each failed attempt's retry;
 - **outcome**: ``ok`` (the full result, even when the model saw a truncated one; from the
   cache or not), ``error`` (its message, exception type and class), ``denied``, or a call
@@ -49,7 +51,9 @@ class AuditEntry:
     """ok, error, denied, awaiting_approval, running, or not_run."""
     decision: dict[str, Any] | None = None
     """The last decision: ``verdict`` (allowed, approved, denied, pending), ``by``, ``at``,
-    ``reason``; for a person's decision also ``asked_because`` and ``edited_input``. None
+    ``reason``; for a person's decision also ``asked_because`` and ``edited_input``, and
+    ``for_run_call`` when it was their approval of another call for the rest of the run.
+    ``by`` is None for a tool that needs no approval (reason ``no approval needed``). None
     when the call never reached the gate (unknown tool, invalid arguments)."""
     approvals: list[dict[str, Any]] = field(default_factory=list)
     """Every time a person was asked, and what they answered (a call can be asked again)."""
@@ -85,6 +89,8 @@ class AuditEntry:
 def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
     """The audit entries of one run, in the order the model asked for the calls; pure."""
     calls: dict[str, AuditEntry] = {}
+    approved_for_run: dict[str, str] = {}
+    """Tool name -> the call whose approval covered the rest of the run (the first one)."""
     for event in events:
         data = event.data
         if event.type == ev.MODEL_RESPONDED:
@@ -106,8 +112,36 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
         if entry is None:
             continue
         entry.last_at = max(entry.last_at, event.at)
+        if event.type == ev.APPROVAL_DECIDED and data.get("approved") and data.get("remember_for_run"):
+            approved_for_run.setdefault(entry.tool, entry.call_id)
+        if entry.decision is None and _lets_through(event):
+            covering = calls.get(approved_for_run.get(entry.tool, ""))
+            entry.decision = _allowed(event, covering)
         _FOLDS.get(event.type, _ignore)(entry, event)
     return list(calls.values())
+
+
+def _lets_through(event: Event) -> bool:
+    """An event that shows a call passed the gate: its start, a cache hit, or a final tool's result."""
+    if event.type == ev.TOOL_FINISHED:
+        return not event.data.get("is_error")
+    return event.type in (ev.TOOL_STARTED, ev.CACHE_HIT)
+
+
+def _allowed(event: Event, covering: AuditEntry | None) -> dict[str, Any]:
+    """Who let a call through unasked, as the engine recorded it (``allowed``) with its start.
+
+    A call let through by an approval for the rest of the run is that approval's, given by
+    ``covering`` (the call it was given on).
+    """
+    allowed = event.data.get("allowed")
+    if not isinstance(allowed, dict):  # a log from before the engine recorded it
+        return {"verdict": "allowed", "by": "policy", "at": event.at, "reason": "no approval required"}
+    reason = str(allowed.get("reason") or "")
+    earlier = covering.decision if covering is not None else None
+    if allowed.get("by") == "approved_for_run" and covering is not None and earlier is not None:
+        return {**earlier, "reason": reason, "edited_input": None, "for_run_call": covering.call_id}
+    return {"verdict": "allowed", "by": allowed.get("by"), "at": event.at, "reason": reason}
 
 
 def _ignore(entry: AuditEntry, event: Event) -> None:
@@ -158,8 +192,6 @@ def _started(entry: AuditEntry, event: Event) -> None:
     entry.status = "running"
     if entry.started_at is None:
         entry.started_at = event.at
-    if entry.decision is None:
-        entry.decision = _allowed(event.at)
 
 
 def _retried(entry: AuditEntry, event: Event) -> None:
@@ -181,8 +213,6 @@ def _retried(entry: AuditEntry, event: Event) -> None:
 
 def _cache_hit(entry: AuditEntry, event: Event) -> None:
     entry.cached = True
-    if entry.decision is None:
-        entry.decision = _allowed(event.at)
 
 
 def _finished(entry: AuditEntry, event: Event) -> None:
@@ -192,8 +222,6 @@ def _finished(entry: AuditEntry, event: Event) -> None:
     entry.truncated_from = data.get("truncated_from")
     if data.get("denied_by") == "policy":
         entry.decision = {"verdict": "denied", "by": "policy", "at": event.at, "reason": data.get("reason", "")}
-    elif entry.decision is None and not data.get("is_error"):  # a final tool: it passed the gate, never runs
-        entry.decision = _allowed(event.at)
     if not data.get("is_error"):
         entry.status = "ok"
         entry.result = data.get("full_content", data.get("content"))
@@ -207,10 +235,6 @@ def _finished(entry: AuditEntry, event: Event) -> None:
 
 def _warned(entry: AuditEntry, event: Event) -> None:
     entry.warnings.append(str(event.data.get("message", "")))
-
-
-def _allowed(at: float) -> dict[str, Any]:
-    return {"verdict": "allowed", "by": "policy", "at": at, "reason": "no approval required"}
 
 
 def _add_duration(entry: AuditEntry, data: dict[str, Any]) -> None:

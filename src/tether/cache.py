@@ -36,7 +36,7 @@ def canonical_json(value: Any) -> str:
 def cache_key(tool: str, arguments: Any, *, tenant: str | None = None) -> str:
     """``tool:sha256`` of the input (and of the tenant, when the run has one)."""
     hashed = arguments if tenant is None else {"tenant": tenant, "input": arguments}
-    digest = hashlib.sha256(canonical_json(hashed).encode()).hexdigest()
+    digest = hashlib.sha256(canonical_json(hashed).encode(errors="surrogatepass")).hexdigest()  # any str hashes
     return f"{tool}:{digest}"
 
 

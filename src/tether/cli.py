@@ -11,6 +11,7 @@ nothing else, an interrupted run's object as it stands included.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -29,12 +30,13 @@ from rich.text import Text
 
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, RunEnded, RunNotFound, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, CorruptData, RunEnded, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
 from tether.models import ModelAdapter
 from tether.policies import Budget
+from tether.pricing import PRICE_FORM, parse_price
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
 from tether.stores import Store, open_store, shown_url
@@ -131,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     diagram.add_argument(
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
     )
-    diagram.add_argument("-o", "--output", metavar="FILE", help="write here (required for svg/png)")
+    diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     return parser
 
 
@@ -248,7 +250,9 @@ class _Session:
 
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
-        pending = [p["call_id"] for p in result.pending_approvals] or ["CALL_ID"]
+        from tether.terminal import printable  # call ids come from the model
+
+        pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
         run, db = result.run_id, self._db_hint()
         each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
         return Text.assemble(
@@ -278,6 +282,9 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
         fresh = {"budget": Budget(**budget).to_dict() if set(budget) - {"on_limit"} else None}
         spec = {"tools": [], "cwd": os.getcwd(), **given, **fresh}
     spec.setdefault("model", normalise_model_spec(None))
+    if args.price:  # a price without MODEL= is the run's model's, known only now
+        prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
+        spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
     agent = agent_from_spec(spec)
     runner = session.runner(args, agent)
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
@@ -412,10 +419,13 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
             "updated_at": r.updated_at,
             "updated": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at)),
             "next_due_at": r.summary.get("next_due_at"),
-            "error": r.summary.get("error"),
+            "error": r.unreadable or r.summary.get("error"),
         }
         for r in records
     ]
+    for record in records:  # listed all the same, so one damaged row hides no other run
+        if record.unreadable:
+            session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
         return EXIT_DONE
@@ -474,13 +484,13 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
-    """Text formats go to stdout unless -o; images need -o and Graphviz's ``dot``."""
+    """Every format goes to stdout unless -o, but PNG not to a terminal; images need Graphviz's ``dot``."""
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether import diagram
 
-    if args.format in diagram.IMAGE_FORMATS and not args.output:
-        raise ConfigError(f"--format {args.format} is binary: write it to a file with -o FILE")
+    if args.format == "png" and not args.output and sys.stdout.isatty():
+        raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
         raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
     events, tools = None, None
@@ -507,11 +517,16 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             return EXIT_FAILED
     if args.output:
         try:
-            Path(args.output).write_bytes(output.encode() if isinstance(output, str) else output)
+            text = output.encode(errors="backslashreplace") if isinstance(output, str) else output  # as on stdout
+            Path(args.output).write_bytes(text)
         except OSError as error:  # a missing directory, no permission, a full disk: say so, no traceback
             raise ConfigError(f"cannot write {args.output}: {error.strerror or error}") from error
+    elif isinstance(output, bytes):  # SVG is UTF-8 text as its XML declaration says, whatever the locale
+        sys.stdout.flush()
+        sys.stdout.buffer.write(output)
+        sys.stdout.buffer.flush()
     else:
-        sys.stdout.write(str(output))
+        sys.stdout.write(output)
     return EXIT_DONE
 
 
@@ -579,6 +594,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         "--on-limit",
         choices=["final_answer", "fail"],
         help="what a budget limit does (default: final_answer)",
+    )
+    budget.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar=PRICE_FORM,
+        help="USD per million tokens, for --max-cost with a model tether has no price for (default MODEL: the "
+        "run's; cache prices default to 1.25x and 0.1x INPUT; repeatable)",
     )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
@@ -684,7 +707,21 @@ def _reader() -> Agent:
 
 def _print_error(label: str, error: Exception) -> None:
     """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
-    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
+    from tether.terminal import printable  # it may quote a model's or a tool's text too
+
+    Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", printable(str(error))))
+
+
+def _printable_output() -> None:
+    r"""Let every output path print any text a run holds (the one place output is made safe).
+
+    A lone surrogate (what ``errors="surrogateescape"`` makes of a binary file's bytes) cannot
+    be encoded: it is written as its ``\uXXXX`` escape instead, which a terminal shows and
+    which, inside ``--json`` output, is JSON for the very same string.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 class _Stopped(KeyboardInterrupt):
@@ -719,6 +756,7 @@ def _stopped_by_signals() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
+    _printable_output()
     with _stopped_by_signals():
         try:
             return _main(argv)
@@ -744,7 +782,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound, RunEnded) as error:
+    except (ConfigError, RunNotFound, RunEnded, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except (ApprovalError, StaleRun) as error:

@@ -43,7 +43,7 @@ from tether.agent import Agent
 from tether.errors import TetherError
 from tether.events import Event
 from tether.history import text_of
-from tether.machine import AgentMachine
+from tether.machine import ENDED_VALUES, STATUS_VALUES, AgentMachine
 from tether.runner import RunResult
 from tether.state import RunState
 from tether.stores import RunRecord, Store
@@ -67,6 +67,12 @@ GRAPHVIZ_HINT = (
 )
 TOOLS_STATE = "executing_tool"
 """The state the tools note is attached to (when the machine has it)."""
+DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.5"}
+"""Room between states (the library's 0.3 packs edges through the labels of their neighbours)."""
+ENDED_IDS = frozenset(STATUS_VALUES[value] for value in ENDED_VALUES)
+"""States where a drive stops (done, failed, cancelled), by id."""
+SELF_LOOP_SIDES = ("n", "s")
+"""Where the self-loops of a state that has several are drawn, in turn (above, below)."""
 COUNT_MARK = "\N{MULTIPLICATION SIGN}"
 """Between a label and how many times the run took it."""
 
@@ -299,13 +305,44 @@ def render_dot(diagram: Diagram) -> str:
         from statemachine.contrib.diagram.renderers.dot import DotRenderer, DotRendererConfig
     except ImportError as error:  # pragma: no cover - pydot is a dependency
         raise DiagramError(f"DOT output needs pydot ({error}): pip install pydot") from error
-    config = DotRendererConfig(state_active_fillcolor=ACTIVE_FILL, state_active_penwidth=3)
+    config = DotRendererConfig(state_active_fillcolor=ACTIVE_FILL, state_active_penwidth=3, graph_attrs=DOT_SPACING)
     dot = DotRenderer(config).render(diagram.graph)
+    _spread_self_loops(dot)
+    _unrank_moves_between_ends(dot)
     if diagram.run is not None:
         _style_run(dot, diagram.graph, diagram.run)
     if diagram.tools:
         _add_tools_note(dot, diagram)
     return _stable_names(dot.to_string())
+
+
+def _unrank_moves_between_ends(dot: pydot.Dot) -> None:
+    """A move from one end of a run to another (failed → cancelled) does not rank the states.
+
+    Ranked, it pulls Cancelled beside Failed and Graphviz routes other edges through labels;
+    unranked, the layout is the main flow's and the edge finds its way around it.
+    """
+    for part in _graphs(dot):
+        for edge in part.get_edge_list():
+            if {_name(str(edge.get_source())), _name(str(edge.get_destination()))} <= ENDED_IDS:
+                edge.set("constraint", "false")
+
+
+def _spread_self_loops(dot: pydot.Dot) -> None:
+    """Draw the self-loops of a state that has several on alternate sides: stacked, their labels collide."""
+    for part in _graphs(dot):
+        loops: dict[str, list[pydot.Edge]] = {}
+        for edge in part.get_edge_list():
+            source = _name(str(edge.get_source()))
+            if source == _name(str(edge.get_destination())):
+                loops.setdefault(source, []).append(edge)
+        for edges in loops.values():
+            if len(edges) < 2:
+                continue  # one loop keeps the place Graphviz gives it
+            for index, edge in enumerate(edges):
+                side = SELF_LOOP_SIDES[index % len(SELF_LOOP_SIDES)]
+                edge.set("tailport", side)
+                edge.set("headport", side)
 
 
 def _graphs(graph: pydot.Graph) -> Iterator[pydot.Graph]:

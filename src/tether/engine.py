@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,16 +23,25 @@ from tether import events as ev
 from tether.agent import Agent
 from tether.approvals import Approve, Deny
 from tether.cache import hit_record
-from tether.errors import ApprovalError, ModelError
+from tether.errors import (
+    AlreadyDecided,
+    DeniedByPolicy,
+    IncompatibleRun,
+    InvalidEditedInput,
+    ModelError,
+    NotAwaitingApproval,
+    StaleFingerprint,
+    UnknownCall,
+)
 from tether.events import Event
-from tether.history import check_pairing, text_of
+from tether.history import check_pairing, text_of, tool_uses
 from tether.machine import ENDED_VALUES, bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
-from tether.tools import ModelRetry, RetryLater, Tool, ToolTimeout, UnserializableResult
+from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 DEFAULT_LEASE = 600.0
@@ -64,6 +73,12 @@ class RunTool:
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
     warnings: tuple[Record, ...] = ()
     """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
+    execution_warnings: tuple[Record, ...] = ()
+    """Those of ``warnings`` that count this attempt as a tool execution (limit warnings): a cache
+    hit runs nothing, so it records only the others."""
+    allowed: dict[str, Any] | None = None
+    """Who let the call run without asking anyone now (see :func:`_verdict`), recorded with its
+    start for the audit; None when a person decided this very call."""
 
 
 @dataclass(frozen=True)
@@ -225,19 +240,21 @@ def _call_action(
         message = f"Error: not run: the budget is used up ({spent_up.describe()})"
         return Commit(_result(call, message, True, budget_limit=spent_up.limit))
     warnings: list[Record] = []
+    allowed: dict[str, Any] | None = None
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
         gate = _gate(state, agent, call, tool, arguments, can_ask=can_ask)
         if isinstance(gate, Step):
             return Commit(gate)
-        warnings = gate
-    elif edited_input is not None:
-        # on_decision refuses an edit a rule denies; this holds should the rules change after it
+        warnings, allowed = gate
+    else:
+        # A person's approval (plain, for the run, or edited) never outranks a deny rule: the
+        # rules as they are now judge what is about to run, whatever they said when it was decided.
         denial = _denial(state, agent, call, tool, arguments)
         if denial is not None:
             return Commit(_denied_by_policy(call, denial, []))
     if tool.final:
         data = arguments.model_dump(mode="json")
-        final = _result(call, "Final result recorded.", False, final_result=data)
+        final = _result(call, "Final result recorded.", False, final_result=data, **_allowed_field(allowed))
         return Commit(Step(final.trigger, [*warnings, *final.records]))
     max_tool_calls = agent.limits.max_tool_calls
     if max_tool_calls is not None and state.tool_calls >= max_tool_calls:
@@ -248,32 +265,50 @@ def _call_action(
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
     edited = edited_input is not None
-    warnings += budgets.new_warnings(agent, state, now=now, tool_calls=1)
-    return RunTool(call, tool, arguments, attempt, edited=edited, max_result_chars=limit, warnings=tuple(warnings))
+    spending = budgets.new_warnings(agent, state, now=now, tool_calls=1)
+    return RunTool(
+        call,
+        tool,
+        arguments,
+        attempt,
+        edited=edited,
+        max_result_chars=limit,
+        warnings=(*warnings, *spending),
+        execution_warnings=tuple(spending),
+        allowed=allowed,
+    )
+
+
+def _allowed_field(allowed: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``allowed`` item of a start (or cache hit, or final result) record, when there is one."""
+    return {} if allowed is None else {"allowed": allowed}
 
 
 def _gate(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel, *, can_ask: bool
-) -> Step | list[Record]:
-    """A step parking the run (or denying the call), else the warnings to record with its start.
+) -> Step | tuple[list[Record], dict[str, Any]]:
+    """A step parking the run (or denying the call), else what to record with its start: warnings, who allowed it.
 
     A ``deny`` rule always wins; a call in doubt after a crash is resolved by its
     ``on_interrupted`` policy (asked about, or reported as not re-run); only then may a tool
     approved for the rest of the run skip the question.
     """
-    verdict, warnings = _verdict(state, agent, call, tool, arguments)
+    verdict, warnings, allowed = _verdict(state, agent, call, tool, arguments)
     if verdict.verdict == "deny":
         return _denied_by_policy(call, verdict.reason, warnings)
     if call.call_id in state.in_flight and not tool.idempotent:
         policy = tool.on_interrupted or agent.on_interrupted
         if policy == "ask" and can_ask:
             reason = "it was interrupted mid-run and may already have run; run it again?"
+            earlier = state.decisions.get(call.call_id)
+            if earlier is not None and earlier.input is not None:
+                reason += f" (with its input as {earlier.actor} edited it)"
             return _approval_step(state, agent, call, reason, warnings)
         why = "its policy is not to re-run" if policy == "error" else "there is no approver to ask"
         reported = _result(call, interrupted_message(why), True, interrupted=True)
         return Step(reported.trigger, [*warnings, *reported.records])
     if verdict.verdict == "allow":
-        return warnings
+        return warnings, allowed
     return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
 
 
@@ -294,29 +329,36 @@ def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, argume
 
 def _verdict(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
-) -> tuple[ApprovalVerdict, list[Record]]:
+) -> tuple[ApprovalVerdict, list[Record], dict[str, Any]]:
     """The agent's policy, else the tool's setting, softened by an approval for the run.
 
+    Also says who would let the call run unasked: ``{"by": "policy"}`` (a rule or the tool's
+    approval callable), ``{"by": "approved_for_run"}`` (a person's earlier ``remember_for_run``),
+    or ``{"by": None}`` when the tool needs no approval; each with a ``reason``.
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """
     decided = decide_call(agent.policy, tool, arguments, _context(state, agent, call, tool))
     verdict = decided.verdict
+    allowed: dict[str, Any] = {"by": None, "reason": "no approval needed"}
+    if decided.rule is not None or not isinstance(tool.approval, bool):
+        allowed = {"by": "policy", "reason": verdict.reason or f"the approval gate of {tool.name!r} allows it"}
     if verdict.verdict == "require_approval" and tool.name in state.approved_tools:
         verdict = ApprovalVerdict("allow", f"{tool.name} was approved for the rest of the run")
+        allowed = {"by": "approved_for_run", "reason": verdict.reason}
     if call.call_id in state.attempts:
-        return verdict, []
+        return verdict, [], allowed
     warnings: list[Record] = []
     for match in decided.warnings:
         data = {"message": match.reason, "call_id": call.call_id, "tool": tool.name}
         warnings.append((ev.WARNING, {**data, "rule": match.index, "rule_name": match.rule.name}))
-    return verdict, warnings
+    return verdict, warnings, allowed
 
 
 def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Record]) -> Step:
     """Park with every still-undecided gated call of the batch, to be decided together."""
     records = list(warnings)
-    shown = [{"call_id": first.call_id, "tool": first.tool, "input": first.input, "reason": reason}]
+    shown = [{"call_id": first.call_id, "tool": first.tool, "input": state.input_to_run(first), "reason": reason}]
     for call in state.batch:
         if call.call_id in state.outcomes or call.call_id in state.decisions or call is first:
             continue
@@ -327,9 +369,10 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
             arguments = tool.validate(call.input)
         except pydantic.ValidationError:
             continue
-        verdict, more = _verdict(state, agent, call, tool, arguments)
+        verdict, more, _ = _verdict(state, agent, call, tool, arguments)
         if verdict.verdict == "require_approval":
-            shown.append({"call_id": call.call_id, "tool": call.tool, "input": call.input, "reason": verdict.reason})
+            item = {"call_id": call.call_id, "tool": call.tool, "input": state.input_to_run(call)}
+            shown.append({**item, "reason": verdict.reason})
             records.extend(more)  # decided now, so never gated (nor warned about) again
     for item in shown:
         item["fingerprint"] = fingerprint(item["input"])
@@ -463,6 +506,7 @@ def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[
         "attempt": action.attempt,
         "owner": owner,
         "lease_until": lease_until,
+        **_allowed_field(action.allowed),
     }
     return ev.TOOL_STARTED, data
 
@@ -492,7 +536,9 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
     reaches the model exactly as a fresh one would (same cap, same reviewer note).
     """
     step = _success(action, content, cached=True)
-    step.records[:0] = [*action.warnings, hit_record(action, key)]  # no start is recorded: warn here
+    kind, hit = hit_record(action, key)
+    warnings = [w for w in action.warnings if w not in action.execution_warnings]  # no start: warn here
+    step.records[:0] = [*warnings, (kind, {**hit, **_allowed_field(action.allowed)})]
     return step
 
 
@@ -513,29 +559,36 @@ def truncate_result(content: str, limit: int) -> str:
     return f"{content[:limit]}\n[truncated: {len(content)} characters, showing the first {limit}]"
 
 
-def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration: float) -> Step:
-    """The tool raised or timed out: retry per its policy, else what ``on_exhausted`` says."""
+def on_tool_error(
+    action: RunTool, error: BaseException, *, now: float, duration: float, rng: Callable[[], float]
+) -> Step:
+    """The tool raised or timed out: retry as its policy decides, else what the policy says instead.
+
+    One rule is the engine's, not the policy's: a timed-out call of a tool not marked
+    idempotent may still complete, so it is never retried automatically. ``rng`` is the
+    driver's random source for the policy's jitter.
+    """
     tool, call, policy = action.tool, action.call, action.tool.retry
     facts = {
         "call_id": call.call_id,
         "tool": tool.name,
         "attempt": action.attempt,
         "duration": round(duration, 6),
-        "error_type": type(error).__name__,
+        "error_type": _raised_type(error),
     }
     limit = action.max_result_chars
     if isinstance(error, ModelRetry):
         shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
         return _result(call, shown, True, **facts, error_class="user_fixable", **_full_content(shown, full))
-    error_class = "retryable" if isinstance(error, RetryLater) else policy.error_class(error)
+    error_class = policy.error_class(error)
     message = _describe_tool_error(tool, error, error_class, _capped(str(error), limit))
     full_message = _describe_tool_error(tool, error, error_class, str(error))
-    wants_retry = isinstance(error, RetryLater) or policy.matches(error)
+    decision = policy.decide(error, action.attempt, rng=rng)
     lingering = isinstance(error, ToolTimeout) and error.still_running
     records: list[Record] = [_abandoned_thread(action)] if lingering else []
     in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
-    if wants_retry and action.attempt < policy.max_attempts and not in_doubt:
-        due = now + policy.delay(action.attempt)
+    if decision.retry_in is not None and not in_doubt:
+        due = now + decision.retry_in
         data = {**facts, "due_at": due, "error": message, "error_class": error_class}
         return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
     suffix = ""
@@ -550,16 +603,17 @@ def on_tool_error(action: RunTool, error: BaseException, *, now: float, duration
         ev.TOOL_FINISHED,
         {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
     )
-    if policy.on_exhausted == "fail" and wants_retry:
+    if decision.otherwise == "fail":
         return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
-    if policy.on_exhausted == "escalate" and wants_retry:
+    if decision.otherwise == "escalate":
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
+        to_run = action.arguments.model_dump(mode="json") if action.edited else call.input  # shown: what would run
         item = {
             "call_id": call.call_id,
             "tool": call.tool,
-            "input": call.input,
+            "input": to_run,
             "reason": reason,
-            "fingerprint": fingerprint(call.input),
+            "fingerprint": fingerprint(to_run),
             "last_error": message,
         }
         data = {"calls": [item], "escalation": True, "duration": facts["duration"]}
@@ -583,7 +637,12 @@ def _describe_tool_error(tool: Tool, error: BaseException, error_class: str, tex
         return f"Error ({error_class}): tool {tool.name!r} {text}"
     if isinstance(error, UnserializableResult):
         return f"Error ({error_class}): tool {tool.name!r} returned an unusable result: {text}"
-    return f"Error ({error_class}): tool {tool.name!r} raised {type(error).__name__}: {text}"
+    return f"Error ({error_class}): tool {tool.name!r} raised {_raised_type(error)}: {text}"
+
+
+def _raised_type(error: BaseException) -> str:
+    """The name of what the tool raised (``SystemExit``, not the :class:`ToolExit` carrying it)."""
+    return type(error.original if isinstance(error, ToolExit) else error).__name__
 
 
 def _capped(text: str, limit: int | None) -> str:
@@ -599,7 +658,7 @@ def _full_content(shown: str, full: str) -> dict[str, Any]:
 def fingerprint(arguments: Any) -> str:
     """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()[:16]  # any str, lone surrogates too
 
 
 def on_decision(
@@ -622,44 +681,32 @@ def on_decision(
     reason = decision.reason if isinstance(decision, Deny) else ""
     earlier = state.decisions.get(call_id)
     if earlier is not None:  # checked first: deciding a one-call batch already moved the run on
-        verdict = "approved" if earlier.approved else "denied"
-        raise ApprovalError(
-            f"call {call_id!r} was already decided ({verdict} by {earlier.actor})", run_id=state.id, call_id=call_id
-        )
-    if state.status != "awaitingApproval":
-        raise ApprovalError(
-            f"run {state.id} is not awaiting approval (status {state.status})", run_id=state.id, call_id=call_id
-        )
+        raise AlreadyDecided(run_id=state.id, call_id=call_id, actor=earlier.actor, approved=earlier.approved)
+    if not _requested(state, call_id):
+        raise UnknownCall(run_id=state.id, call_id=call_id)
+    parked = state.status == "awaitingApproval"
     call = state.call(call_id)
-    if call is None or call_id not in state.awaiting:
-        raise ApprovalError(
-            f"call {call_id!r} is not pending approval in run {state.id}", run_id=state.id, call_id=call_id
-        )
-    shown = fingerprint(call.input)
+    if not parked or call is None or call_id not in state.awaiting:
+        raise NotAwaitingApproval(run_id=state.id, call_id=call_id, status=state.status, run_waits=parked)
+    shown = fingerprint(state.input_to_run(call))  # what the person was shown: an earlier edit, if any
     if expected_fingerprint is not None and expected_fingerprint != shown:
-        raise ApprovalError(
-            f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected_fingerprint} != {shown})",
-            run_id=state.id,
-            call_id=call_id,
-        )
+        raise StaleFingerprint(run_id=state.id, call_id=call_id, expected=expected_fingerprint, shown=shown)
     if edited_input is not None:
         tool = agent.tool_index.get(call.tool)
-        if tool is None:
-            raise ApprovalError(f"unknown tool {call.tool!r}", run_id=state.id, call_id=call_id)
+        if tool is None:  # the runner's compatibility check refuses such a run before this
+            raise IncompatibleRun(f"unknown tool {call.tool!r}", run_id=state.id)
         try:
             arguments = tool.validate(edited_input)
         except pydantic.ValidationError as error:
-            raise ApprovalError(
-                f"edited input is invalid for tool {tool.name!r}: {error}", run_id=state.id, call_id=call_id
+            raise InvalidEditedInput(
+                run_id=state.id, call_id=call_id, tool=tool.name, problems=plain_errors(error), details=str(error)
             ) from error
         denial = _denial(state, agent, call, tool, arguments)  # the rules judge what will run
         if denial is not None:
-            raise ApprovalError(
-                f"call {call_id!r}: the edited input is denied by policy ({denial}); nothing was recorded",
-                run_id=state.id,
-                call_id=call_id,
-            )
+            raise DeniedByPolicy(run_id=state.id, call_id=call_id, reason=denial)
         edited_input = arguments.model_dump(mode="json")
+    elif approved:
+        edited_input = state.edited_inputs.get(call_id)  # approving what was shown: an earlier edit stands
     data = {
         "call_id": call_id,
         "tool": call.tool,
@@ -675,10 +722,20 @@ def on_decision(
         for other in state.pending_approvals():
             if other.call_id == call_id or other.tool != call.tool or other.call_id in state.in_flight:
                 continue  # a call in doubt after a crash is still asked about on its own
-            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(other.input)}
+            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(state.input_to_run(other))}
             why = f"{call.tool} approved for the run with {call_id}"
             records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
     return Step("decided", records)
+
+
+def _requested(state: RunState, call_id: str) -> bool:
+    """Whether the model ever asked for this call in the run's history."""
+    return any(
+        block.get("id") == call_id
+        for message in state.messages
+        if message["role"] == "assistant"
+        for block in tool_uses(message)
+    )
 
 
 def cancellation(reason: str) -> Step:

@@ -12,9 +12,17 @@ The tree::
     │   │   └── RunBusy          another live process is running one of its tool calls
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
-    │   └── ApprovalError        a decision that cannot apply (unknown/decided call, bad input)
-    ├── StoreError               the database could not be read or written
-    └── ConfigError              bad CLI/agent configuration (tools spec, model name, db url)
+    │   └── ApprovalError        a decision that cannot apply (.call_id)
+    │       ├── AlreadyDecided       the call was decided before (.actor, .approved)
+    │       ├── UnknownCall          the model never asked for this call in the run
+    │       ├── NotAwaitingApproval  the run is not parked, or not on this call (.status)
+    │       ├── StaleFingerprint     the arguments differ from those shown (.expected, .shown)
+    │       ├── DeniedByPolicy       a rule (or the tool's gate) denies the edited input (.reason)
+    │       └── InvalidEditedInput   the tool's schema rejects the edited input (.tool, .problems)
+    ├── StoreError               the database could not be read or written (.transient: may pass)
+    │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
+    └── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
+                                 values (also a ValueError, as Python's own bad-value errors are)
 
 Signals are not errors: a denial is data, and a tool that wants a retry raises
 :class:`tether.tools.RetryLater`, which is not a TetherError.
@@ -35,8 +43,12 @@ class ToolDefinitionError(TetherError):
         self.tool = tool
 
 
-class ConfigError(TetherError):
-    """Configuration given by a user (CLI flags, tool specs, model names) is invalid."""
+class ConfigError(TetherError, ValueError):
+    """Configuration given by a user (CLI flags, tool specs, model names, policy values) is invalid.
+
+    Also a :class:`ValueError`: a bad value passed to a constructor (``RetryPolicy(max_attempts=0)``)
+    is what Python code expects ``except ValueError`` to catch, and callers that did keep working.
+    """
 
 
 class ModelError(TetherError):
@@ -63,7 +75,32 @@ class ModelError(TetherError):
 
 
 class StoreError(TetherError):
-    """The store could not read or write (locked, unreachable, full)."""
+    """The store could not read or write (locked, unreachable, full).
+
+    Attributes:
+        transient: the failure may pass by itself (a SQLite lock held past the busy timeout,
+            a dropped PostgreSQL connection): the same write may succeed if tried again.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class CorruptData(StoreError):
+    """A run's stored row or event cannot be read: changed outside tether, or the database is damaged.
+
+    Attributes:
+        run_id: the run the value belongs to.
+        where: which value (``summary``, ``event 3``...) and what is wrong with it.
+    """
+
+    def __init__(self, run_id: str, where: str) -> None:
+        super().__init__(
+            f"run {run_id!r} cannot be read: {where} (the database was changed outside tether, or is damaged)"
+        )
+        self.run_id = run_id
+        self.where = where
 
 
 class RunError(TetherError):
@@ -130,3 +167,74 @@ class ApprovalError(RunError):
     def __init__(self, message: str, *, run_id: str, call_id: str) -> None:
         super().__init__(message, run_id=run_id)
         self.call_id = call_id
+
+
+class AlreadyDecided(ApprovalError):
+    """The call has its decision; exactly one decision ever applies."""
+
+    def __init__(self, *, run_id: str, call_id: str, actor: str, approved: bool) -> None:
+        verdict = "approved" if approved else "denied"
+        super().__init__(f"call {call_id!r} was already decided ({verdict} by {actor})", run_id=run_id, call_id=call_id)
+        self.actor = actor
+        """Who made the decision that stands."""
+        self.approved = approved
+        """What they decided."""
+
+
+class UnknownCall(ApprovalError):
+    """The model never asked for a call with this id in the run."""
+
+    def __init__(self, *, run_id: str, call_id: str) -> None:
+        super().__init__(f"run {run_id} has no tool call {call_id!r}", run_id=run_id, call_id=call_id)
+
+
+class NotAwaitingApproval(ApprovalError):
+    """The call exists but is not waiting for a decision: the run is not parked, or not on it."""
+
+    def __init__(self, *, run_id: str, call_id: str, status: str | None, run_waits: bool) -> None:
+        message = (
+            f"call {call_id!r} is not pending approval in run {run_id}"
+            if run_waits
+            else f"run {run_id} is not awaiting approval (status {status})"
+        )
+        super().__init__(message, run_id=run_id, call_id=call_id)
+        self.status = status
+        """The run's status when the decision came."""
+
+
+class StaleFingerprint(ApprovalError):
+    """The decision was made on other arguments than the call has (what the person saw changed)."""
+
+    def __init__(self, *, run_id: str, call_id: str, expected: str, shown: str) -> None:
+        super().__init__(
+            f"call {call_id!r}: the arguments differ from those shown (fingerprint {expected} != {shown})",
+            run_id=run_id,
+            call_id=call_id,
+        )
+        self.expected = expected
+        """The fingerprint the decision was made on."""
+        self.shown = shown
+        """The fingerprint of the call's arguments now."""
+
+
+class DeniedByPolicy(ApprovalError):
+    """The edited input would be denied: a policy rule or the tool's approval gate forbids it."""
+
+    def __init__(self, *, run_id: str, call_id: str, reason: str) -> None:
+        super().__init__(
+            f"call {call_id!r}: the edited input is denied by policy ({reason}); nothing was recorded",
+            run_id=run_id,
+            call_id=call_id,
+        )
+        self.reason = reason
+        """Why, as the model would be told (``rule 2 (no-root): never /``)."""
+
+
+class InvalidEditedInput(ApprovalError):
+    """The edited input does not validate against the tool's input schema."""
+
+    def __init__(self, *, run_id: str, call_id: str, tool: str, problems: str, details: str) -> None:
+        super().__init__(f"edited input is invalid for tool {tool!r}: {details}", run_id=run_id, call_id=call_id)
+        self.tool = tool
+        self.problems = problems
+        """What is wrong, in plain words: ``recursive: Input should be a valid boolean``."""

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from tether.attempts import ToolExit
+
 ErrorClass = Literal["retryable", "user_fixable", "permission", "conflict", "fatal"]
 Classifier = Callable[[BaseException], "ErrorClass | None"]
 
@@ -83,6 +85,7 @@ _BUILTIN_CLASSES: tuple[tuple[type[BaseException], ErrorClass], ...] = (
     (NotImplementedError, "fatal"),
     (SyntaxError, "fatal"),
     (RecursionError, "fatal"),
+    (ToolExit, "fatal"),  # sys.exit(), argparse on a bad flag...: the same call would exit again
 )
 """Builtin exceptions, most specific first; anything else is ``retryable``."""
 

@@ -2,7 +2,7 @@
 
 History is never flattened to text: a continued conversation keeps every ``tool_use`` and
 its ``tool_result``. This module holds the rules that keep the list valid (the pairing
-invariant checked before every model call) and the prompt-caching mark.
+invariant checked before every model call) and the prompt-caching marks.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ Message = dict[str, Any]
 """One Messages API message: ``{"role": "user" | "assistant", "content": [Block, ...]}``."""
 
 CACHE_BREAKPOINT: dict[str, str] = {"type": "ephemeral"}
+MAX_CACHE_BREAKPOINTS = 4
+"""The API refuses a request with more ``cache_control`` marks (tools, system and messages together)."""
 
 
 def text_block(text: str) -> Block:
@@ -135,21 +137,51 @@ def _check_results(message: Message, wanted: list[str], index: int, run_id: str)
         )
 
 
-def with_cache_breakpoint(messages: list[Message]) -> list[Message]:
-    """A copy of ``messages`` with a cache breakpoint on the newest block.
+def with_cache_breakpoints(messages: list[Message], *, budget: int = MAX_CACHE_BREAKPOINTS) -> list[Message]:
+    """A copy of ``messages`` with cache breakpoints where this request ends and where the previous one did.
 
-    Each re-invocation then reads the whole earlier prefix from the prompt cache, which
-    keeps one-model-call-per-step cheap. Only the last message is copied; earlier
-    messages are shared, so the cost does not grow with the history.
+    The API writes the prompt cache at a request's breakpoints, and a breakpoint finds an
+    earlier entry only within about 20 blocks before it. The breakpoint on the newest block
+    writes this request's prefix for the next request. The one on the last block before the
+    newest assistant turn sits exactly where the previous request ended (its own newest block,
+    so written then), and reads that prefix however many blocks the model's turn and its tool
+    results added since: a batch of 11 parallel calls adds 23, past the lookback of a single
+    breakpoint on the newest block.
+
+    Args:
+        messages: the history as sent, never modified: only the marked messages are copied.
+        budget: breakpoints the request can still take (the API's 4, less those on tools and
+            system); with 1, only the newest block is marked.
     """
-    if not messages:
-        return []
-    last = messages[-1]
-    content = last["content"]
+    if not messages or budget < 1:
+        return list(messages)
+    newest = len(messages) - 1
+    marked = list(messages)
+    marked[newest] = _with_breakpoint(messages[newest])
+    previous = _previous_request_end(messages)
+    if budget >= 2 and previous is not None and previous != newest:
+        marked[previous] = _with_breakpoint(messages[previous])
+    return marked
+
+
+def _previous_request_end(messages: list[Message]) -> int | None:
+    """The index of the message the previous request ended with: the one before the newest assistant turn.
+
+    The newest assistant turn is what that request was answered with (or, after ``pause_turn``,
+    its partial answer that this request continues).
+    """
+    for index in range(len(messages) - 1, 0, -1):
+        if messages[index]["role"] == "assistant":
+            return index - 1
+    return None
+
+
+def _with_breakpoint(message: Message) -> Message:
+    content = message["content"]
     blocks = [text_block(content)] if isinstance(content, str) else list(content)
     if not blocks:
-        return list(messages)
+        return message
     marked = copy.copy(blocks[-1])
     marked["cache_control"] = dict(CACHE_BREAKPOINT)
     blocks[-1] = marked
-    return [*messages[:-1], {"role": last["role"], "content": blocks}]
+    return {"role": message["role"], "content": blocks}

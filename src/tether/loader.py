@@ -20,6 +20,7 @@ from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter
 from tether.policies import Budget, Limits
+from tether.pricing import Price
 from tether.rules import Policy
 from tether.tools import Tool, tools_by_name
 
@@ -142,11 +143,13 @@ def agent_from_spec(
         raise ConfigError(f"--tools: {error}") from error
     policy_file = spec.get("policy")
     policy = Policy.from_file(policy_file) if policy_file else None
+    prices = spec.get("prices") or {}
     return Agent(
         model=model or load_model(model_spec),
         tools=tools,
         system=spec.get("system"),
         limits=limits_from_spec(spec),
+        prices={name: Price.from_dict(price) for name, price in prices.items()},
         model_name=model_spec,
         spec={
             "tools": list(spec.get("tools", [])),
@@ -154,12 +157,13 @@ def agent_from_spec(
             "cwd": spec.get("cwd") or os.getcwd(),
             **({"env": env} if env else {}),
             **({"policy": policy_file, "policy_digest": policy.digest} if policy is not None else {}),
+            **({"prices": prices} if prices else {}),
         },
         policy=policy,
     )
 
 
-CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget")
+CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget", "prices")
 """What a run continuing another keeps from the earlier run's spec, unless set anew."""
 
 

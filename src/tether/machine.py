@@ -11,6 +11,8 @@ from typing import Any
 
 from statemachine import State, StateMachine
 
+from tether.errors import IncompatibleRun
+
 MACHINE_VERSION = 1
 """Bumped whenever states or transitions change meaning; stored with each run."""
 
@@ -76,7 +78,8 @@ def bind(run_state: Any) -> AgentMachine:
     """A machine driving ``run_state.status``, after checking the stored value is known."""
     value = run_state.status
     if value is not None and value not in STATUS_VALUES:
-        raise ValueError(f"unknown run status {value!r}; known: {sorted(STATUS_VALUES)}")
+        known = sorted(STATUS_VALUES)
+        raise IncompatibleRun(f"unknown run status {value!r}; known: {known}", run_id=getattr(run_state, "id", "?"))
     # Reuse the machine last bound to this very object while it can still move: it reads and
     # writes the status on the object itself, so it behaves exactly as a fresh one would.
     cached = getattr(run_state, "bound_machine", None)

@@ -6,7 +6,6 @@ person?", and the engine turns the answer into a step.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
@@ -15,6 +14,27 @@ from tether.errors import ConfigError
 from tether.faults import Classifier, ErrorClass, classify
 
 RetryOn = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+OnExhausted = Literal["error", "fail", "escalate"]
+
+
+class RetryLater(Exception):
+    """Raised by a tool to ask for another attempt; the message is kept for the model.
+
+    A signal, not an error: every :class:`RetryPolicy` retries it while attempts remain,
+    whatever its ``retry_on`` or ``classify`` say.
+    """
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """What :meth:`RetryPolicy.decide` says about one failed attempt."""
+
+    retry_in: float | None
+    """Seconds until the next attempt; None when none is made (attempts spent, or not retried)."""
+    otherwise: OnExhausted
+    """What happens when no attempt is made: ``on_exhausted`` for an error the policy retries,
+    ``"error"`` (the model gets it) for one it does not. The engine also applies it when a
+    timed-out call that may still be running cannot be retried safely."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +57,7 @@ class RetryPolicy:
     """Up to this fraction of the delay is added at random (0.1 = up to +10%)."""
     retry_on: RetryOn | None = None
     """Exception types that are retried, or a predicate; None: errors classed ``retryable``."""
-    on_exhausted: Literal["error", "fail", "escalate"] = "error"
+    on_exhausted: OnExhausted = "error"
     """When attempts run out: ``error`` gives the model an is_error result with the last
     error; ``fail`` fails the run; ``escalate`` asks a person whether to try again."""
     classify: Classifier | None = None
@@ -45,18 +65,29 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+            raise ConfigError("RetryPolicy.max_attempts must be at least 1")
         if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1 or self.jitter < 0:
-            raise ValueError("RetryPolicy delays must be >= 0, multiplier >= 1, jitter >= 0")
+            raise ConfigError("RetryPolicy delays must be >= 0, multiplier >= 1, jitter >= 0")
         if self.on_exhausted not in ("error", "fail", "escalate"):
-            raise ValueError("RetryPolicy.on_exhausted must be 'error', 'fail' or 'escalate'")
+            raise ConfigError("RetryPolicy.on_exhausted must be 'error', 'fail' or 'escalate'")
+
+    def decide(self, error: BaseException, attempt: int, *, rng: Callable[[], float]) -> RetryDecision:
+        """The one answer to "try again?" after attempt number ``attempt`` (1-based) raised ``error``.
+
+        ``rng`` draws the jitter (a number in [0, 1)): the driver's seedable random source.
+        """
+        wanted = self.matches(error)  # once: a retry_on predicate is the user's code
+        retry_in = self.delay(attempt, rng) if wanted and attempt < self.max_attempts else None
+        return RetryDecision(retry_in, self.on_exhausted if wanted else "error")
 
     def should_retry(self, error: BaseException, attempt: int) -> bool:
-        """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried."""
-        return attempt < self.max_attempts and self.matches(error)
+        """Whether ``error`` raised by attempt number ``attempt`` (1-based) is retried (see :meth:`decide`)."""
+        return self.decide(error, attempt, rng=lambda: 0.0).retry_in is not None
 
     def matches(self, error: BaseException) -> bool:
         """Whether ``error`` is the kind this policy retries (attempts aside)."""
+        if isinstance(error, RetryLater):
+            return True
         if self.retry_on is None:
             return classify(error, self.classify) == "retryable"
         if isinstance(self.retry_on, tuple):
@@ -64,11 +95,11 @@ class RetryPolicy:
         return bool(self.retry_on(error))
 
     def error_class(self, error: BaseException) -> ErrorClass:
-        """The class of ``error`` under this policy's classifier."""
-        return classify(error, self.classify)
+        """The class of ``error`` under this policy's classifier (a :class:`RetryLater` is retryable)."""
+        return "retryable" if isinstance(error, RetryLater) else classify(error, self.classify)
 
-    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        """Seconds to wait after attempt number ``attempt`` failed."""
+    def delay(self, attempt: int, rng: Callable[[], float]) -> float:
+        """Seconds to wait after attempt number ``attempt`` failed; ``rng`` draws the jitter."""
         base = min(self.initial_delay * self.multiplier ** (attempt - 1), self.max_delay)
         return min(base * (1 + self.jitter * rng()), self.max_delay)
 
@@ -204,12 +235,12 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not 0 < self.warn_at <= 1:
-            raise ValueError("Budget.warn_at must be in (0, 1]")
+            raise ConfigError("Budget.warn_at must be in (0, 1]")
         if self.on_limit not in ("final_answer", "fail"):
-            raise ValueError("Budget.on_limit must be 'final_answer' or 'fail'")
+            raise ConfigError("Budget.on_limit must be 'final_answer' or 'fail'")
         for name, value in self.limits().items():
             if not value > 0:
-                raise ValueError(f"Budget.{name} must be positive, not {value!r}")
+                raise ConfigError(f"Budget.{name} must be positive, not {value!r}")
 
     def limits(self) -> dict[str, float]:
         """The limits set, by field name."""
@@ -234,5 +265,5 @@ class Budget:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown budget field(s): {', '.join(unknown)}")
+            raise ConfigError(f"unknown budget field(s): {', '.join(unknown)}")
         return cls(**data)

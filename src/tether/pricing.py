@@ -6,14 +6,26 @@ cache reads. A model is matched by the longest known name prefix, so dated snaps
 cost is reported as unknown (None) rather than guessed, and cost budgets cannot apply.
 Some models bill a long prompt at a higher band (:attr:`Price.long_prompt`): every token of
 such a request, output included, is priced at that band.
+
+On the command line a price is ``[MODEL=]INPUT,OUTPUT[,CACHE_WRITE,CACHE_READ]`` (see
+:func:`parse_price`); a run started with one keeps it in its spec (:meth:`Price.to_dict`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from tether.errors import ConfigError
 from tether.models import Usage
+
+CACHE_WRITE_RATIO = 1.25
+CACHE_READ_RATIO = 0.1
+"""Claude's cache prices relative to input (5-minute writes, reads): the default when only
+input and output prices are given."""
+PRICE_FORM = "[MODEL=]INPUT,OUTPUT[,CACHE_WRITE,CACHE_READ]"
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,61 @@ class Price:
             + usage.cache_creation_input_tokens * self.cache_write
             + usage.cache_read_input_tokens * self.cache_read
         ) / 1_000_000
+
+    def to_dict(self) -> dict[str, float]:
+        """The stored form (a run's spec); a long-prompt band is not kept (the CLI cannot set one)."""
+        return {
+            "input": self.input,
+            "output": self.output,
+            "cache_write": self.cache_write,
+            "cache_read": self.cache_read,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Price:
+        """The inverse of :meth:`to_dict`; a bad value is a :class:`ConfigError`."""
+        try:
+            input_, output, cache_write, cache_read = (
+                _usd(data[name]) for name in ("input", "output", "cache_write", "cache_read")
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(f"invalid price {data!r}: {error}") from None
+        return cls(input_, output, cache_write, cache_read)
+
+
+def _usd(value: Any) -> float:
+    """A price per million tokens: a finite number, not negative (a string is read as one)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{value!r} must be a number >= 0")
+    return number
+
+
+def parse_price(text: str, *, model: str) -> tuple[str, Price]:
+    """``[MODEL=]INPUT,OUTPUT[,CACHE_WRITE,CACHE_READ]`` in USD per million tokens: (model, price).
+
+    Without ``MODEL=`` the price is ``model``'s (the run's); without cache prices they follow
+    Claude's ratios to the input price (writes 1.25x, reads 0.1x).
+    """
+    name, equals, numbers = text.rpartition("=")
+    if equals and not name.strip():
+        raise ConfigError(f"--price {text!r}: the model name before '=' is empty")
+    parts = [part.strip() for part in numbers.split(",")]
+    if len(parts) not in (2, 4):
+        raise ConfigError(f"--price {text!r}: expected {PRICE_FORM} (USD per million tokens)")
+    try:
+        values = [_usd(part) for part in parts]
+    except ValueError as error:
+        raise ConfigError(f"--price {text!r}: {error}") from None
+    if len(values) == 2:  # rounded: 3 x 0.1 is 0.3 here, not 0.30000000000000004
+        values += [round(values[0] * ratio, 10) for ratio in (CACHE_WRITE_RATIO, CACHE_READ_RATIO)]
+    input_, output, cache_write, cache_read = values
+    return (name.strip() if equals else model), Price(input_, output, cache_write, cache_read)
 
 
 PRICES: Mapping[str, Price] = {

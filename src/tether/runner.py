@@ -10,6 +10,8 @@ holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its re
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +22,7 @@ from tether import cache, engine, leases, rules
 from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approver, Decision, Deny
 from tether.compat import check_compatible, check_versions
-from tether.errors import ModelError, RunBusy, RunEnded
+from tether.errors import ModelError, RunBusy, RunEnded, StaleRun, StoreError
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
 from tether.machine import ENDED_VALUES, MACHINE_VERSION, STATUS_VALUES
@@ -36,6 +38,13 @@ from tether.models import (
 from tether.state import RunState
 from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
+
+STORE_RETRY_WAITS = (0.1, 0.5, 2.0)
+"""Seconds to wait before each new try of a step's write that failed transiently (see
+:attr:`tether.errors.StoreError.transient`): a lock held past SQLite's busy timeout, a dropped
+PostgreSQL connection. The step's outcome (a tool's result, a paid model answer) is held
+meanwhile; the write is given up only after these."""
+STORE_LOG = logging.getLogger("tether.store")
 
 EventListener = Callable[[RunState, Event], None]
 Activity = engine.CallModel | engine.RunTool | engine.WaitUntil
@@ -121,9 +130,9 @@ def result_of(state: RunState) -> RunResult:
             {
                 "call_id": c.call_id,
                 "tool": c.tool,
-                "input": c.input,
+                "input": state.input_to_run(c),
                 "reason": state.approval_reasons.get(c.call_id, ""),
-                "fingerprint": engine.fingerprint(c.input),
+                "fingerprint": engine.fingerprint(state.input_to_run(c)),
             }
             for c in state.pending_approvals()
             if state.status == "awaitingApproval"  # a run cancelled or failed at its gate waits for no one
@@ -166,6 +175,39 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     }
 
 
+def _append(store: Store, record: RunRecord, expected_version: int, events: list[Event]) -> None:
+    """``store.append``, tried again while its failure is transient (see :data:`STORE_RETRY_WAITS`).
+
+    A connection that dropped at the commit leaves the write's outcome unknown: a retry that
+    then finds the run advanced checks whether it was this very write that landed.
+    """
+    failed = False
+    for wait in (*STORE_RETRY_WAITS, None):
+        try:
+            store.append(record, expected_version, events)
+            return
+        except StaleRun:
+            if failed and _landed(store, record, events):
+                return
+            raise
+        except StoreError as error:
+            if not error.transient or wait is None:
+                raise
+            failed = True
+            STORE_LOG.warning("run %s: saving a step failed (%s); trying again in %g s", record.id, error, wait)
+            time.sleep(wait)
+
+
+def _landed(store: Store, record: RunRecord, events: list[Event]) -> bool:
+    """Whether the store holds exactly this write: the row at its version, each event (seq, type, time)."""
+    try:
+        log = store.load_log(record.id, tenant=record.tenant)
+    except StoreError:
+        return False
+    stored = {event.seq: (event.type, event.at) for event in log.events}
+    return log.version == record.version and all(stored.get(e.seq) == (e.type, e.at) for e in events)
+
+
 class _RunnerBase:
     """What both drivers share.
 
@@ -184,6 +226,7 @@ class _RunnerBase:
         approver: Approver | None = None,
         listeners: Sequence[EventListener] = (),
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
         on_action: ActionListener | None = None,
         on_text: TextListener | None = None,
     ) -> None:
@@ -195,6 +238,8 @@ class _RunnerBase:
         self.on_text = on_text
         """Told the answer's text as it arrives, when the model can stream (a live view); never persisted."""
         self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+        """Draws retry jitter; pass ``random.Random(seed)`` for a schedule that repeats."""
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
@@ -237,7 +282,7 @@ class _RunnerBase:
         return state
 
     def _persist(self, state: RunState, produced: list[Event]) -> None:
-        self.store.append(record_of(state), state.version - 1, produced)
+        _append(self.store, record_of(state), state.version - 1, produced)
         rules.log_warnings(state.id, produced)
         self._notify(state, produced)
 
@@ -302,10 +347,10 @@ class _RunnerBase:
                     run_id=state.id,
                     call_id=call.call_id,
                     tool=call.tool,
-                    input=call.input,
+                    input=state.input_to_run(call),
                     reason=state.approval_reasons.get(call.call_id, ""),
                     description=tool.description if tool else "",
-                    fingerprint=engine.fingerprint(call.input),
+                    fingerprint=engine.fingerprint(state.input_to_run(call)),
                     tenant=state.tenant,
                 )
             )
@@ -391,15 +436,31 @@ class _RunnerBase:
             self._commit(state, engine.on_model_error(response))
         else:
             now = self.clock()
-            self._commit(state, engine.on_model_response(state, self.agent, response, latency=now - started, now=now))
+            step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
+            self._save(state, step, "the model answered", "resuming the run asks the model again (one more call)")
+
+    def _save(self, state: RunState, step: engine.Step, happened: str, on_resume: str) -> None:
+        """Commit a step whose outcome cannot be had again for free; if even the retries fail, say so."""
+        try:
+            self._commit(state, step)
+        except StoreError as error:  # never leave the user with "nothing was changed"
+            raise StoreError(
+                f"run {state.id}: {happened}, but its result could not be saved: {error}; {on_resume}",
+                transient=error.transient,
+            ) from error
 
     def _tool_step(self, state: RunState, action: engine.RunTool, outcome: str | BaseException, started: float) -> None:
         duration = time.perf_counter() - started
         if isinstance(outcome, BaseException):
-            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration)
+            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
         else:
             step = engine.on_tool_success(action, outcome, duration=duration)
-        self._commit(state, step)
+        self._save(
+            state,
+            step,
+            f"tool {action.tool.name!r} (call {action.call.call_id}) ran, so whatever it does has happened",
+            "resuming the run treats the call as in doubt (run again only if the tool is idempotent, else asked about)",
+        )
         if not isinstance(outcome, BaseException) and action.tool.cache_ttl is not None:
             # Stored once the result is committed (a crash in between costs a miss, never a
             # wrong hit); errors are never stored. The full value, not the model's cut.

@@ -79,6 +79,9 @@ class RunState:
     awaiting: list[str] = field(default_factory=list)
     """Call ids shown to a person and not yet all decided."""
     approval_reasons: dict[str, str] = field(default_factory=dict)
+    edited_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Input a person approved a call with instead of the model's; kept when the call is asked
+    about again (in doubt after a crash, or escalated), since it is what would run."""
     approved_tools: set[str] = field(default_factory=set)
     """Tools a person approved for the rest of the run: later calls skip the approval gate."""
     attempts: dict[str, int] = field(default_factory=dict)
@@ -154,6 +157,10 @@ class RunState:
         waiting = set(self.awaiting) - set(self.decisions)
         return [call for call in self.batch if call.call_id in waiting]
 
+    def input_to_run(self, call: PendingCall) -> Any:
+        """What ``call`` would run with: a person's edit, else the model's input (what approvers are shown)."""
+        return self.edited_inputs.get(call.call_id, call.input)
+
     def call(self, call_id: str) -> PendingCall | None:
         """The batch's call with this id."""
         return next((c for c in self.batch if c.call_id == call_id), None)
@@ -209,6 +216,7 @@ def _model_responded(state: RunState, data: dict[str, Any]) -> None:
         state.batch = [PendingCall(b["id"], b["name"], b.get("input")) for b in calls]
         state.outcomes, state.decisions, state.awaiting = {}, {}, []
         state.approval_reasons, state.attempts, state.retry_due = {}, {}, {}
+        state.edited_inputs = {}
         state.in_flight = {}
     if data.get("stop_reason") in ("end_turn", "stop_sequence", "max_tokens"):
         state.output = text_of(state.messages[-1])
@@ -262,6 +270,8 @@ def _approval_decided(state: RunState, data: dict[str, Any]) -> None:
         input=data.get("input"),
         attempt=state.attempts.get(data["call_id"], 0),
     )
+    if data.get("approved") and data.get("input") is not None:
+        state.edited_inputs[data["call_id"]] = data["input"]
     if data.get("approved") and data.get("remember_for_run"):
         state.approved_tools.add(str(data["tool"]))
 

@@ -2,6 +2,9 @@
 
 With :mod:`tether.cli`, the only module importing rich. Nothing below the engine knows a
 terminal exists: this module only listens to events and answers approval requests.
+
+Text from models, tools and people goes through :func:`printable` before it is printed, so
+an escape sequence in it is shown, never obeyed by the terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 import pydantic
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.spinner import Spinner
 from rich.syntax import Syntax
@@ -26,6 +31,7 @@ from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.audit import AuditEntry
 from tether.events import Event
+from tether.machine import STATUS_VALUES
 from tether.pending import PendingApproval
 from tether.policies import ApprovalContext
 from tether.rules import denial
@@ -52,9 +58,40 @@ LEGEND = (
 )
 """Printed once above the prompts, which stay short enough for 80 columns."""
 
+_JSON_ESCAPES = {0x08: "\\b", 0x0C: "\\f", 0x0D: "\\r"}
+_CONTROLS = {
+    code: _JSON_ESCAPES.get(code, f"\\u{code:04x}")
+    for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+    if chr(code) not in "\n\t"
+}
+"""Every C0 and C1 control character but newline and tab, and DEL, to its JSON escape."""
+
+
+def printable(text: str) -> str:
+    r"""``text`` made safe for a terminal: each control character shown as its JSON escape.
+
+    Model text, tool results and inputs can hold escape sequences (a window title, a screen
+    clear, a colour hiding what follows, a carriage return overwriting a line, the 8-bit CSI
+    ``\x9b``); printed raw, the terminal would obey them. Newline and tab stay; every other
+    control character is written as JSON writes it (``\u001b``, ``\r``), so the person
+    sees what is there, and JSON text stays valid JSON. One character at a time, so text
+    streamed in pieces is safe however a sequence is split.
+    """
+    return text.translate(_CONTROLS)
+
+
 def _preview(text: str, limit: int = 160) -> str:
-    flat = " ".join(text.split())
+    """:func:`printable` text on one line of at most ``limit`` characters.
+
+    Line breaks become spaces; other spacing is kept (it can matter, as in ``rm -rf    /x``).
+    """
+    flat = " ".join(line.strip() for line in printable(text).splitlines() if line.strip())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _status_id(value: str | None) -> str:
+    """A persisted status as people read it everywhere: the machine's snake_case id."""
+    return STATUS_VALUES.get(value, value) if value else "unknown"
 
 
 class ProgressPrinter:
@@ -72,21 +109,23 @@ class ProgressPrinter:
                     self.console.print(Text("model  ", style="magenta") + Text(_preview(block["text"])))
                 elif block.get("type") == "tool_use":
                     arguments = _preview(json.dumps(block.get("input"), ensure_ascii=False), 100)
-                    self.console.print(Text("call   ", style="blue") + Text(f"{block['name']} {arguments}"))
+                    self.console.print(Text("call   ", style="blue") + Text(f"{printable(block['name'])} {arguments}"))
         elif event.type == ev.TOOL_FINISHED:
             style = "red" if data.get("is_error") else "green"
             self.console.print(
-                Text("result ", style=style) + Text(f"{data.get('tool')}: {_preview(str(data.get('content')))}")
+                Text("result ", style=style)
+                + Text(f"{printable(str(data.get('tool')))}: {_preview(str(data.get('content')))}")
             )
         elif event.type == ev.RETRY_SCHEDULED:
             self.console.print(
                 Text("retry  ", style="yellow")
-                + Text(f"{data['tool']} attempt {data['attempt']} failed: {_preview(data['error'])}")
+                + Text(f"{printable(data['tool'])} attempt {data['attempt']} failed: {_preview(data['error'])}")
             )
         elif event.type == ev.WARNING:
-            self.console.print(Text("warn   ", style="yellow") + Text(str(data.get("message"))))
+            self.console.print(Text("warn   ", style="yellow") + Text(printable(str(data.get("message")))))
         elif event.type == ev.TRANSITION and data.get("source") is not None:
-            self.console.print(Text(f"state  {data['source']} → {data['target']}", style="dim"))
+            transition = f"state  {_status_id(data['source'])} → {_status_id(data['target'])}"
+            self.console.print(Text(transition, style="dim"))
 
 
 STREAM_TAIL_CHARS = 4000
@@ -149,7 +188,7 @@ class LiveView:
         """Show the answer's newest text under the spinner (every piece is drawn once at least)."""
         live, activity = self._live, self._activity
         if live is not None and activity is not None:
-            activity.text = (activity.text + text)[-STREAM_TAIL_CHARS:]
+            activity.text = (activity.text + printable(text))[-STREAM_TAIL_CHARS:]
             live.refresh()
 
     def waiting_for_model(self, seconds: float, retry: int) -> bool:
@@ -176,7 +215,7 @@ class LiveView:
 def activity_prefix(state: RunState, action: Activity) -> str:
     """The run's state and step number while ``action`` is under way."""
     step = state.steps + 1 if isinstance(action, engine.CallModel) else state.steps  # a model call is the step
-    return f"{state.status} · step {step}"
+    return f"{_status_id(state.status)} · step {step}"
 
 
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
@@ -185,7 +224,7 @@ def describe_activity(state: RunState, action: Activity, *, now: float | None = 
         doing = "calling the model"
     elif isinstance(action, engine.RunTool):
         attempt = f" (attempt {action.attempt})" if action.attempt > 1 else ""
-        doing = f"running {action.call.tool}{attempt}"
+        doing = f"running {printable(action.call.tool)}{attempt}"
     else:
         wait = max(0.0, action.due_at - (time.time() if now is None else now))
         doing = f"waiting {wait:.0f}s to retry"
@@ -193,12 +232,14 @@ def describe_activity(state: RunState, action: Activity, *, now: float | None = 
 
 
 class TerminalApprover:
-    """Asks a person at the terminal; EOF or Ctrl-C leaves calls pending, never approved."""
+    """Asks a person at the terminal; EOF or Ctrl-C leaves the undecided calls pending, never approved."""
 
     def __init__(self, console: Console, agent: Agent, *, actor: str = "terminal") -> None:
         self.console = console
         self.agent = agent
         self.actor = actor
+        self.stopped = False
+        """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
 
     def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
         """Show every pending call of the batch, then ask about each in turn.
@@ -206,7 +247,11 @@ class TerminalApprover:
         "A" answers ``Approve(remember_for_run=True)``: the run records it, so later calls
         of the tool are not asked about, whichever process drives the run on. Each prompt
         names the call (``[2/3] delete toolu_3``), so same-tool calls are never confused.
+        EOF or Ctrl-C keeps the decisions already given; the rest stay pending, and since the
+        person has stopped answering, the run parks instead of asking again.
         """
+        if self.stopped:
+            return {}
         decisions: dict[str, Decision] = {}
         remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
         title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
@@ -216,31 +261,34 @@ class TerminalApprover:
         self.console.print(Text(LEGEND, style="dim"))
         try:
             for position, request in enumerate(requests, start=1):
-                label = request.tool + " " + request.call_id
+                tool = printable(request.tool)
+                label = f"{tool} {printable(request.call_id)}"
                 if len(requests) > 1:
                     label = f"[{position}/{len(requests)}] {label}"
                 if request.tool in remembered:
                     decisions[request.call_id] = Approve(actor=self.actor, remember_for_run=True)
-                    covered = f"{label}: approved ({request.tool} approved for the run with {remembered[request.tool]})"
+                    covered = f"{label}: approved ({tool} approved for the run with {remembered[request.tool]})"
                     self.console.print(Text(covered, style="green"))
                     continue
                 decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
-                    remembered[request.tool] = request.call_id
+                    remembered[request.tool] = printable(request.call_id)
         except (EOFError, KeyboardInterrupt):
-            self.console.print(Text("\nNo decision: the call stays pending and the run is parked.", style="yellow"))
-            return {}
+            self.stopped = True
+            waiting = sum(1 for r in requests if r.call_id not in decisions and r.tool not in remembered)
+            message = Text("\n" + _stopped_message(len(decisions), waiting), style="yellow")
+            self.console.print(message, soft_wrap=False)  # wrapped between words
         return decisions
 
     def _panel(self, request: ApprovalRequest) -> Panel:
         arguments = _json(request.input)
         body = Group(
-            Text(request.description or "(no description)", style="italic"),
-            Text.assemble(("why: ", "bold"), request.reason or "approval required"),
-            Text.assemble(("call: ", "bold"), request.call_id),
+            Text(printable(request.description or "(no description)"), style="italic"),
+            Text.assemble(("why: ", "bold"), printable(request.reason or "approval required")),
+            Text.assemble(("call: ", "bold"), printable(request.call_id)),
             arguments,
         )
-        return Panel(body, title=Text(request.tool, style="bold"), border_style="yellow")
+        return Panel(body, title=Text(printable(request.tool), style="bold"), border_style="yellow")
 
     def _ask(self, request: ApprovalRequest, label: str) -> Decision:
         prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
@@ -255,25 +303,38 @@ class TerminalApprover:
                 reason = self.console.input("Give a reason for the model (optional) > ").strip()
                 return Deny(reason or "denied at the terminal", actor=self.actor)
             if choice == "edit":
-                return Approve(input=self._edit(request), actor=self.actor)
+                edited = self._edit(request)
+                if edited is not None:
+                    return Approve(input=edited, actor=self.actor)
+                continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
-    def _edit(self, request: ApprovalRequest) -> dict[str, Any]:
-        """Asked again until the JSON is valid for the tool and no deny rule forbids it."""
+    def _edit(self, request: ApprovalRequest) -> dict[str, Any] | None:
+        """Asked again until the JSON is valid for the tool and no deny rule forbids it.
+
+        None when the person enters an empty line: they changed their mind about editing.
+        """
         tool = self.agent.tool_index.get(request.tool)
         while True:
-            raw = self.console.input("New input as JSON > ").strip()
+            raw = self.console.input(Text("New input as JSON (empty line: back) > ")).strip()
+            if not raw:
+                return None
             try:
                 value = json.loads(raw)
-                arguments = tool.validate(value) if tool is not None else None
-            except (ValueError, pydantic.ValidationError) as error:
-                self.console.print(Text(f"Not valid for {request.tool}: {error}", style="red"))
+            except ValueError as error:
+                self.console.print(Text(f"Not valid JSON: {error}", style="red"), soft_wrap=False)
                 continue
             if not isinstance(value, dict):
                 self.console.print(Text("The input must be a JSON object.", style="red"))
                 continue
-            if tool is None or arguments is None:
+            if tool is None:
                 return value
+            try:
+                arguments = tool.validate(value)
+            except pydantic.ValidationError as error:
+                problems = Text(f"Not valid for {printable(tool.name)}: {_plain(error)}", style="red")
+                self.console.print(problems, soft_wrap=False)
+                continue
             context = ApprovalContext(
                 run_id=request.run_id,
                 tool=tool.name,
@@ -284,7 +345,26 @@ class TerminalApprover:
             why = denial(self.agent.policy, tool, arguments, context)
             if why is None:
                 return arguments.model_dump(mode="json")
-            self.console.print(Text(f"Not allowed: {why}", style="red"))
+            self.console.print(Text(f"Not allowed: {printable(why)}", style="red"), soft_wrap=False)
+
+
+def _stopped_message(decided: int, waiting: int) -> str:
+    """What EOF or Ctrl-C at a prompt did: the decisions given are kept, the rest wait."""
+    if decided == 0:
+        return "No decision: the call stays pending and the run is parked."
+    return (
+        f"No more answers: the {decided} decision(s) given are kept; "
+        f"{waiting} call(s) stay pending and the run is parked."
+    )
+
+
+def _plain(error: pydantic.ValidationError) -> str:
+    """A validation error in plain words, one ``field: problem`` per mistake (no doc links)."""
+    problems = []
+    for problem in error.errors(include_url=False):
+        where = ".".join(str(part) for part in problem["loc"]) or "input"
+        problems.append(f"{where}: {problem['msg']}")
+    return printable("; ".join(problems))
 
 
 def render_result(console: Console, result: RunResult) -> None:
@@ -294,18 +374,17 @@ def render_result(console: Console, result: RunResult) -> None:
     )
     lines: list[Any] = [Text.assemble(("status: ", "bold"), (result.status, style))]
     if result.output:
-        lines.append(Text(result.output))
+        lines.append(Text(printable(result.output)))
     if result.result is not None:
         lines.append(_json(result.result))
     if result.error:
-        lines.append(Text(f"error: {result.error}", style="red"))
+        lines.append(Text(f"error: {printable(result.error)}", style="red"))
     if result.next_due_at is not None:
         due = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
         lines.append(Text(f"next tool retry due at {due}", style="yellow"))
     for pending in result.pending_approvals:
-        lines.append(
-            Text(f"pending: {pending['call_id']} {pending['tool']} {json.dumps(pending['input'])}", style="yellow")
-        )
+        call = f"{pending['call_id']} {pending['tool']} {json.dumps(pending['input'], ensure_ascii=False)}"
+        lines.append(Text(f"pending: {printable(call)}", style="yellow"))
     usage = result.usage
     lines.append(
         Text(
@@ -323,40 +402,133 @@ def render_result(console: Console, result: RunResult) -> None:
 
 def _json(value: Any) -> Syntax:
     """Highlighted JSON that wraps inside a panel instead of being cut at its edge."""
-    return Syntax(json.dumps(value, indent=2, ensure_ascii=False), "json", theme="ansi_dark", word_wrap=True)
+    text = printable(json.dumps(value, indent=2, ensure_ascii=False))
+    return Syntax(text, "json", theme="ansi_dark", word_wrap=True)
+
+
+# Logs: a table on a wide terminal, else one record per row -------------------------------------
+WRAPPED_MIN_COLUMNS = 30
+"""The least room a table's one wrapping column needs; with less, records are printed instead."""
+SCREEN_VALUE_CHARS = 400
+"""How much of one value a record shows on a terminal; a pipe gets every value whole."""
+
+
+def _table(*headers: str, wraps: str) -> Table:
+    """A log table whose columns never wrap nor shrink, but the one named ``wraps`` (see :func:`_fits`)."""
+    table = Table(show_lines=False)
+    for header in headers:
+        wrapping = header == wraps
+        table.add_column(header, no_wrap=not wrapping, overflow="fold" if wrapping else "ellipsis")
+    return table
+
+
+def _fits(console: Console, table: Table) -> bool:
+    """Whether ``table`` shows whole on this terminal: fixed columns whole, room for the wrapping one.
+
+    A table squeezed narrower cuts its cells (``wh…``, ``to…``), so a narrow terminal, like a
+    pipe, gets one record per row instead.
+    """
+    if not console.is_terminal:
+        return False
+    needed = len(table.columns) + 1  # the vertical borders
+    for column in table.columns:
+        cells = [column.header, *column.cells]
+        widest = max(Measurement.get(console, console.options, cell).maximum for cell in cells)
+        needed += 2 + (widest if column.no_wrap else WRAPPED_MIN_COLUMNS)  # with the cell padding
+    return needed <= console.width
+
+
+def _value(console: Console, value: Any) -> Text:
+    """A record's value: text as it is, anything else as JSON; cut only on a terminal."""
+    text = printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
+    if console.is_terminal and len(text) > SCREEN_VALUE_CHARS:
+        text = text[: SCREEN_VALUE_CHARS - 1] + "…"
+    return Text(text)
+
+
+def _print_record(console: Console, heading: Text, fields: Sequence[tuple[str, Text]]) -> None:
+    """A heading line, then ``label  value`` lines indented under it.
+
+    On a terminal each value wraps beside its label, within the screen; in a pipe each field
+    is one whole line, for grep and for people reading a file.
+    """
+    if not console.is_terminal:
+        width = max((len(label) for label, _ in fields), default=0)
+        console.print(heading, soft_wrap=True)
+        for label, value in fields:
+            console.print(Text.assemble("  ", (label.ljust(width), "dim"), "  ", value), soft_wrap=True)
+        return
+    console.print(heading, soft_wrap=False)
+    if fields:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(overflow="fold")  # a long word (an id, a path) breaks instead of being cut
+        for label, value in fields:
+            grid.add_row(label, value)
+        console.print(Padding(grid, (0, 0, 0, 2)), soft_wrap=False)
 
 
 _MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
 """Event fields not repeated in the detail column: too long, or shown in their own columns."""
+_STATUS_FIELDS = {ev.TRANSITION: ("source", "target"), ev.RUN_FINISHED: ("status",)}
+"""Event fields holding a persisted status, shown as the status's id."""
+_TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
 def render_events(console: Console, events: Sequence[Event]) -> None:
-    """The event log as a table, with each step's tokens, cost, model latency and tool time."""
-    table = Table("seq", "type", show_lines=False)
-    for header in ("tokens in/out/cache w/r", "cost $", "model s", "tool s"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("detail")
+    """The event log, with each step's tokens, cost, model latency and tool time."""
+    table = _table("seq", "type", "tokens in/out/cache w/r", "cost $", "model s", "tool s", "detail", wraps="detail")
+    for column in table.columns[2:6]:
+        column.justify = "right"
     for event in events:
-        data = event.data
-        detail = {k: v for k, v in data.items() if k not in _MEASURES}
-        if "content" in data and event.type == ev.TOOL_FINISHED:
-            detail["content"] = _preview(str(data["content"]), 80)
-        tokens = ""
-        if event.type == ev.MODEL_RESPONDED:
-            usage = data.get("usage") or {}
-            kinds = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-            tokens = "/".join(str(usage.get(kind) or 0) for kind in kinds)
-        cost = data.get("cost_usd")
         table.add_row(
             str(event.seq),
             Text(event.type),
-            tokens,
-            f"{cost:.6f}" if isinstance(cost, int | float) else ("?" if event.type == ev.MODEL_RESPONDED else ""),
-            _seconds(data.get("latency")),
-            _seconds(data.get("duration")),
-            Text(_preview(json.dumps(detail, ensure_ascii=False, default=str), 160)),  # Text: never read as markup
+            *_measures(event),
+            Text(_preview(json.dumps(_detail(event, whole=False), ensure_ascii=False, default=str), 160)),
         )
-    console.print(table)
+    if _fits(console, table):
+        console.print(table)
+        return
+    for event in events:
+        _print_event(console, event)
+
+
+def _print_event(console: Console, event: Event) -> None:
+    """One event as a record: its number, type and measures, then each detail on its own line."""
+    tokens, cost, model, tool = _measures(event)
+    said = [f"tokens in/out/cache w/r {tokens}" if tokens else "", f"cost ${cost}" if cost else ""]
+    said += [f"model {model}s" if model else "", f"tool {tool}s" if tool else ""]
+    heading = Text.assemble((str(event.seq), "bold"), "  ", (event.type, "bold"))
+    if any(said):
+        heading.append("  " + " · ".join(part for part in said if part), "dim")
+    detail = _detail(event, whole=True)
+    _print_record(console, heading, [(key, _value(console, value)) for key, value in detail.items()])
+
+
+def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
+    """What an event says besides its measures; a tool's result whole, or its start only."""
+    data = event.data
+    detail = {k: v for k, v in data.items() if k not in _MEASURES}
+    if "content" in data and event.type == ev.TOOL_FINISHED:
+        content = str(data["content"])
+        detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
+    for key in _STATUS_FIELDS.get(event.type, ()):
+        if isinstance(detail.get(key), str):
+            detail[key] = _status_id(detail[key])
+    return detail
+
+
+def _measures(event: Event) -> tuple[str, str, str, str]:
+    """An event's tokens in/out/cache write/read, cost in $, model and tool seconds ("": none)."""
+    data = event.data
+    tokens = ""
+    if event.type == ev.MODEL_RESPONDED:
+        usage = data.get("usage") or {}
+        tokens = "/".join(str(usage.get(kind) or 0) for kind in _TOKEN_KINDS)
+    cost = data.get("cost_usd")
+    priced = f"{cost:.6f}" if isinstance(cost, int | float) else ("?" if event.type == ev.MODEL_RESPONDED else "")
+    return tokens, priced, _seconds(data.get("latency")), _seconds(data.get("duration"))
 
 
 def _seconds(value: Any) -> str:
@@ -364,24 +536,30 @@ def _seconds(value: Any) -> str:
 
 
 def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None:
-    """Calls waiting for a person, one block each (ids whole: they are copied into approve/deny)."""
+    """Calls waiting for a person, one block each, with the exact input they would approve.
+
+    Ids are whole (they are copied into approve/deny); the input is pretty JSON, never cut
+    nor respaced, control characters shown as escapes.
+    """
     if not pending:
         console.print("No tool calls are waiting for approval.")
         return
     for call in pending:
         console.print(
             Text.assemble(
-                (call.run_id, "bold"),
+                (printable(call.run_id), "bold"),
                 "  ",
-                (call.call_id, "bold"),
+                (printable(call.call_id), "bold"),
                 "  ",
-                (call.tool, "yellow"),
+                (printable(call.tool), "yellow"),
                 ("  fingerprint ", "dim"),
                 call.fingerprint,
             )
         )
-        console.print(Text.assemble(("  input  ", "dim"), _preview(json.dumps(call.input, ensure_ascii=False), 200)))
-        console.print(Text.assemble(("  why    ", "dim"), call.reason or "approval required"))
+        console.print(Text.assemble(("  why    ", "dim"), printable(call.reason or "approval required")))
+        shown = printable(json.dumps(call.input, indent=2, ensure_ascii=False)).replace("\n", "\n         ")
+        console.print(Text.assemble(("  input  ", "dim"), shown), soft_wrap=True)  # copied as it is
+        console.print()
     console.print(
         f"{len(pending)} call(s) waiting. Decide with [bold]tether approve RUN CALL[/] or "
         "[bold]tether deny RUN CALL[/], then [bold]tether resume RUN[/]"
@@ -389,38 +567,68 @@ def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None
 
 
 def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
-    """The audit log as a table: one row per tool call (``--json`` has every detail)."""
+    """The audit log: one row per tool call (``--json`` has every detail)."""
     if not entries:
         console.print("No tool calls match.")
         return
-    table = Table("when", "tool", "input", "decision", "tries", "outcome", "secs")
-    table.add_column("run / call", no_wrap=True)  # ids are copied into show/approve
+    table = _table("when", "tool", "input", "decision", "tries", "outcome", "secs", "run / call", wraps="input")
     for entry in entries:
-        decision = entry.decision or {}
-        verdict = f"{decision.get('verdict', '-')} by {decision['by']}" if decision.get("by") else "-"
-        if decision.get("reason") and decision.get("verdict") == "denied":
-            verdict += f": {_preview(str(decision['reason']), 40)}"
-        if decision.get("edited_input") is not None:
-            verdict += " (input edited)"
-        outcome = entry.status
-        if entry.status == "error" and entry.error_type:
-            outcome += f" {entry.error_type}"
-        if entry.cached:
-            outcome += " (cached)"
-        if entry.truncated_from is not None:
-            outcome += f" ({entry.truncated_from} chars, truncated for the model)"
-        style = {"ok": "green", "error": "red", "denied": "red", "awaiting_approval": "yellow"}.get(entry.status, "")
         table.add_row(  # Text cells: inputs, reasons and ids are never read as markup
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.requested_at)),
-            Text(entry.tool),
+            _when(entry),
+            Text(printable(entry.tool)),
             Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
-            Text(verdict),
+            Text(_verdict(entry)),
             str(entry.attempts),
-            Text(outcome, style=style),
+            _outcome(entry),
             "-" if entry.duration is None else f"{entry.duration:.3f}",
-            Text(f"{entry.run_id} {entry.call_id}"),
+            Text(printable(f"{entry.run_id} {entry.call_id}")),
         )
-    console.print(table)
+    if _fits(console, table):
+        console.print(table)
+        return
+    for entry in entries:
+        heading = Text.assemble(_when(entry), "  ", (printable(entry.tool), "bold"))
+        fields = [
+            ("call", Text(printable(f"{entry.run_id} {entry.call_id}"))),
+            ("input", _value(console, entry.input)),
+            ("decision", Text(_verdict(entry))),
+            ("outcome", _outcome(entry)),
+            ("tries", Text(str(entry.attempts))),
+        ]
+        if entry.duration is not None:
+            fields.append(("seconds", Text(f"{entry.duration:.3f}")))
+        _print_record(console, heading, fields)
+
+
+def _when(entry: AuditEntry) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.requested_at))
+
+
+def _verdict(entry: AuditEntry) -> str:
+    """Who decided and how: ``denied by alice: too risky``, ``approved by bob (input edited)``."""
+    decision = entry.decision or {}
+    verdict = f"{decision.get('verdict', '-')} by {decision['by']}" if decision.get("by") else "-"
+    if decision.get("verdict") == "allowed" and not decision.get("by"):
+        verdict = str(decision.get("reason") or "allowed")  # no approval needed
+    if decision.get("for_run_call"):
+        verdict += f" (for the run, with {decision['for_run_call']})"
+    if decision.get("reason") and decision.get("verdict") == "denied":
+        verdict += f": {_preview(str(decision['reason']), 40)}"
+    if decision.get("edited_input") is not None:
+        verdict += " (input edited)"
+    return printable(verdict)
+
+
+def _outcome(entry: AuditEntry) -> Text:
+    outcome = entry.status
+    if entry.status == "error" and entry.error_type:
+        outcome += f" {entry.error_type}"
+    if entry.cached:
+        outcome += " (cached)"
+    if entry.truncated_from is not None:
+        outcome += f" ({entry.truncated_from} chars, truncated for the model)"
+    style = {"ok": "green", "error": "red", "denied": "red", "awaiting_approval": "yellow"}.get(entry.status, "")
+    return Text(printable(outcome), style=style)
 
 
 def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:

@@ -21,9 +21,11 @@ from typing import Any, Literal, TypedDict, Unpack, overload
 import pydantic
 
 from tether import attempts
+from tether.attempts import ToolExit as ToolExit  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.attempts import ToolTimeout as ToolTimeout  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.errors import ToolDefinitionError
 from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
+from tether.policies import RetryLater as RetryLater  # noqa: PLC0414 - an explicit re-export: tools raise it from here
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CALL_ID_PARAMETER = "tool_use_id"
@@ -32,10 +34,6 @@ OnInterrupted = Literal["ask", "error"]
 """What happens to a non-idempotent call a crash left in doubt (it started, never finished):
 ask a person whether to run it again, or tell the model it was interrupted and not re-run."""
 INTERRUPTED_POLICIES: tuple[OnInterrupted, ...] = ("ask", "error")
-
-
-class RetryLater(Exception):
-    """Raised by a tool to ask for another attempt; the message is kept for the model."""
 
 
 class ModelRetry(Exception):
@@ -164,6 +162,14 @@ class Tool:
             key = None if run_id is None else (run_id, call_id)
             value = await attempts.run_sync_in_loop(self.function, kwargs, self.timeout, cancel=cancel, key=key)
         return serialize_result(value)
+
+
+def plain_errors(error: pydantic.ValidationError) -> str:
+    """What :meth:`Tool.validate` refused, in plain words: ``recursive: Input should be a valid boolean``."""
+    return "; ".join(
+        f"{'.'.join(map(str, problem['loc'])) or 'input'}: {problem['msg']}"
+        for problem in error.errors(include_url=False)
+    )
 
 
 def serialize_result(value: Any) -> str:

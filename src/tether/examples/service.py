@@ -57,15 +57,19 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("tether.examples.service needs Starlette and uvicorn: pip install 'tether[service]'") from error
 
-import pydantic
-
 from tether.agent import Agent
 from tether.approvals import Approve, DecideLater, Decision, Deny
-from tether.errors import ApprovalError, RunNotFound, StaleRun, TetherError
-from tether.history import tool_uses
+from tether.errors import (
+    ApprovalError,
+    InvalidEditedInput,
+    NotAwaitingApproval,
+    RunNotFound,
+    StaleRun,
+    TetherError,
+    UnknownCall,
+)
 from tether.pending import pending_approvals
 from tether.runner import Runner, shown_status
-from tether.state import RunState
 from tether.stores import RunRecord, Store, open_store
 
 TENANT_HEADER = "X-Tenant"
@@ -178,22 +182,6 @@ class _Service:
         self, tenant: str, run_id: str, call_id: str, decision: Decision, fingerprint: str | None
     ) -> dict[str, Any]:
         runner = self.runner(tenant)
-        state = runner.load(run_id, tenant=tenant)
-        call = next((c for c in state.pending_approvals() if c.call_id == call_id), None)
-        decided = call_id in state.decisions  # runner.decide refuses it, naming who decided
-        if not decided and (call is None or state.status != "awaitingApproval"):
-            if not _requested(state, call_id):
-                raise ServiceError(404, "call_not_found", f"run {run_id} has no tool call {call_id!r}")
-            raise ServiceError(
-                409, "not_pending", f"call {call_id!r} is not waiting for a decision (run status {state.status})"
-            )
-        if call is not None and isinstance(decision, Approve) and decision.input is not None:
-            tool = runner.agent.tool_index.get(call.tool)
-            try:
-                if tool is not None:
-                    tool.validate(decision.input)
-            except pydantic.ValidationError as error:
-                raise ServiceError(422, "invalid_input", f"input is invalid for {call.tool}: {error}") from error
         runner.decide(run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
         try:
             return run_json(self._drive(runner, run_id, tenant))
@@ -278,16 +266,6 @@ def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = Fals
 _JSON_NAMES = {str: "string", bool: "boolean", dict: "JSON object"}
 
 
-def _requested(state: RunState, call_id: str) -> bool:
-    """Whether the model ever asked for this call in the run (then it is decided or done)."""
-    return any(
-        block.get("id") == call_id
-        for message in state.messages
-        if message["role"] == "assistant"
-        for block in tool_uses(message)
-    )
-
-
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
@@ -297,15 +275,21 @@ def _service_error(request: Request, exc: Exception) -> Response:
     return _error(exc.status, exc.code, exc.message)
 
 
+_ANSWERS: tuple[tuple[type[TetherError], int, str], ...] = (
+    (RunNotFound, 404, "run_not_found"),
+    (UnknownCall, 404, "call_not_found"),
+    (NotAwaitingApproval, 409, "not_pending"),
+    (InvalidEditedInput, 422, "invalid_input"),
+    (ApprovalError, 409, "decision_refused"),  # already decided, stale fingerprint, denied by policy
+    (StaleRun, 409, "stale_run"),
+)
+"""The HTTP status and code of each error kind; the first that ``isinstance`` matches answers."""
+
+
 def _tether_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, RunNotFound):
-        return _error(404, "run_not_found", str(exc))
-    if isinstance(exc, ApprovalError):
-        if isinstance(exc.__cause__, pydantic.ValidationError):
-            return _error(422, "invalid_input", str(exc))
-        return _error(409, "decision_refused", str(exc))
-    if isinstance(exc, StaleRun):
-        return _error(409, "stale_run", str(exc))
+    for kind, status, code in _ANSWERS:
+        if isinstance(exc, kind):
+            return _error(status, code, str(exc))
     log.error("request failed: %s", exc, exc_info=exc)
     return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from tether.history import Block, Message
+from tether.models.shape import check_response
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,17 @@ class ModelResponse:
     overload); recorded on the ``model_responded`` event."""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelResponse:
-        """Read a Messages API response object (as JSON)."""
-        content = data.get("content")
-        if not isinstance(content, list):
-            raise ValueError("a Messages API response needs a 'content' list")
+    def from_dict(cls, data: dict[str, Any], *, source: str = "the model") -> ModelResponse:
+        """Read a Messages API response object (as JSON), checked first.
+
+        Raises:
+            ModelError: the response is malformed (transient; the message names each problem
+                and ``source``, who sent it).
+        """
+        check_response(data, source=source)
         details = data.get("stop_details")
         return cls(
-            content=[dict(block) for block in content],
+            content=[dict(block) for block in data["content"]],
             stop_reason=data.get("stop_reason"),
             usage=Usage.from_dict(data.get("usage")),
             model=data.get("model"),

@@ -14,7 +14,7 @@ import contextvars
 import dataclasses
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ import anthropic
 import httpx2
 
 from tether.errors import ModelError
-from tether.history import with_cache_breakpoint
+from tether.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, TextListener
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
@@ -123,7 +123,10 @@ class AnthropicModel:
         self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
-        messages = with_cache_breakpoint(request.messages) if self.prompt_caching else request.messages
+        messages = request.messages
+        if self.prompt_caching:
+            budget = MAX_CACHE_BREAKPOINTS - sum("cache_control" in tool for tool in request.tools)
+            messages = with_cache_breakpoints(messages, budget=budget)
         params: dict[str, Any] = {
             "model": self.name,
             "max_tokens": request.max_tokens,
@@ -160,7 +163,7 @@ class AnthropicModel:
         relay = _TextRelay(on_text)
         try:
             with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
-                for event in events:
+                for event in _folded(events):
                     relay.see(event)
                 message = relay.finished(events.get_final_message())
         except ModelError as error:
@@ -175,7 +178,7 @@ class AnthropicModel:
         try:
             with _translated_errors() as waits:
                 async with self._loop_client().messages.stream(**self._params(request)) as events:
-                    async for event in events:
+                    async for event in _afolded(events):
                         relay.see(event)
                     message = relay.finished(await events.get_final_message())
         except ModelError as error:
@@ -185,7 +188,8 @@ class AnthropicModel:
         return _response(message, waits)
 
     def _falls_back(self, relay: _TextRelay, error: ModelError) -> bool:
-        return self.stream_fallback and relay.started and error.retryable
+        """A broken stream is asked again unstreamed; a malformed one is not (it answered, badly)."""
+        return self.stream_fallback and relay.started and error.retryable and not isinstance(error, _MalformedStream)
 
     def _sync_client(self) -> anthropic.Anthropic:
         if self._client is None:
@@ -215,6 +219,44 @@ class AnthropicModel:
         if self._async_client is not None:
             await self._async_client.close()
             self._async_client = None
+
+
+class _MalformedStream(ModelError):
+    """The SDK could not fold the stream's events into a message: the API sent malformed ones."""
+
+    def __init__(self, error: Exception) -> None:
+        message = f"the Anthropic API sent a malformed response stream (unreadable: {type(error).__name__}: {error})"
+        super().__init__(message, retryable=True)
+
+
+_FOLDING_ERRORS = (AttributeError, KeyError, TypeError)
+"""What the SDK raises when an event does not have the shape it expects (it does not validate them)."""
+
+
+def _folded(events: Iterable[Any]) -> Iterator[Any]:
+    """The SDK's stream events; what it raises folding a malformed one into the message: :class:`_MalformedStream`."""
+    iterator = iter(events)
+    while True:
+        try:
+            event = next(iterator)
+        except StopIteration:
+            return
+        except _FOLDING_ERRORS as error:
+            raise _MalformedStream(error) from error
+        yield event
+
+
+async def _afolded(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """Async twin of :func:`_folded`."""
+    iterator = aiter(events)
+    while True:
+        try:
+            event = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except _FOLDING_ERRORS as error:
+            raise _MalformedStream(error) from error
+        yield event
 
 
 class _TextRelay:
@@ -268,11 +310,23 @@ def _credentials_error(error: TypeError) -> ModelError:
 
 
 def _response(message: Any, waits: list[float]) -> ModelResponse:
-    data = message.model_dump(mode="json", exclude_none=False)
-    # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
-    # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
-    data["content"] = [{k: v for k, v in block.items() if v is not None} for block in data.get("content") or []]
-    return dataclasses.replace(ModelResponse.from_dict(data), retry_waits=tuple(waits))
+    """The SDK's message as tether's response, checked: the SDK builds it from the JSON unvalidated."""
+    data = message.model_dump(mode="json", exclude_none=False, warnings=False)
+    content = data.get("content")
+    if isinstance(content, list):
+        # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the
+        # history they are invalid params. Nulls inside a tool's input are kept as the model wrote them.
+        data["content"] = [_without_nulls(block) if isinstance(block, dict) else block for block in content]
+    try:
+        response = ModelResponse.from_dict(data, source="the Anthropic API")
+    except ModelError as error:  # malformed: the waits before it were still spent on this call
+        error.retry_waits = tuple(waits)
+        raise
+    return dataclasses.replace(response, retry_waits=tuple(waits))
+
+
+def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in block.items() if value is not None}
 
 
 STREAM_ERROR_STATUS = {

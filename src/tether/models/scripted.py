@@ -61,10 +61,7 @@ class ScriptedModel:
             raise reply
         if isinstance(reply, ModelResponse):
             return reply
-        try:
-            return ModelResponse.from_dict(reply)
-        except ValueError as error:
-            raise ModelError(f"scripted reply is not a Messages API response: {error}") from error
+        return ModelResponse.from_dict(reply, source=f"scripted reply #{request.invocation + 1}")
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Same as :meth:`complete`; nothing to wait for."""

@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tether.errors import ConfigError
 from tether.events import Event
 
 SCHEMA_VERSION = 2
@@ -34,6 +35,9 @@ class RunRecord:
     ``retryable`` (a failed run that resuming may retry, which ``delete_runs`` keeps)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    unreadable: str | None = None
+    """Set only by a listing: what in the stored row could not be read (its spec and summary
+    are then empty). Loading that run by id raises :class:`tether.errors.CorruptData`."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class Store(Protocol):
 
         Raises:
             StaleRun: another writer advanced the run first; nothing was written.
-            StoreError: the database failed; nothing was written.
+            StoreError: the database failed; nothing was written, unless a connection dropped
+                during the commit (``transient`` errors may pass if the write is tried again).
         """
         ...
 
@@ -162,7 +167,13 @@ def check_deletable(statuses: Collection[str]) -> None:
     unsafe = set(statuses) - FINAL_STATUSES
     if unsafe or not statuses:
         finals = ", ".join(sorted(FINAL_STATUSES))
-        raise ValueError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+        raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
+
+
+def check_limit(limit: int) -> None:
+    """Refuse a negative ``limit`` for a listing (SQL would read it as "no limit")."""
+    if limit < 0:
+        raise ConfigError(f"limit must be >= 0, not {limit}")
 
 
 def shown_url(url: str) -> str:
@@ -195,6 +206,7 @@ __all__ = [
     "RunRecord",
     "Store",
     "check_deletable",
+    "check_limit",
     "deletable",
     "open_store",
     "shown_url",

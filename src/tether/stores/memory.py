@@ -10,7 +10,7 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, WAITING_STATUS, RunLog, RunRecord, check_deletable, deletable
+from tether.stores import DUE_KEY, WAITING_STATUS, RunLog, RunRecord, check_deletable, check_limit, deletable
 
 
 @dataclass(frozen=True)
@@ -183,8 +183,7 @@ class MemoryStore:
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         with self._lock:
             rows = [r.load() for r in self._rows.values() if r.record.status == WAITING_STATUS]
         due = [
@@ -201,8 +200,7 @@ class MemoryStore:
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
         """Newest first."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         with self._lock:
             rows = list(self._rows.values())
         rows = [

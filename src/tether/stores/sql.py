@@ -7,7 +7,7 @@ PostgreSQL. Tables are created on first use.
 from __future__ import annotations
 
 import functools
-import json
+import os
 import re
 import threading
 import time
@@ -15,14 +15,25 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
+from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, PARKED_STATUSES, SCHEMA_VERSION, WAITING_STATUS, RunLog, RunRecord, check_deletable
+from tether.stores import (
+    DUE_KEY,
+    PARKED_STATUSES,
+    SCHEMA_VERSION,
+    WAITING_STATUS,
+    RunLog,
+    RunRecord,
+    check_deletable,
+    check_limit,
+    codec,
+)
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 
@@ -93,11 +104,12 @@ class ToolCacheRow(SQLModel, table=True):
 _CACHE = ToolCacheRow.__table__  # type: ignore[attr-defined]
 
 
-def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+def _sqlite_pragmas(busy_timeout_ms: int, *, read_only: bool) -> Any:
     def on_connect(connection: Any, _record: Any) -> None:
         cursor = connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        if not read_only:  # a reader never switches the file's journal mode
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.close()
@@ -108,9 +120,24 @@ def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
 def _dump_json(value: Any) -> str:
     """Content to JSON text; what JSON cannot hold is a :class:`StoreError`, on every driver."""
     try:
-        return json.dumps(value)
+        return codec.dump_json(value)
     except (TypeError, ValueError) as error:
         raise StoreError(f"cannot store content that is not JSON: {error}") from error
+
+
+class _Unreadable:
+    """A stored JSON value that is not JSON: kept as this, so the row it is in can be named."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _load_json(data: str | bytes) -> Any:
+    """JSON text read back (see :func:`codec.load_json`); text that is not JSON is :class:`_Unreadable`."""
+    try:
+        return codec.load_json(data)
+    except (ValueError, RecursionError) as error:
+        return _Unreadable(error)
 
 
 _PASSWORD_IN_URL = re.compile(r"(://[^/?#@:]*:)[^/?#@]*@")
@@ -138,6 +165,28 @@ def _check_sqlite_path(url: sa.engine.URL) -> None:
         )
 
 
+def _read_only_sqlite(url: sa.engine.URL) -> sa.engine.URL | None:
+    """A URL that reads an existing database this process cannot write; None when it can write.
+
+    In WAL mode SQLite needs the ``-wal`` and ``-shm`` files beside the database: in a directory
+    it cannot write it cannot create them, and so could not even read. ``immutable=1`` reads the
+    file alone, which is exact only while no ``-wal`` file holds committed pages (and no writer
+    starts meanwhile); when one exists, plain ``mode=ro`` reads through it and the ``-shm``.
+    """
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:") or not Path(database).is_file():
+        return None
+    path = Path(database).resolve()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    directory_writable = os.access(path.parent, os.W_OK)
+    if os.access(path, os.W_OK) and (directory_writable or (os.access(wal, os.W_OK) and os.access(shm, os.W_OK))):
+        return None
+    query = {"mode": "ro", "uri": "true"}
+    if not directory_writable and not wal.exists():
+        query["immutable"] = "1"
+    return url.set(database=f"file:{quote(str(path))}", query=query)
+
+
 class SQLStore:
     """Runs and events in a relational database reached by a SQLAlchemy URL.
 
@@ -159,9 +208,14 @@ class SQLStore:
         except sa.exc.ArgumentError as error:
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
-        options: dict[str, Any] = {"json_serializer": _dump_json}
+        self._read_only = False
+        """SQLite only: the file or its directory cannot be written here, so it is opened read-only."""
+        options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": _load_json}
         if self._sqlite:
             _check_sqlite_path(parsed)
+            reader = _read_only_sqlite(parsed)
+            self._read_only = reader is not None
+            parsed = reader or parsed
             options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
         else:
             options["pool_pre_ping"] = True
@@ -177,7 +231,8 @@ class SQLStore:
             hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else ""
             raise ConfigError(f"cannot use database {self._where()!r}: {error}{hint}") from error
         if self._sqlite:
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas(round(busy_timeout * 1000)))
+            pragmas = _sqlite_pragmas(round(busy_timeout * 1000), read_only=self._read_only)
+            sa.event.listen(self.engine, "connect", pragmas)
         self._ready = False
         self._ready_lock = threading.Lock()
 
@@ -194,18 +249,27 @@ class SQLStore:
         except sa.exc.IntegrityError:
             raise  # the caller knows what a constraint violation means for its write
         except sa.exc.DBAPIError as error:
-            raise StoreError(self._describe(error.orig)) from error
+            raise self._store_error(error) from error
         except sa.exc.StatementError as error:  # parameters failed before reaching the database
             raise StoreError(f"cannot write to database ({self._where()}): {error.orig}") from error
 
-    def _describe(self, cause: BaseException | None, doing: str = "database error") -> str:
-        text = str(cause).strip()
+    def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError:
+        """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``)."""
+        text = str(error.orig).strip()
         if self._sqlite and ("locked" in text or "busy" in text):
-            return (
+            return StoreError(
                 f"database {self._where()!r} is locked: another connection kept it busy longer "
-                f"than the busy timeout ({self.busy_timeout:g} s); nothing was changed, try again"
+                f"than the busy timeout ({self.busy_timeout:g} s); this write was not made",
+                transient=True,
             )
-        return f"{doing} ({self._where()}): {text}"
+        if self._read_only and "readonly" in text:
+            return StoreError(
+                f"database {self._where()!r} is read-only here (its file or directory cannot be written): "
+                f"commands that only read it work, this one writes ({text})"
+            )
+        # PostgreSQL: a dropped connection, a server restarting, a serialization conflict
+        transient = error.connection_invalidated or (not self._sqlite and isinstance(error, sa.exc.OperationalError))
+        return StoreError(f"{doing} ({self._where()}): {text}", transient=transient)
 
     def _where(self) -> str:
         return redact_url(self.url)
@@ -217,11 +281,26 @@ class SQLStore:
             if self._ready:
                 return
             try:
-                with self._schema_transaction() as connection:
-                    _migrate(connection)
+                if self._read_only:  # nothing can be created or migrated: only read what is there
+                    with self.engine.connect() as connection:
+                        self._check_schema(connection)
+                else:
+                    with self._schema_transaction() as connection:
+                        _migrate(connection)
             except sa.exc.DBAPIError as error:
-                raise StoreError(self._describe(error.orig, "cannot open database")) from error
+                raise self._store_error(error, "cannot open database") from error
             self._ready = True
+
+    def _check_schema(self, connection: sa.Connection) -> None:
+        """A read-only database must already be in this tether's layout."""
+        stored = _stored_version(connection)
+        if stored is None or stored < SCHEMA_VERSION:
+            layout = "has no tether tables" if stored is None else f"uses tether schema {stored}, not {SCHEMA_VERSION}"
+            raise StoreError(
+                f"database {self._where()!r} is read-only here and {layout}: open it once where it can be "
+                "written, so tether can set it up"
+            )
+        _refuse_newer(stored)
 
     @contextmanager
     def _schema_transaction(self) -> Iterator[sa.Connection]:
@@ -281,7 +360,7 @@ class SQLStore:
             row = connection.execute(query).mappings().first()
         if row is None:
             raise RunNotFound(run_id)
-        return _record(row)
+        return _record(row, strict=True)
 
     def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
         """The whole log, oldest first."""
@@ -293,7 +372,7 @@ class SQLStore:
             if connection.execute(visible).first() is None:
                 raise RunNotFound(run_id)
             rows = connection.execute(query).mappings().all()
-        return [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows]
+        return [_event(run_id, r) for r in rows]
 
     def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
         """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
@@ -309,15 +388,14 @@ class SQLStore:
             rows = connection.execute(query).mappings().all()
         if not rows:
             raise RunNotFound(run_id)
-        events = [Event(seq=r["seq"], type=r["type"], data=r["data"], at=r["at"]) for r in rows if r["seq"] is not None]
+        events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
     def list_runs(
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
         """Newest first."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         query = (
             sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
         )
@@ -327,12 +405,11 @@ class SQLStore:
             query = query.where(_RUN.c.tenant == tenant)
         with self._transaction() as connection:
             rows = connection.execute(query).mappings().all()
-        return [_record(r) for r in rows]
+        return [_record(r, strict=False) for r in rows]
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_limit(limit)
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         query = (
             sa.select(_RUN)
@@ -344,18 +421,19 @@ class SQLStore:
             query = query.where(_RUN.c.tenant == tenant)
         with self._transaction() as connection:
             rows = connection.execute(query).mappings().all()
-        return [_record(r) for r in rows]
+        return [_record(r, strict=False) for r in rows]
 
     def cache_get(self, key: str, now: float) -> str | None:
         """The cached value, if present and not expired at ``now``."""
         query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
         with self._transaction() as connection:
             value = connection.execute(query).scalar()
-        return None if value is None else str(value)
+        return None if value is None else codec.decode_text(str(value))
 
     def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
         """Store (or replace) a cached tool result, in one transaction."""
-        row = {"key": key, "tool": tool, "value": value, "created_at": time.time(), "expires_at": expires_at}
+        stored = codec.encode_text(value)  # PostgreSQL text holds no NUL nor lone surrogate
+        row = {"key": key, "tool": tool, "value": stored, "created_at": time.time(), "expires_at": expires_at}
         try:
             with self._transaction() as connection:
                 connection.execute(sa.delete(_CACHE).where(_CACHE.c.key == key))
@@ -434,24 +512,32 @@ derived from the log): it never drops or rewrites what runs recorded. Plain step
 than alembic: a few small additive changes, applied on first use with no extra tool."""
 
 
-def _migrate(connection: sa.Connection) -> None:
-    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+def _stored_version(connection: sa.Connection) -> int | None:
+    """The tether schema the database is in; None before any tether table exists."""
     inspector = sa.inspect(connection)
-    stored: int | None = None
     if inspector.has_table(_META.name):
         found = connection.execute(sa.select(_META.c.value).where(_META.c.key == "schema_version")).scalar()
-        stored = None if found is None else int(found)
-    if stored is None and inspector.has_table(_RUN.name):
-        stored = 1  # tables written before the version was: the first layout
+        if found is not None:
+            return int(found)
+    return 1 if inspector.has_table(_RUN.name) else None  # tables written before the version was: the first layout
+
+
+def _refuse_newer(stored: int) -> None:
+    if stored > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
+        )
+
+
+def _migrate(connection: sa.Connection) -> None:
+    """Create the tables on first use, or bring an older database up to :data:`SCHEMA_VERSION`."""
+    stored = _stored_version(connection)
     if stored == SCHEMA_VERSION:
         return
     if stored is None:
         SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE])
-    elif stored > SCHEMA_VERSION:
-        raise StoreError(
-            f"the database uses tether schema {stored}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
-        )
     else:
+        _refuse_newer(stored)
         _META.create(connection, checkfirst=True)
         for from_version, step in MIGRATIONS:
             if from_version >= stored:
@@ -480,17 +566,39 @@ def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
     }
 
 
-def _record(row: Any) -> RunRecord:
+def _record(row: Any, *, strict: bool) -> RunRecord:
+    """The row as a record; a spec or summary that cannot be read raises if ``strict``, else marks it."""
+    problems = [p for p in (_problem(row["spec"], "spec"), _problem(row["summary"], "summary")) if p]
+    if problems and strict:
+        raise CorruptData(row["id"], "; ".join(problems))
     return RunRecord(
         id=row["id"],
         status=row["status"],
         version=row["version"],
         tenant=row["tenant"],
-        spec=row["spec"] or {},
-        summary=row["summary"] or {},
+        spec=row["spec"] if isinstance(row["spec"], dict) else {},
+        summary=row["summary"] if isinstance(row["summary"], dict) else {},
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        unreadable="; ".join(problems) or None,
     )
+
+
+def _event(run_id: str, row: Any) -> Event:
+    problem = _problem(row["data"], f"event {row['seq']}", absent=True)
+    if problem:
+        raise CorruptData(run_id, problem)
+    return Event(seq=row["seq"], type=row["type"], data=row["data"], at=row["at"])
+
+
+def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
+    """What is wrong with a stored JSON value that must be an object (None: nothing; ``absent``: null is wrong too)."""
+    if isinstance(value, _Unreadable):
+        return f"its stored {what} is not valid JSON ({value.error})"
+    if (value is None and absent) or not isinstance(value, dict | None):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        return f"its stored {what} is {kind}, not a JSON object"
+    return None
 
 
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:

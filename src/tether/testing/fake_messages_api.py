@@ -1,24 +1,30 @@
-"""A local stand-in for the Anthropic Messages API, for tests.
+"""A local stand-in for the Anthropic Messages API, for testing agents that call Claude.
 
-Why: tests must exercise the real ``anthropic`` client (request building, error
-mapping, retries) without network access, and must fail when tether sends a
-request the real API would reject (most importantly broken ``tool_use`` /
-``tool_result`` pairing). A mock at the Python level would hide both.
+Why: a test should exercise the real ``anthropic`` client (request building, error
+mapping, retries, streaming) without network access or cost, and must fail when the code
+under test sends a request the real API would reject (most importantly a broken
+``tool_use`` / ``tool_result`` pairing, or more than 4 cache breakpoints). A mock at the
+Python level would hide both.
 
-Usage::
+Usage, with tether's own adapter (any client taking a ``base_url`` works the same)::
+
+    from tether import Agent, Runner
+    from tether.models.anthropic import AnthropicModel
+    from tether.testing import FakeMessagesAPI
 
     with FakeMessagesAPI() as api:
-        api.reply({"content": [{"type": "text", "text": "hi"}]})
-        client = anthropic.Anthropic(base_url=api.url, api_key="k", max_retries=0)
-        client.messages.create(model="m", max_tokens=10, messages=[...])
-        assert api.requests[0]["model"] == "m"
+        api.reply_tool_use("add", {"a": 2, "b": 3})
+        api.reply_text("5")
+        model = AnthropicModel("claude-test", api_key="k", base_url=api.url, max_retries=0)
+        result = Runner(Agent(model=model, tools=[add])).run("2 + 3?")
+        assert api.requests[1]["messages"][-1]["content"][0]["type"] == "tool_result"
 
 Only ``POST /v1/messages`` is served. A request with ``"stream": true`` gets the same
 scripted reply as server-sent events (see `sse_events`), written chunk by chunk as the
 real API does, so streamed and non-streamed calls can be compared; `reply_events` scripts
 a stream event by event (a mid-stream ``error`` event, a cut tool input, a dropped
-connection). The server uses nothing but the standard library, so it cannot drift with
-the client it is testing.
+connection); `fail` scripts an HTTP error. The server uses nothing but the standard
+library, so it cannot drift with the client it is testing, and needs no test framework.
 """
 
 from __future__ import annotations
@@ -525,8 +531,13 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+$", text)
 
 
-def _block_events(index: int, block: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _block_events(index: int, block: object) -> list[dict[str, Any]]:
     """content_block_start, its deltas and content_block_stop for one finished block."""
+    if not isinstance(block, Mapping):  # a malformed reply scripted on purpose: sent as it is
+        return [
+            {"type": "content_block_start", "index": index, "content_block": block},
+            {"type": "content_block_stop", "index": index},
+        ]
     kind = block.get("type")
     start = dict(block)
     deltas: list[dict[str, Any]] = []
@@ -563,14 +574,18 @@ def sse_events(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     (``text_delta``, ``input_json_delta`` in pieces, ``thinking_delta`` then
     ``signature_delta``), ``message_delta`` (stop reason, cumulative usage), ``message_stop``.
     """
-    usage = dict(message.get("usage") or {})
+    usage = message.get("usage") or {}
+    if isinstance(usage, Mapping):
+        started_usage: object = {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))}
+    else:  # a malformed usage scripted on purpose: sent as it is
+        started_usage = usage
     started = {
         **message,
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
         "stop_details": None,
-        "usage": {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))},
+        "usage": started_usage,
     }
     events: list[dict[str, Any]] = [{"type": "message_start", "message": started}, {"type": "ping"}]
     for index, block in enumerate(message.get("content") or []):
@@ -810,6 +825,7 @@ class FakeMessagesAPI:
         ``model`` from the request, ``content`` ``[]``, ``stop_reason`` ``tool_use`` if
         the content holds a ``tool_use`` block else ``end_turn``, ``stop_sequence``
         ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
+        Anything else is served as given, malformed or not, to test how a client copes.
         """
         with self._lock:
             self._queue.append(_Reply(copy.deepcopy(dict(response))))
@@ -948,7 +964,7 @@ class FakeMessagesAPI:
         if isinstance(item, _Dynamic):
             try:
                 response = item.responder(copy.deepcopy(request))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
                 message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
                 return _Answer(500, _error_body("api_error", message))
             message_body = self._complete(dict(response), request)
@@ -978,5 +994,7 @@ class FakeMessagesAPI:
         has_tool_use = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
         response.setdefault("stop_reason", "tool_use" if has_tool_use else "end_turn")
         response.setdefault("stop_sequence", None)
-        response["usage"] = {**_DEFAULT_USAGE, **dict(response.get("usage") or {})}
+        usage = response.get("usage") or {}
+        if isinstance(usage, Mapping):  # anything else is a malformed usage scripted on purpose
+            response["usage"] = {**_DEFAULT_USAGE, **usage}
         return response

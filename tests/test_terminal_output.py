@@ -1,0 +1,250 @@
+"""What reaches a terminal from models and tools: control sequences are shown, never executed;
+``tether pending`` shows the exact input; ``show`` and ``audit`` read well at 80 columns and
+keep whole values when piped; statuses are spelled one way.
+
+The runs use a scripted model (``--model scripted:script.json``) and a tools module written
+beside them, driven by the real ``tether`` command in a pipe or a pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pexpect
+import pytest
+from rich.console import Console  # noqa: TID251 - the live view is checked on a rich console writing to a buffer
+
+from support import (
+    ANSI,
+    CliResult,
+    finish_all,
+    finish_terminal,
+    model_reply,
+    spawn_tether,
+    start_tether,
+    tool_use,
+    transcript,
+)
+from tether.audit import AuditEntry
+from tether.engine import CallModel
+from tether.state import RunState
+from tether.terminal import LiveView, printable, render_audit
+
+NASTY = "T\x1b]0;pwned\x07 C\x1b[2J R\x1b[31mRED X\rCR S\x9b6n"
+"""A window title (OSC), a screen clear and a colour (CSI), a carriage return and an 8-bit CSI."""
+RAW = ("\x1b]0;pwned", "\x07", "\x1b[2J", "\x1b[31mRED", "X\rCR", "\x9b")
+"""What must never reach a terminal from :data:`NASTY`."""
+SHOWN = r"T\u001b]0;pwned\u0007 C\u001b[2J R\u001b[31mRED X\rCR S\u009b6n"
+""":data:`NASTY` as it is shown instead: each control character as its JSON escape."""
+DEL_ID = "toolu_del\x1b[2J"
+"""The gated call's id, as a model could send it: ids reach the hints printed after a run."""
+SPACED = "rm -rf    /important " + "x" * 300 + " && echo done"
+"""An input whose whitespace and length matter to the person approving it."""
+
+TOOLS_MODULE = textwrap.dedent(
+    '''
+    """Tools for the terminal output tests."""
+
+    from tether import tool
+
+
+    @tool
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return text
+
+
+    @tool(approval=True)
+    def delete(path: str, why: str = "") -> str:
+        """Delete a file (pretend)."""
+        return f"deleted {path}"
+
+
+    TOOLS = [echo, delete]
+    '''
+)
+SCRIPT = [
+    model_reply(
+        [
+            {"type": "text", "text": "Let me see. " + NASTY},
+            tool_use("toolu_echo", "echo", {"text": NASTY + " " + "y" * 400 + " END-OF-ECHO"}),
+            tool_use(DEL_ID, "delete", {"path": SPACED, "why": NASTY}),
+        ],
+        "tool_use",
+    ),
+    model_reply([{"type": "text", "text": "Done: " + NASTY}], "end_turn"),
+]
+
+
+def assert_safe(output: str, *, whole: bool = True) -> None:
+    """Nothing of :data:`NASTY` reached the output raw; its shown form did (on one line if ``whole``)."""
+    for raw in RAW:
+        assert raw not in output, (raw, output)
+    if whole:
+        assert SHOWN in output.replace("\r\n", "\n"), output
+
+
+# The one helper ------------------------------------------------------------------------------
+def test_printable_shows_every_control_character_as_its_escape() -> None:
+    assert printable(NASTY) == SHOWN
+    assert printable("two\tcolumns\nnext line, été ✓") == "two\tcolumns\nnext line, été ✓"
+    controls = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)])
+    shown = printable(controls)
+    assert [c for c in shown if c not in "\n\t" and (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0)] == []
+    assert shown.startswith(r"\u0000\u0001")
+    assert "\\b\t\n\\u000b\\f\\r" in shown
+    assert shown.endswith(r"\u009f")
+
+
+def test_streamed_text_is_shown_not_executed_even_split_mid_sequence() -> None:
+    out = io.StringIO()
+    tty = Console(file=out, force_terminal=True, width=200, color_system="standard")
+    view = LiveView(tty)
+    try:
+        view.on_action(RunState(id="r", status="thinking"), CallModel(request=None))  # type: ignore[arg-type]
+        for start in range(0, len(NASTY), 3):  # pieces cut inside the escape sequences
+            view.on_text(NASTY[start : start + 3])
+    finally:
+        view.stop()
+    assert_safe(out.getvalue())
+
+
+@pytest.mark.parametrize(("width", "table"), [(80, False), (200, True)])
+def test_audit_is_a_table_only_where_every_column_fits_whole(width: int, table: bool) -> None:
+    pending = {"verdict": "pending", "by": None, "at": None, "reason": None, "asked_because": "approval=True"}
+    entry = AuditEntry("run_1", "toolu_1", "transfer", {"amount": 5}, 0.0, "awaiting_approval", pending)
+    out = io.StringIO()
+    render_audit(Console(file=out, force_terminal=True, width=width, color_system=None), [entry])
+    screen = out.getvalue()
+    assert ("┃ when " in screen) is table
+    assert "awaiting_approval" in screen  # never cut to "awaiting_ap…"
+    assert "…" not in screen
+    assert all(len(line) <= width for line in screen.splitlines())
+
+
+# The CLI ---------------------------------------------------------------------------------------
+class Workspace:
+    """A directory with the tools module, the model script and a SQLite database."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.db = f"sqlite:///{root / 'runs.db'}"
+        (root / "mytools.py").write_text(TOOLS_MODULE, encoding="utf-8")
+        (root / "script.json").write_text(json.dumps(SCRIPT), encoding="utf-8")
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """A command in a pipe, rich told the screen is 80 columns wide (see :func:`finish_all`)."""
+        return start_tether(self.root, *args, "--db", self.db, env={"COLUMNS": "80"})
+
+    def park(self) -> tuple[str, CliResult]:
+        """Start a run, piped: the echo runs, then the run parks on the gated call (nobody is asked)."""
+        [started] = finish_all(
+            self.start("run", "Look.", "--tools", "mytools:TOOLS", "--model", "scripted:script.json")
+        )
+        assert started.returncode == 3, started
+        [listed] = finish_all(self.start("runs", "--json"))
+        [row] = listed.data["runs"]
+        return str(row["run_id"]), started
+
+    def spawn(self, *args: str, columns: int = 80) -> pexpect.spawn:
+        return spawn_tether(self.root, *args, "--db", self.db, columns=columns)
+
+    def screen(self, *args: str, columns: int = 80) -> str:
+        """What a command showed on a pseudo-terminal ``columns`` wide (it must exit 0), lines
+        ending in \\n, escape codes left in."""
+        child = self.spawn(*args, columns=columns)
+        try:
+            status, _ = finish_terminal(child)
+        finally:
+            child.close(force=True)
+        assert status == 0, transcript(child)
+        return transcript(child).replace("\r\n", "\n")
+
+
+@pytest.fixture(scope="module")
+def parked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, str, CliResult]:
+    """A parked run, only read by the tests that share it: (workspace, run id, the run's output)."""
+    ws = Workspace(tmp_path_factory.mktemp("parked"))
+    run_id, started = ws.park()
+    return ws, run_id, started
+
+
+def test_a_piped_run_prints_model_and_tool_text_safely(parked: tuple[Workspace, str, CliResult]) -> None:
+    _, _, started = parked
+    assert_safe(started.stdout)
+    assert "state  thinking → executing_tool" in started.stdout
+    assert f"Decide with tether approve {parked[1]} {printable(DEL_ID)} --db" in started.stdout
+    assert "executingTool" not in started.stdout
+    assert "awaitingApproval" not in started.stdout
+
+
+def test_an_error_quoting_a_name_prints_it_safely(tmp_path: Path) -> None:
+    [failed] = finish_all(Workspace(tmp_path).start("run", "Hi.", "--model", "scripted:bad\x1b[2J.json"))
+    assert failed.returncode == 2, failed
+    assert "\x1b[2J" not in failed.stderr
+    assert "cannot read scripted model file" in failed.stderr
+    assert "bad\\u001b[2J.json" in failed.stderr
+
+
+def test_pending_shows_the_exact_input_as_pretty_json(parked: tuple[Workspace, str, CliResult]) -> None:
+    ws, run_id, _ = parked
+    exact = json.dumps({"path": SPACED, "why": NASTY}, indent=2, ensure_ascii=False)
+    [piped] = finish_all(ws.start("pending"))
+    assert piped.returncode == 0, piped
+    for output in (piped.stdout, ws.screen("pending")):
+        assert_safe(output)
+        block = printable(exact).replace("\n", "\n" + " " * 9)  # whitespace inside the value kept, nothing cut
+        assert f"  input  {block}\n" in ANSI.sub("", output), output
+        assert "…" not in output
+        assert f"{run_id}  {printable(DEL_ID)}  delete" in ANSI.sub("", output)
+
+
+def test_show_and_audit_piped_keep_every_value_whole(parked: tuple[Workspace, str, CliResult]) -> None:
+    ws, run_id, _ = parked
+    audit, show = finish_all(ws.start("audit"), ws.start("show", run_id))
+    echoed = printable(NASTY + " " + "y" * 400 + " END-OF-ECHO")
+    for done in (audit, show):
+        assert done.returncode == 0, done
+        assert_safe(done.stdout)
+        assert "…" not in done.stdout, done
+        assert echoed in done.stdout, done  # on one line: neither cut nor wrapped
+        assert "executingTool" not in done.stdout
+        assert "awaitingApproval" not in done.stdout
+    assert printable(json.dumps({"path": SPACED, "why": NASTY}, ensure_ascii=False)) in audit.stdout
+    assert f"{run_id} toolu_del" in audit.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+@pytest.mark.parametrize("command", ["audit", "show"])
+def test_show_and_audit_fit_the_terminal(parked: tuple[Workspace, str, CliResult], command: str, columns: int) -> None:
+    ws, run_id, _ = parked
+    screen = ws.screen(*(["audit"] if command == "audit" else ["show", run_id]), columns=columns)
+    assert_safe(screen, whole=False)  # wrapped to the screen
+    lines = ANSI.sub("", screen).split("\n")
+    assert all(len(line) <= columns for line in lines), [line for line in lines if len(line) > columns]
+    text = " ".join(lines)
+    audit_words = ["input", "decision", "outcome", "echo", "delete", "toolu_echo", "toolu_del"]
+    show_words = ["tool_finished", "toolu_echo", "executing_tool", "awaiting_approval"]
+    for word in audit_words if command == "audit" else show_words:
+        assert word in text, (word, screen)  # whole: never squeezed to "to…"
+    assert "executingTool" not in text
+
+
+def test_the_approval_and_the_rest_of_the_run_are_safe_in_a_terminal(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    run_id, _ = ws.park()
+    child = ws.spawn("resume", run_id)
+    try:
+        child.expect(r"delete toolu_del[^\n]*: approve[^\n]*> ")
+        child.sendline("a")
+        status, _ = finish_terminal(child)
+    finally:
+        child.close(force=True)
+    assert status == 0, transcript(child)
+    screen = transcript(child).replace("\r\n", "\n")
+    assert_safe(screen)
+    assert "Done: " + SHOWN in ANSI.sub("", screen).replace("\n", "")
