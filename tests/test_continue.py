@@ -115,3 +115,17 @@ def test_continue_with_other_tools_replaces_them(api: FakeMessagesAPI, tmp_path:
     assert second.returncode == 0, second
     assert [t["name"] for t in api.requests[-1]["tools"]] == ["shout"]
     assert api.requests[-1]["model"] == "claude-test"
+
+
+def test_continue_keeps_a_cost_budget_and_the_prices_it_needs(tmp_path: Path) -> None:
+    """A scripted model has no price: the earlier run's --price goes on with its --max-cost."""
+    (tmp_path / "answer.json").write_text(json.dumps([answer("hi")]), encoding="utf-8")
+    cli, db = Cli(tmp_path), f"sqlite:///{tmp_path / 'runs.db'}"
+    cost = ["--max-cost", "1", "--price", "3,15"]
+    first = cli("run", "hi", "--model", "scripted:answer.json", *cost, "--json", "--db", db)
+    assert first.returncode == 0, first
+    second = cli("run", "again", "--continue", first.data["run_id"], "--json", "--db", db)
+    assert second.returncode == 0, second
+    spec = cli("show", second.data["run_id"], "--json", "--db", db).data["events"][0]["spec"]
+    assert spec["budget"]["max_cost_usd"] == 1
+    assert second.data["status"] == "done"
