@@ -32,7 +32,7 @@ from tether.machine import STATUS_VALUES
 from tether.policies import Budget
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
-from tether.stores import Store, open_store, shown_url
+from tether.stores import WAITING_STATUS, Store, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
+RUN_STATUSES = (*sorted(STATUS_VALUES.values()), WAITING_RETRY)
+"""Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
@@ -96,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
-    runs.add_argument("--status", help="done, failed, awaiting_approval, cancelled, thinking, executing_tool")
+    runs.add_argument(
+        "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
+    )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
     runs.add_argument("--json", action="store_true")
 
@@ -349,15 +353,14 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
-    status = args.status
-    if status is not None:
-        by_id = {v: k for k, v in STATUS_VALUES.items()}
-        if status not in by_id and status not in STATUS_VALUES:
-            raise ConfigError(f"unknown status {status!r}; one of {', '.join(sorted(by_id))}")
-        status = by_id.get(status, status)
-    if args.due and status is not None:
+    if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    records = session.store.list_due(time.time()) if args.due else session.store.list_runs(status=status)
+    if args.due:
+        records = session.store.list_due(time.time())
+    else:  # a run waiting for a retry is stored executing tools: ask the store for that, keep what is shown
+        stored = {v: k for k, v in STATUS_VALUES.items()} | {WAITING_RETRY: WAITING_STATUS}
+        records = session.store.list_runs(status=stored.get(args.status) if args.status else None)
+        records = [r for r in records if args.status in (None, shown_status(r))]
     rows = [
         {
             "run_id": r.id,
