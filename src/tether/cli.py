@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from tether import durations
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
 from tether.errors import ApprovalError, ConfigError, RunNotFound, StaleRun, TetherError
@@ -32,7 +33,7 @@ from tether.machine import STATUS_VALUES
 from tether.policies import Budget
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
-from tether.stores import WAITING_STATUS, Store, open_store, shown_url
+from tether.stores import WAITING_STATUS, RunRecord, Store, deletable, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -133,7 +134,7 @@ def _add_audit(audit: argparse.ArgumentParser) -> None:
     """``tether audit``'s filters (apart, to keep :func:`_parser` readable)."""
     audit.add_argument("--run", metavar="RUN_ID", help="only this run")
     audit.add_argument("--tool", metavar="NAME", help="only calls of this tool")
-    audit.add_argument("--since", metavar="WHEN", help="activity since: 30m, 2h, 7d, or an ISO date/time")
+    audit.add_argument("--since", metavar="WHEN", help=f"activity since then: {durations.EXAMPLES}")
     audit.add_argument("--json", action="store_true", help='print one object {"entries": [...]}')
 
 
@@ -561,7 +562,11 @@ def _add_run(run: argparse.ArgumentParser) -> None:
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:
     """``tether gc``'s options."""
-    gc.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 90m: last updated before then")
+    gc.add_argument(
+        "--older-than", required=True, metavar="AGE", help=f"delete runs last updated before then: {durations.EXAMPLES}"
+    )
+    gc.add_argument("--dry-run", action="store_true", help="list the runs that would be deleted; delete nothing")
+    gc.add_argument("-y", "--yes", action="store_true", help="delete without asking (gc asks only on a terminal)")
     gc.add_argument(
         "--status",
         action="append",
@@ -573,7 +578,7 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also delete runs that failed transiently (by default kept: `tether resume` may still finish them)",
     )
-    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--json", action="store_true", help='print one object {"deleted": N, ...}')
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
@@ -581,34 +586,67 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
 
     Only final statuses can be chosen; a run that failed transiently is kept unless
     ``--include-retryable`` says otherwise. Expired tool-cache entries go too (they are never
-    read again, whatever their age).
+    read again, whatever their age). ``--dry-run`` lists the runs instead; a person at a
+    terminal is asked first (a cron job, with stdin not a terminal, is not).
     """
-    from tether.audit import parse_since
-
-    try:
-        cutoff = parse_since(args.older_than, now=time.time())
-    except ConfigError as error:
-        raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
+    cutoff = durations.parse_ago(args.older_than, now=time.time(), option="--older-than")
     statuses = set(args.status or ["done", "failed", "cancelled"])
     retryable = args.include_retryable
+    kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
+    before = _cutoff_text(cutoff, args.older_than)
+    what = f"finished run(s) ({', '.join(sorted(statuses))}{kept}) last updated before {before}"
+    report: dict[str, Any] = {"before": cutoff, "statuses": sorted(statuses), "include_retryable": retryable}
+    if args.dry_run or (sys.stdin.isatty() and not args.yes):
+        from tether.audit import DEFAULT_RUN_LIMIT
+
+        doomed = [
+            record
+            for status in sorted(statuses)
+            for record in session.store.list_runs(status=status, limit=DEFAULT_RUN_LIMIT)
+            if deletable(record, finished_before=cutoff, statuses=statuses, include_retryable=retryable)
+        ]
+        if args.dry_run:
+            return _gc_dry_run(session, doomed, what, report)
+        if doomed and not _confirm(session, f"delete {len(doomed)} {what}?"):
+            session.err.print("nothing deleted")
+            return EXIT_FAILED
     deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses, include_retryable=retryable)
     expired = session.store.cache_purge(time.time())
     if session.json:
-        report = {
-            "deleted": deleted,
-            "before": cutoff,
-            "statuses": sorted(statuses),
-            "include_retryable": retryable,
-            "cache_deleted": expired,
-        }
-        print(json.dumps(report))
+        print(json.dumps({"deleted": deleted, **report, "cache_deleted": expired}))
     else:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
-        kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
-        kinds = ", ".join(sorted(statuses)) + kept
-        session.out.print(f"deleted {deleted} finished run(s) ({kinds}) last updated before {when}")
+        session.out.print(Text(f"deleted {deleted} {what}"))
         session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE
+
+
+def _cutoff_text(cutoff: float, older_than: str) -> str:
+    """The cutoff as a local date and time with its zone, and the age it came from: ``(1mo ago)``."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(cutoff))
+    is_age = durations.age_seconds(older_than, option="--older-than") is not None
+    return f"{when} ({older_than.strip()} ago)" if is_age else when
+
+
+def _gc_dry_run(session: _Session, doomed: list[RunRecord], what: str, report: dict[str, Any]) -> int:
+    if session.json:
+        runs = [{"run_id": r.id, "status": shown_status(r), "updated_at": r.updated_at} for r in doomed]
+        print(json.dumps({"dry_run": True, "deleted": 0, **report, "runs": runs}))
+        return EXIT_DONE
+    session.out.print(Text(f"would delete {len(doomed)} {what}{':' if doomed else ''}"))
+    for record in doomed:
+        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.updated_at))
+        session.out.print(Text(f"  {record.id}  {shown_status(record)}  {updated}"))
+    session.out.print("and any expired tool-cache entries")
+    return EXIT_DONE
+
+
+def _confirm(session: _Session, question: str) -> bool:
+    """Ask a yes/no question on the terminal; anything but yes (Ctrl-D included) is no."""
+    try:
+        answer = session.err.input(Text(f"{question} [y/N] "))
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 COMMANDS = {
