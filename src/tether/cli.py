@@ -10,9 +10,11 @@ on stdout and nothing else.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +47,32 @@ RUN_STATUSES = (*sorted(STATUS_VALUES.values()), WAITING_RETRY)
 """Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
+
+
+@functools.cache
+def invocation() -> str:
+    """How to run this same tether from the shell it was started in, for the commands hints show.
+
+    ``tether`` when that name on PATH is this installation (an activated venv, pipx); else the
+    path it was started by (``scripts/demo`` runs ``.venv/bin/tether`` with the venv not on
+    PATH: a bare ``tether`` would be "command not found"), or this interpreter with ``-m tether``.
+    """
+    started = sys.argv[0] if sys.argv else ""
+    on_path = shutil.which("tether")
+    if on_path is not None:
+        scripts = os.path.realpath(os.path.dirname(sys.executable))
+        if os.path.dirname(os.path.realpath(on_path)) == scripts or _same_file(on_path, started):
+            return "tether"
+    if os.path.basename(started) == "__main__.py":
+        return f"{shlex.quote(sys.executable)} -m tether"
+    return shlex.quote(started) if os.path.isfile(started) else "tether"
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _db_url(value: str | None) -> str:
@@ -194,7 +222,7 @@ class _Session:
     def interrupted(self) -> None:
         """Ctrl-C while work ran: take the spinner down, then say how to go on."""
         self.close()
-        hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
+        hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
     def _show_retry_wait(self, seconds: float, retry: int) -> None:
@@ -221,9 +249,9 @@ class _Session:
                 self.out.print(
                     Text.assemble(
                         f"A tool retry is due at {when}: resume after it with ",
-                        (f"tether resume {result.run_id}{self._db_hint()}", "bold"),
+                        (f"{invocation()} resume {result.run_id}{self._db_hint()}", "bold"),
                         " (or let ",
-                        ("tether runs --due", "bold"),
+                        (f"{invocation()} runs --due", "bold"),
                         " find it)",
                     )
                 )
@@ -232,16 +260,16 @@ class _Session:
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
         pending = [p["call_id"] for p in result.pending_approvals] or ["CALL_ID"]
-        run, db = result.run_id, self._db_hint()
+        run, db, tether = result.run_id, self._db_hint(), invocation()
         each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
         return Text.assemble(
             "Decide with ",
-            (f"tether approve {run} {pending[0]}{db}", "bold"),
+            (f"{tether} approve {run} {pending[0]}{db}", "bold"),
             " or ",
-            (f"tether deny {run} {pending[0]}{db}", "bold"),
+            (f"{tether} deny {run} {pending[0]}{db}", "bold"),
             each,
             ", then ",
-            (f"tether resume {run}{db}", "bold"),
+            (f"{tether} resume {run}{db}", "bold"),
         )
 
     def _db_hint(self) -> str:
@@ -295,7 +323,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     verb = "approved" if args.command == "approve" else "denied"
     session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
     if result.status != "awaiting_approval":
-        session.out.print(Text(f"continue with: tether resume {args.run_id}{session._db_hint()}"))
+        session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
 
 
