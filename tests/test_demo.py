@@ -124,6 +124,16 @@ def test_demo_resume_uses_the_runs_own_workspace(scenarios: dict[str, Scenario])
     assert FIBONACCI in resumed.data["output"], resumed
 
 
+def test_the_demo_workspace_is_ignored_by_git() -> None:
+    """``scripts/demo`` run from a checkout leaves ./tether-demo/ there: git must not offer to commit it."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("tether-demo/tether.db", "tether-demo/fib.py", "examples/tether-demo/tether.db"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"
+
+
 # The hints, as a newcomer copies them -------------------------------------------------
 VENV_BIN = Path(sys.executable).parent
 PATH_WITHOUT_VENV = os.pathsep.join(

@@ -47,3 +47,15 @@ def test_readme_diagram_example_runs_on_a_real_run() -> None:
     assert "penwidth" in found["dot"]
     if "svg" in found:
         assert found["svg"].startswith(b"<?xml")
+
+
+def test_readme_lists_exactly_the_keys_json_prints() -> None:
+    """``--json prints exactly one object: `a, b, ...``` names the keys of every run's object;
+    ``next_due_at`` is said to come only while a retry waits, as it does."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = readme.split("`--json` prints exactly one object: `", 1)[1].split("`", 1)[0]
+    agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
+    shown = Runner(agent).run("Say hi.").to_dict()
+    assert [key.strip() for key in listed.split(",")] == list(shown)
+    assert "next_due_at" not in shown
+    assert "`next_due_at` only while" in readme

@@ -75,6 +75,19 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+RUN_ID_HELP = "the run's id (see `tether runs`)"
+
+
+def _version() -> str:
+    """The installed package's version (its metadata: one place to bump it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tether")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
 
@@ -83,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
     )
+    parser.add_argument("--version", action="version", version=f"tether {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_db(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -99,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     with_approvals(run)
 
     resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
-    resume.add_argument("run_id")
-    resume.add_argument("--json", action="store_true")
+    resume.add_argument("run_id", help=RUN_ID_HELP)
+    resume.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(resume)
     resume.add_argument(
         "--force",
@@ -120,18 +134,18 @@ def _parser() -> argparse.ArgumentParser:
     deny = with_db(commands.add_parser("deny", help="deny a pending tool call"))
     _add_decision(deny)
     deny.add_argument("--reason", default="", help="why (the model sees it)")
-    deny.add_argument("--by", default=None)
+    deny.add_argument("--by", default=None, help="who decided (default $USER)")
 
     show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
-    show.add_argument("run_id")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("run_id", help=RUN_ID_HELP)
+    show.add_argument("--json", action="store_true", help="print one JSON object, with the messages and the event log")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
     runs.add_argument(
         "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
     )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
@@ -145,11 +159,16 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="an agent with real tools and an approval gate")
     demo.add_argument("--workspace", default=None, help="scratch directory (default ./tether-demo)")
     demo.add_argument("--db", help="SQLAlchemy URL (default sqlite in the workspace)")
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
     with_approvals(demo)
 
     diagram = with_db(commands.add_parser("diagram", help="draw the run graph, a run's path, or its timeline"))
-    diagram.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
+    diagram.add_argument(
+        "--format",
+        choices=["mermaid", "dot", "svg", "png"],
+        default="mermaid",
+        help="mermaid or dot source, or svg or png rendered by Graphviz (default: %(default)s)",
+    )
     diagram.add_argument("--run", metavar="RUN_ID", help="highlight this run's path (with --kind graph)")
     diagram.add_argument(
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
@@ -503,8 +522,8 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
 def _add_decision(decide: argparse.ArgumentParser) -> None:
     """What ``approve`` and ``deny`` share: the call, and the arguments the person saw."""
-    decide.add_argument("run_id")
-    decide.add_argument("call_id")
+    decide.add_argument("run_id", help=RUN_ID_HELP)
+    decide.add_argument("call_id", help="the tool call's id (see `tether pending`)")
     decide.add_argument(
         "--fingerprint", help="refuse unless the call's arguments are those shown (see `tether pending`)"
     )
@@ -558,7 +577,7 @@ def _seconds(text: str) -> float:
 
 def _add_run(run: argparse.ArgumentParser) -> None:
     """``tether run``'s options (apart, to keep :func:`_parser` readable)."""
-    run.add_argument("prompt")
+    run.add_argument("prompt", help="what the agent is asked to do")
     run.add_argument(
         "--tools", action="append", default=[], metavar="MODULE:ATTR", help="a tool or list of tools (repeatable)"
     )
