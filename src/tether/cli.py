@@ -583,7 +583,9 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
     run.add_argument("--system", help="system prompt")
-    run.add_argument("--max-steps", type=int, help="cap on model invocations: reaching it fails the run")
+    run.add_argument(
+        "--max-steps", type=_positive(int), metavar="N", help="cap on model invocations: reaching it fails the run"
+    )
     budget = run.add_argument_group(
         "budget", "warned about at 80 percent; at the limit one last model call without tools gives the answer"
     )
@@ -726,15 +728,15 @@ def _print_error(label: str, error: Exception) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        from tether import demo
-
-        if args.workspace:
-            os.environ[demo.WORKSPACE_ENV] = args.workspace
-        if not args.db:
-            args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
     session: _Session | None = None
     try:
+        if args.command == "demo":
+            from tether import demo
+
+            if args.workspace:
+                os.environ[demo.WORKSPACE_ENV] = args.workspace
+            if not args.db:
+                args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         session = _Session(args)
         return COMMANDS[args.command](args, session)
     except (ConfigError, RunNotFound) as error:
