@@ -22,6 +22,7 @@ def test_bad_input_to_any_command_is_a_usage_error_without_a_traceback(tmp_path:
         ("gc", "--older-than", "soon", *db): "--older-than 'soon': expected an age like 90s, 30min",
         ("audit", "--since", "1m", *db): "--since '1m' is ambiguous",
         ("runs", "--status", "running", *db): "invalid choice: 'running'",
+        ("show", "run_\udcff", *db): "run_id: 'run_\\udcff' is not valid UTF-8 text",  # argv byte 0xff
     }
     results = Cli(tmp_path).parallel(*cases)
     for result, message in zip(results, cases.values(), strict=True):

@@ -725,9 +725,26 @@ def _print_error(label: str, error: Exception) -> None:
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", str(error)))
 
 
+IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
+"""Arguments naming something stored, looked up in the database."""
+
+
+def _surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in IDENTIFIERS:  # bytes that are not UTF-8 arrive as lone surrogates, which no database takes
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.isascii() and _surrogates(value):
+            parser.error(f"{name}: {value!r} is not valid UTF-8 text")
     session: _Session | None = None
     try:
         if args.command == "demo":
