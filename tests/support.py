@@ -148,9 +148,11 @@ ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles,
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child: no ANTHROPIC_* or TETHER_* settings (no API
-    key, database, model or demo workspace leaks in), rich at 200 columns, then ``extra``."""
+    key, database, model or demo workspace leaks in), rich at 200 columns, the venv first on
+    PATH (as once activated: the hints tether prints then say plain ``tether``), then ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES)}
     env["COLUMNS"] = "200"  # rich wraps at 80 columns without a terminal; keep messages on one line
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra)
     return env
 

@@ -353,7 +353,17 @@ def test_an_unknown_run_is_not_found() -> None:
 # --since ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30m", 1800), ("2h", 7200), ("7d", 7 * 86400), ("1w", 604800), ("45s", 45), ("1.5h", 5400), (" 10 m ", 600)],
+    [
+        ("30min", 1800),
+        ("2h", 7200),
+        ("7d", 7 * 86400),
+        ("1w", 604800),
+        ("45s", 45),
+        ("1.5h", 5400),
+        (" 10 min ", 600),
+        ("2mo", 60 * 86400),
+        ("3 days", 3 * 86400),
+    ],
 )
 def test_since_accepts_relative_durations(text: str, seconds: float) -> None:
     assert parse_since(text, now=1_000_000.0) == 1_000_000.0 - seconds
@@ -365,10 +375,16 @@ def test_since_accepts_iso_dates_and_times() -> None:
     assert parse_since("2025-01-31", now=0) == dt.datetime(2025, 1, 31).timestamp()  # local midnight
 
 
-@pytest.mark.parametrize("text", ["yesterday", "5x", "", "-3h", "2025-13-01"])
+@pytest.mark.parametrize("text", ["yesterday", "5x", "", "-3h", "2025-13-01", "1e400d", "99999999999w"])
 def test_since_refuses_anything_else(text: str) -> None:
     with pytest.raises(ConfigError, match="--since"):
-        parse_since(text, now=0)
+        parse_since(text, now=1_000_000.0)
+
+
+@pytest.mark.parametrize("text", ["1m", "30M", "2 m"])
+def test_since_refuses_m_which_could_be_minutes_or_months(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"ambiguous: write \d+min for minutes or \d+mo for months"):
+        parse_since(text, now=1_000_000.0)
 
 
 # tether audit ------------------------------------------------------------------------------

@@ -516,10 +516,16 @@ def test_approve_with_edited_input(scenarios: dict[str, Scenario]) -> None:
     cli = scenario.cli
     run_id = parked_run(scenario)
 
-    wrong_type, not_json = cli.parallel(
+    wrong_type, not_json, too_deep, deep = cli.parallel(
         ["approve", run_id, "toolu_danger", "--input", '{"path": 5}'],
         ["approve", run_id, "toolu_danger", "--input", "{not json"],
+        ["approve", run_id, "toolu_danger", "--input", '{"path": ' + "[" * 30_000 + "]" * 30_000 + "}"],
+        ["approve", run_id, "toolu_danger", "--input", '{"path": ' + '{"a": ' * 300 + "1" + "}" * 301],
     )
+    for nested in (too_deep, deep):  # past the JSON parser's recursion, or pydantic's serialization depth
+        assert nested.returncode == 2, nested
+        assert "--input is nested too deeply (more than 100 levels)" in nested.err
+        assert "Traceback" not in nested.stderr
     assert wrong_type.returncode != 0, wrong_type
     assert "path" in wrong_type.err
     assert "invalid" in wrong_type.err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from support import (
     clean_env,
     demo_db_url,
     finish_terminal,
+    flat,
     run_tether,
     spawn_tether,
 )
@@ -122,6 +124,62 @@ def test_demo_resume_uses_the_runs_own_workspace(scenarios: dict[str, Scenario])
     )
     assert resumed.returncode == 0, resumed
     assert FIBONACCI in resumed.data["output"], resumed
+
+
+def test_the_demo_workspace_is_ignored_by_git() -> None:
+    """``scripts/demo`` run from a checkout leaves ./tether-demo/ there: git must not offer to commit it."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("tether-demo/tether.db", "tether-demo/fib.py", "examples/tether-demo/tether.db"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"
+
+
+# The hints, as a newcomer copies them -------------------------------------------------
+VENV_BIN = Path(sys.executable).parent
+PATH_WITHOUT_VENV = os.pathsep.join(
+    folder for folder in os.environ.get("PATH", "").split(os.pathsep) if Path(folder).resolve() != VENV_BIN.resolve()
+)
+"""A newcomer's PATH after ``scripts/demo``: the venv is not activated."""
+
+
+@pytest.mark.parametrize(
+    ("started_as", "path"),
+    [
+        ([str(VENV_BIN / "tether")], PATH_WITHOUT_VENV),  # as scripts/demo starts it
+        ([sys.executable, "-m", "tether"], PATH_WITHOUT_VENV),
+        (["tether"], os.pathsep.join([str(VENV_BIN), PATH_WITHOUT_VENV])),  # an activated venv
+    ],
+    ids=["venv-script", "python-m", "on-path"],
+)
+def test_the_hints_the_demo_prints_work_when_copied_into_a_shell(
+    tmp_path: Path, started_as: list[str], path: str
+) -> None:
+    env = clean_env(PATH=path)
+    parked = subprocess.run(
+        [*started_as, "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert parked.returncode == 3, parked
+    hint = re.search(r"^Decide with (.+) or (.+), then (.+)$", parked.stdout, re.MULTILINE)
+    assert hint is not None, parked.stdout
+    approve, _, resume = hint.groups()
+
+    def shell(command: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60, check=False,
+        )
+        assert "command not found" not in done.stderr
+        return done
+
+    approved = shell(approve)
+    assert approved.returncode == 0, approved
+    assert "continue with:" in approved.stdout
+    resumed = shell(resume)
+    assert resumed.returncode == 0, resumed
+    assert "status: done" in flat(resumed.stdout)
 
 
 # A real terminal -----------------------------------------------------------------------

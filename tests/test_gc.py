@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support import CliResult, PgSchema, libpq_dsn, run_tether
+from support import CliResult, PgSchema, finish_terminal, flat, libpq_dsn, run_tether, spawn_tether
 from tether import Agent, ModelError, Runner, tool
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -80,6 +80,92 @@ def test_gc_rejects_a_bad_age(tmp_path: Path) -> None:
     result = cli(tmp_path, "gc", "--older-than", "soon")
     assert result.returncode == 2
     assert "--older-than" in result.stderr
+
+
+def finished_runs(tmp_path: Path, *, days_ago: float) -> list[str]:
+    """One done and one cancelled run in tmp_path/runs.db, last updated ``days_ago``."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    then = time.time() - days_ago * 86400
+    done = {"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}
+    ran = Runner(Agent(model=ScriptedModel([done])), store, clock=lambda: then).run("a").run_id
+    gated = {"content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
+             "stop_reason": "tool_use"}
+    runner = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store, clock=lambda: then)
+    cancelled = runner.cancel(runner.run("b").run_id).run_id
+    store.close()
+    return [ran, cancelled]
+
+
+def remaining(tmp_path: Path) -> set[str]:
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    try:
+        return {r.id for r in store.list_runs()}
+    finally:
+        store.close()
+
+
+def test_gc_dry_run_lists_what_would_go_and_deletes_nothing(tmp_path: Path) -> None:
+    old = finished_runs(tmp_path, days_ago=40)
+    fresh = finished_runs(tmp_path, days_ago=1)
+    text = cli(tmp_path, "gc", "--older-than", "30d", "--dry-run")
+    listing = cli(tmp_path, "gc", "--older-than", "30d", "--dry-run", "--json")
+    assert text.returncode == 0, text
+    assert listing.returncode == 0, listing
+    assert "would delete 2 finished run(s) (cancelled, done, failed; transient failures kept)" in flat(text.stdout)
+    for run_id in old:
+        assert run_id in text.stdout
+    assert not any(run_id in text.stdout for run_id in fresh)
+    assert sorted(r["run_id"] for r in listing.data["runs"]) == sorted(old)
+    assert {r["status"] for r in listing.data["runs"]} == {"done", "cancelled"}
+    assert listing.data["dry_run"] is True
+    assert listing.data["deleted"] == 0
+    assert remaining(tmp_path) == {*old, *fresh}
+
+
+def test_gc_units_are_unambiguous_and_the_output_states_the_cutoff(tmp_path: Path) -> None:
+    finished_runs(tmp_path, days_ago=0.5)
+    ambiguous = cli(tmp_path, "gc", "--older-than", "1m")
+    assert ambiguous.returncode == 2, ambiguous
+    assert "--older-than '1m' is ambiguous: write 1min for minutes or 1mo for months" in ambiguous.err
+    assert len(remaining(tmp_path)) == 2
+
+    kept = cli(tmp_path, "gc", "--older-than", "1mo")
+    assert kept.returncode == 0, kept
+    assert len(remaining(tmp_path)) == 2
+    cutoff = time.strftime("%Y-%m-%d", time.localtime(time.time() - 30 * 86400))
+    assert f"last updated before {cutoff} " in kept.stdout  # the date and time it means, then its zone
+    assert "(1mo ago)" in kept.stdout
+
+    gone = cli(tmp_path, "gc", "--older-than", "12h", "--json")
+    assert gone.returncode == 0, gone
+    assert gone.data["deleted"] == 2
+
+
+def test_gc_on_a_terminal_asks_before_deleting_unless_yes(tmp_path: Path) -> None:
+    old = finished_runs(tmp_path, days_ago=40)
+    db = ["--db", f"sqlite:///{tmp_path / 'runs.db'}"]
+    declined = spawn_tether(tmp_path, "gc", "--older-than", "30d", *db)
+    declined.expect(r"delete 2 finished run\(s\) .* last updated before .*\? \[y/N\] ")
+    declined.sendline("n")
+    status, shown = finish_terminal(declined)
+    assert status == 1, shown
+    assert "nothing deleted" in shown
+    assert remaining(tmp_path) == set(old)
+
+    accepted = spawn_tether(tmp_path, "gc", "--older-than", "30d", *db)
+    accepted.expect(r"\[y/N\] ")
+    accepted.sendline("y")
+    status, shown = finish_terminal(accepted)
+    assert status == 0, shown
+    assert "deleted 2 finished run(s)" in flat(shown)
+    assert remaining(tmp_path) == set()
+
+    again = finished_runs(tmp_path, days_ago=40)
+    status, shown = finish_terminal(spawn_tether(tmp_path, "gc", "--older-than", "30d", "--yes", *db))
+    assert status == 0, shown
+    assert "[y/N]" not in shown
+    assert "deleted 2 finished run(s)" in flat(shown)
+    assert not remaining(tmp_path) & set(again)
 
 
 def test_gc_purges_expired_tool_cache_entries(tmp_path: Path) -> None:

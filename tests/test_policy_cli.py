@@ -234,6 +234,16 @@ def test_an_invalid_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> No
     assert cli("runs", "--json").data["runs"] == []  # neither run was created
 
 
+def test_a_policy_file_that_is_not_utf8_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
+    rules = '[[rules]]\ntool = "send"\naction = "deny"\nmessage = "nein, tschüß"\n'
+    (tmp_path / "latin1.toml").write_bytes(rules.encode("latin-1"))
+    done = cli.run([answer()], policy="latin1.toml")
+    assert done.returncode == 2, done
+    assert "Traceback" not in done.stderr
+    assert f"policy file {tmp_path / 'latin1.toml'} is not UTF-8 text" in done.err
+    assert cli("runs", "--json").data["runs"] == []
+
+
 def test_resume_without_its_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
     parked = cli.run([turn(("toolu_1", "send", {"to": "bob"})), answer()])
     assert parked.returncode == 3, parked

@@ -72,3 +72,15 @@ def test_readme_calls_a_step_what_steps_in_json_counts() -> None:
     assert definitions, "the README no longer says what a step is"
     assert all("model invocation" in d and "tool attempt" not in d for d in definitions), definitions
     assert "its own step" not in body  # a tool attempt is not a step
+
+
+def test_readme_lists_exactly_the_keys_json_prints() -> None:
+    """``--json prints exactly one object: `a, b, ...``` names the keys of every run's object;
+    ``next_due_at`` is said to come only while a retry waits, as it does."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = readme.split("`--json` prints exactly one object: `", 1)[1].split("`", 1)[0]
+    agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
+    shown = Runner(agent).run("Say hi.").to_dict()
+    assert [key.strip() for key in listed.split(",")] == list(shown)
+    assert "next_due_at" not in shown
+    assert "`next_due_at` only while" in readme

@@ -654,8 +654,13 @@ def test_the_cli_parks_a_long_retry_wait_and_runs_due_finds_it(tmp_path: Path) -
     due_at = soon.data["next_due_at"]
     assert isinstance(due_at, float)
 
-    listed = cli("runs", "--json").data["runs"]
+    listed, waiting, executing = (
+        cli(*command, "--json").data["runs"]
+        for command in (["runs"], ["runs", "--status", "waiting_retry"], ["runs", "--status", "executing_tool"])
+    )
     assert {r["status"] for r in listed} == {"waiting_retry"}
+    assert sorted(r["run_id"] for r in waiting) == sorted(r["run_id"] for r in listed)  # each status runs shows
+    assert executing == []  # waiting for a retry is shown as waiting_retry, and filtered as such
     time.sleep(max(0.0, due_at - time.time()))  # wait until the retry is due, not a timing check
     due = cli("runs", "--due", "--json").data["runs"]
     assert [r["run_id"] for r in due] == [soon.data["run_id"]]

@@ -747,6 +747,23 @@ def test_an_invalid_file_shape_fails_at_load(tmp_path: Path, body: str, suffix: 
     assert problem in str(caught.value), caught.value
 
 
+def test_a_rule_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_bytes(b'rules = [{ tool = "x", action = "deny", message = "\xff" }]\n')
+    with pytest.raises(ConfigError, match=r"rules\.toml is not UTF-8 text \(byte 0xff at offset \d+\)"):
+        Policy.from_file(path)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_rule_file_nested_absurdly_deep_is_a_config_error(tmp_path: Path, suffix: str) -> None:
+    if suffix == ".yaml":
+        pytest.importorskip("yaml")
+    deep = "[" * 30_000 + "]" * 30_000
+    path = rule_file(tmp_path, f"rules = {deep}\n" if suffix == ".toml" else f"rules: {deep}\n", suffix)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        Policy.from_file(path)
+
+
 def test_a_missing_rule_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read policy file .*nope\.toml"):
         Policy.from_file(tmp_path / "nope.toml")

@@ -9,12 +9,14 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from support import Cli, PgSchema, closed_port, fake_api_env, libpq_dsn, run_tether, tool_use, tool_use_turn
+from tether.stores import shown_url
 from tether.testing import FakeMessagesAPI
 
 pytestmark = pytest.mark.slow  # real `tether` processes
 
 SECRET = "sk-ant-api03-DO-NOT-LEAK-4f1c9e"
 DB_PASSWORD = "pg-pw-DO-NOT-PRINT-77a1"
+QUERY_SECRET = "qs-DO-NOT-PRINT-5b2e"
 
 
 def test_the_api_key_reaches_the_api_but_never_the_database_or_logs(tmp_path: Path) -> None:
@@ -78,7 +80,7 @@ def test_a_database_password_is_never_printed_nor_stored(pg_schema: PgSchema, tm
         {"content": [{"type": "text", "text": "Published a."}], "stop_reason": "end_turn"},
     ]
     (tmp_path / "script.json").write_text(json.dumps(script))
-    db = ["--db", with_password(pg_schema.url)]
+    db = ["--db", with_password(pg_schema.url) + f"&sslpassword={QUERY_SECRET}"]  # libpq takes it (unused here)
 
     def tether(*args: str) -> str:
         result = run_tether(tmp_path, *args, *db)
@@ -102,12 +104,15 @@ def test_a_database_password_is_never_printed_nor_stored(pg_schema: PgSchema, tm
     assert "database postgresql+psycopg://postgres:***@" in outputs[-1]
     for output in outputs:
         assert DB_PASSWORD not in output
+        assert QUERY_SECRET not in output
 
     unreachable = with_password(f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test")
-    failed = run_tether(tmp_path, "runs", "--db", unreachable)
+    failed = run_tether(tmp_path, "runs", "--db", f"{unreachable}?password={QUERY_SECRET}")
     assert failed.returncode == 1
     assert "postgres:***@127.0.0.1" in failed.err
+    assert "password=***" in failed.err
     assert DB_PASSWORD not in failed.stdout + failed.stderr
+    assert QUERY_SECRET not in failed.stdout + failed.stderr
 
     import psycopg
 
@@ -125,3 +130,70 @@ def test_an_unreadable_url_is_masked_too(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "invalid database URL" in result.err
     assert DB_PASSWORD not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql+psycopg://app@db.example/prod?password={QUERY_SECRET}",
+        f"postgresql+psycopg://app@db.example/prod?sslmode=require&sslpassword={QUERY_SECRET}",
+        f"postgresql+psycopg://app:{DB_PASSWORD}@db.example/prod?token={QUERY_SECRET}",
+        f"mysql+pymysql://app@db.example/prod?api_key={QUERY_SECRET}&charset=utf8mb4",
+        f"postgresql+psycopg://app@db.example/prod?client_secret={QUERY_SECRET}",
+        f"postgresql+psycopg://app@db.example/prod?Auth_Token={QUERY_SECRET}",
+        f"postgresql+psycopg://app:{DB_PASSWORD}@db.example:port/prod?password={QUERY_SECRET}",  # unreadable port
+        f"not a url://app:{DB_PASSWORD}@db.example/prod?sslmode=require&passwd={QUERY_SECRET}#x",  # not a URL at all
+    ],
+)
+def test_every_secret_bearing_part_of_a_url_is_masked(url: str) -> None:
+    shown = shown_url(url)
+    assert QUERY_SECRET not in shown
+    assert DB_PASSWORD not in shown
+    assert "***" in shown
+    assert "db.example" in shown  # the rest stays readable
+    assert ("charset=utf8mb4" in shown) == ("charset" in url)
+    assert ("sslmode=require" in shown) == ("sslmode" in url)
+
+
+def test_a_url_with_an_unreadable_port_is_a_clear_error_without_its_secrets(tmp_path: Path) -> None:
+    url = f"postgresql+psycopg://app:{DB_PASSWORD}@db.example:port/prod?password={QUERY_SECRET}"
+    result = run_tether(tmp_path, "runs", "--db", url)
+    assert result.returncode == 2, result
+    assert "invalid database URL" in result.err
+    assert "Traceback" not in result.stderr
+    assert DB_PASSWORD not in result.stdout + result.stderr
+    assert QUERY_SECRET not in result.stdout + result.stderr
+
+
+def test_a_query_string_secret_is_masked_in_every_hint(tmp_path: Path) -> None:
+    (tmp_path / "mytools.py").write_text(GATED_TOOLS)
+    script = [tool_use_turn(tool_use("toolu_a", "publish", {"text": "a"}))]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    db = ["--db", f"sqlite:///{tmp_path / 'runs.db'}?token={QUERY_SECRET}"]  # SQLite ignores it
+    tools, model = ["--tools", "mytools:TOOLS"], ["--model", "scripted:script.json"]
+    parked = run_tether(tmp_path, "run", "publish a", *tools, *model, *db)
+    assert parked.returncode == 3, parked
+    assert "token=***" in parked.stdout
+    run_id = json.loads(run_tether(tmp_path, "runs", "--json", *db).stdout)["runs"][0]["run_id"]
+    denied = run_tether(tmp_path, "deny", run_id, "toolu_a", *db)
+    assert "continue with:" in denied.stdout, denied
+    assert "token=***" in denied.stdout
+    for result in (parked, denied):
+        assert QUERY_SECRET not in result.stdout + result.stderr
+
+
+def test_an_api_key_echoed_in_an_error_body_is_neither_stored_nor_shown(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    with FakeMessagesAPI() as api:
+        api.fail(401, f"invalid x-api-key: {SECRET}")
+        result = run_tether(
+            tmp_path, "run", "hi", "--model", "claude-test", "--db", db, "--json", env=fake_api_env(api, SECRET)
+        )
+    assert result.returncode == 1, result
+    assert "Anthropic API error 401: invalid x-api-key: ***" in result.data["error"]
+    shown = run_tether(tmp_path, "show", result.data["run_id"], "--db", db)
+    assert "invalid x-api-key: ***" in shown.stdout
+    for output in (result.stdout, result.stderr, shown.stdout, shown.stderr):
+        assert SECRET not in output
+    for file in tmp_path.glob("runs.db*"):
+        assert SECRET.encode() not in file.read_bytes(), file

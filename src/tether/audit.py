@@ -19,21 +19,18 @@ the model made:
 
 from __future__ import annotations
 
-import datetime as dt
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tether import events as ev
-from tether.errors import ConfigError, RunNotFound
+from tether.durations import parse_ago
+from tether.errors import RunNotFound
 from tether.events import Event
 from tether.stores import RunRecord, Store
 
 DEFAULT_RUN_LIMIT = 1_000_000
 """Runs read by :func:`query` when no run is named (newest first)."""
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 
 
 @dataclass
@@ -291,20 +288,12 @@ def query(
 
 
 def parse_since(text: str, *, now: float) -> float:
-    """A Unix time from ``30m``/``2h``/``7d``/``1w``/``45s`` ago, or an ISO date or date-time.
+    """A Unix time from an age (``30min``, ``2h``, ``7d``, ``1w``...) before ``now``, or an ISO date-time.
 
-    A date or date-time without a zone is local time, as a person typing it means.
+    A date or date-time without a zone is local time, as a person typing it means (see
+    :mod:`tether.durations`).
     """
-    relative = _RELATIVE.match(text)
-    if relative:
-        return now - float(relative.group(1)) * _UNITS[relative.group(2)]
-    try:
-        moment = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ConfigError(
-            f"--since {text!r}: expected a duration like 30m, 2h, 7d or an ISO date like 2025-01-31[T12:00]"
-        ) from None
-    return moment.timestamp()
+    return parse_ago(text, now=now, option="--since")
 
 
 __all__ = ["AuditEntry", "entries", "parse_since", "query", "select"]

@@ -11,10 +11,12 @@ nothing else, an interrupted run's object as it stands included.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -28,6 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from tether import durations
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
 from tether.errors import ApprovalError, ConfigError, CorruptData, RunEnded, RunNotFound, StaleRun, TetherError
@@ -39,7 +42,7 @@ from tether.policies import Budget
 from tether.pricing import PRICE_FORM, parse_price
 from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
-from tether.stores import Store, open_store, shown_url
+from tether.stores import PARKED_STATUSES, WAITING_STATUS, RunRecord, Store, deletable, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -50,8 +53,49 @@ EXIT_SIGNAL_BASE = 128
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
+RUN_STATUSES = (*sorted(STATUS_VALUES.values()), WAITING_RETRY)
+"""Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
+
+
+@functools.cache
+def invocation() -> str:
+    """How to run this same tether from the shell it was started in, for the commands hints show.
+
+    ``tether`` when that name on PATH is this installation (an activated venv, pipx); else the
+    path it was started by (``scripts/demo`` runs ``.venv/bin/tether`` with the venv not on
+    PATH: a bare ``tether`` would be "command not found"), or this interpreter with ``-m tether``.
+    """
+    started = sys.argv[0] if sys.argv else ""
+    on_path = shutil.which("tether")
+    if on_path is not None:
+        scripts = os.path.realpath(os.path.dirname(sys.executable))
+        if os.path.dirname(os.path.realpath(on_path)) == scripts or _same_file(on_path, started):
+            return "tether"
+    if os.path.basename(started) == "__main__.py":
+        return f"{shlex.quote(sys.executable)} -m tether"
+    return shlex.quote(started) if os.path.isfile(started) else "tether"
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+RUN_ID_HELP = "the run's id (see `tether runs`)"
+
+
+def _version() -> str:
+    """The installed package's version (its metadata: one place to bump it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tether")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _db_url(value: str | None) -> str:
@@ -62,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
     )
+    parser.add_argument("--version", action="version", version=f"tether {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_db(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -78,8 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     with_approvals(run)
 
     resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
-    resume.add_argument("run_id")
-    resume.add_argument("--json", action="store_true")
+    resume.add_argument("run_id", help=RUN_ID_HELP)
+    resume.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(resume)
     resume.add_argument(
         "--force",
@@ -91,7 +136,6 @@ def _parser() -> argparse.ArgumentParser:
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
     _add_decision(approve)
     approve.add_argument("--input", help="edited input as JSON (validated against the tool's schema)")
-    approve.add_argument("--by", default=None, help="who decided (default $USER)")
     approve.add_argument(
         "--for-run", action="store_true", help="also approve this tool's later calls in this run"
     )
@@ -99,18 +143,19 @@ def _parser() -> argparse.ArgumentParser:
     deny = with_db(commands.add_parser("deny", help="deny a pending tool call"))
     _add_decision(deny)
     deny.add_argument("--reason", default="", help="why (the model sees it)")
-    deny.add_argument("--by", default=None)
 
     _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
     show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
-    show.add_argument("run_id")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("run_id", help=RUN_ID_HELP)
+    show.add_argument("--json", action="store_true", help="print one JSON object, with the messages and the event log")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
-    runs.add_argument("--status", help="done, failed, awaiting_approval, cancelled, thinking, executing_tool")
+    runs.add_argument(
+        "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
+    )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
@@ -124,11 +169,16 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="an agent with real tools and an approval gate")
     demo.add_argument("--workspace", default=None, help="scratch directory (default ./tether-demo)")
     demo.add_argument("--db", help="SQLAlchemy URL (default sqlite in the workspace)")
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
     with_approvals(demo)
 
     diagram = with_db(commands.add_parser("diagram", help="draw the run graph, a run's path, or its timeline"))
-    diagram.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
+    diagram.add_argument(
+        "--format",
+        choices=["mermaid", "dot", "svg", "png"],
+        default="mermaid",
+        help="mermaid or dot source, or svg or png rendered by Graphviz (default: %(default)s)",
+    )
     diagram.add_argument("--run", metavar="RUN_ID", help="highlight this run's path (with --kind graph)")
     diagram.add_argument(
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
@@ -141,7 +191,7 @@ def _add_audit(audit: argparse.ArgumentParser) -> None:
     """``tether audit``'s filters (apart, to keep :func:`_parser` readable)."""
     audit.add_argument("--run", metavar="RUN_ID", help="only this run")
     audit.add_argument("--tool", metavar="NAME", help="only calls of this tool")
-    audit.add_argument("--since", metavar="WHEN", help="activity since: 30m, 2h, 7d, or an ISO date/time")
+    audit.add_argument("--since", metavar="WHEN", help=f"activity since then: {durations.EXAMPLES}")
     audit.add_argument("--json", action="store_true", help='print one object {"entries": [...]}')
 
 
@@ -212,7 +262,7 @@ class _Session:
                 pass
             else:
                 print(json.dumps(result_of(state).to_dict(), ensure_ascii=False))
-        hint = f"; resume with: tether resume {self.run_id}{self._db_hint()}" if self.run_id else ""
+        hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
     def _show_retry_wait(self, seconds: float, retry: int) -> None:
@@ -240,9 +290,9 @@ class _Session:
                 self.out.print(
                     Text.assemble(
                         f"A tool retry is due at {when}: resume after it with ",
-                        (f"tether resume {result.run_id}{self._db_hint()}", "bold"),
+                        (f"{invocation()} resume {result.run_id}{self._db_hint()}", "bold"),
                         " (or let ",
-                        ("tether runs --due", "bold"),
+                        (f"{invocation()} runs --due", "bold"),
                         " find it)",
                     )
                 )
@@ -253,16 +303,16 @@ class _Session:
         from tether.terminal import printable  # call ids come from the model
 
         pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
-        run, db = result.run_id, self._db_hint()
+        run, db, tether = result.run_id, self._db_hint(), invocation()
         each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
         return Text.assemble(
             "Decide with ",
-            (f"tether approve {run} {pending[0]}{db}", "bold"),
+            (f"{tether} approve {run} {pending[0]}{db}", "bold"),
             " or ",
-            (f"tether deny {run} {pending[0]}{db}", "bold"),
+            (f"{tether} deny {run} {pending[0]}{db}", "bold"),
             each,
             ", then ",
-            (f"tether resume {run}{db}", "bold"),
+            (f"{tether} resume {run}{db}", "bold"),
         )
 
     def _db_hint(self) -> str:
@@ -336,14 +386,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
-        edited = None
-        if args.input is not None:
-            try:
-                edited = json.loads(args.input)
-            except ValueError as error:
-                raise ConfigError(f"--input is not valid JSON: {error}") from error
-            if not isinstance(edited, dict):
-                raise ConfigError("--input must be a JSON object")
+        edited = None if args.input is None else _edited_input(args.input)
         approval = Approve(input=edited, actor=actor, remember_for_run=args.for_run)
         result = runner.decide(args.run_id, args.call_id, approval, fingerprint=args.fingerprint)
     else:
@@ -351,13 +394,46 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     verb = "approved" if args.command == "approve" else "denied"
     session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
     if result.status != "awaiting_approval":
-        session.out.print(Text(f"continue with: tether resume {args.run_id}{session._db_hint()}"))
+        session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
+
+
+MAX_INPUT_DEPTH = 100
+"""How deeply ``approve --input`` may nest: far beyond any tool's schema, well within what the
+JSON parser, pydantic (about 255) and the stores handle."""
+
+
+def _edited_input(text: str) -> dict[str, Any]:
+    """``--input`` as a JSON object of sane depth; anything else is a usage error, never a traceback."""
+    too_deep = ConfigError(f"--input is nested too deeply (more than {MAX_INPUT_DEPTH} levels)")
+    try:
+        value = json.loads(text)
+    except RecursionError:  # deeper than the parser goes
+        raise too_deep from None
+    except ValueError as error:
+        raise ConfigError(f"--input is not valid JSON: {error}") from error
+    if _depth(value) > MAX_INPUT_DEPTH:
+        raise too_deep
+    if not isinstance(value, dict):
+        raise ConfigError("--input must be a JSON object")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and objects nest in a parsed JSON value (without recursing, so any depth works)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _add_cancel(cancel: argparse.ArgumentParser) -> None:
     """``tether cancel``'s arguments."""
-    cancel.add_argument("run_id", help="the run to stop")
+    cancel.add_argument("run_id", help=RUN_ID_HELP)
     cancel.add_argument("--reason", default="", help="why (kept as the run's error: cancelled: REASON)")
     cancel.add_argument("--json", action="store_true", help="print the run's JSON object")
 
@@ -400,15 +476,14 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
-    status = args.status
-    if status is not None:
-        by_id = {v: k for k, v in STATUS_VALUES.items()}
-        if status not in by_id and status not in STATUS_VALUES:
-            raise ConfigError(f"unknown status {status!r}; one of {', '.join(sorted(by_id))}")
-        status = by_id.get(status, status)
-    if args.due and status is not None:
+    if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    records = session.store.list_due(time.time()) if args.due else session.store.list_runs(status=status)
+    if args.due:
+        records = session.store.list_due(time.time())
+    else:  # a run waiting for a retry is stored executing tools: ask the store for that, keep what is shown
+        stored = {v: k for k, v in STATUS_VALUES.items()} | {WAITING_RETRY: WAITING_STATUS}
+        records = session.store.list_runs(status=stored.get(args.status) if args.status else None)
+        records = [r for r in records if args.status in (None, shown_status(r))]
     rows = [
         {
             "run_id": r.id,
@@ -531,12 +606,13 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _add_decision(decide: argparse.ArgumentParser) -> None:
-    """What ``approve`` and ``deny`` share: the call, and the arguments the person saw."""
-    decide.add_argument("run_id")
-    decide.add_argument("call_id")
+    """What ``approve`` and ``deny`` share: the call, the arguments the person saw, and who decided."""
+    decide.add_argument("run_id", help=RUN_ID_HELP)
+    decide.add_argument("call_id", help="the tool call's id (see `tether pending`)")
     decide.add_argument(
         "--fingerprint", help="refuse unless the call's arguments are those shown (see `tether pending`)"
     )
+    decide.add_argument("--by", default=None, help="who decided (default $USER)")
 
 
 def _add_max_wait(sub: argparse.ArgumentParser) -> None:
@@ -574,13 +650,15 @@ def _seconds(text: str) -> float:
 
 def _add_run(run: argparse.ArgumentParser) -> None:
     """``tether run``'s options (apart, to keep :func:`_parser` readable)."""
-    run.add_argument("prompt")
+    run.add_argument("prompt", help="what the agent is asked to do")
     run.add_argument(
         "--tools", action="append", default=[], metavar="MODULE:ATTR", help="a tool or list of tools (repeatable)"
     )
     run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
     run.add_argument("--system", help="system prompt")
-    run.add_argument("--max-steps", type=int, help="cap on model invocations: reaching it fails the run")
+    run.add_argument(
+        "--max-steps", type=_positive(int), metavar="N", help="cap on model invocations: reaching it fails the run"
+    )
     budget = run.add_argument_group(
         "budget", "warned about at 80 percent; at the limit one last model call without tools gives the answer"
     )
@@ -617,7 +695,11 @@ def _add_run(run: argparse.ArgumentParser) -> None:
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:
     """``tether gc``'s options."""
-    gc.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 90m: last updated before then")
+    gc.add_argument(
+        "--older-than", required=True, metavar="AGE", help=f"delete runs last updated before then: {durations.EXAMPLES}"
+    )
+    gc.add_argument("--dry-run", action="store_true", help="list the runs that would be deleted; delete nothing")
+    gc.add_argument("-y", "--yes", action="store_true", help="delete without asking (gc asks only on a terminal)")
     gc.add_argument(
         "--status",
         action="append",
@@ -635,7 +717,7 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         help="also delete runs that have not ended (awaiting approval, waiting for a retry, interrupted); "
         "a process still driving one past the cutoff would lose it",
     )
-    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--json", action="store_true", help='print one object {"deleted": N, ...}')
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
@@ -643,38 +725,79 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
 
     Only final statuses can be chosen; a run that failed transiently is kept unless
     ``--include-retryable``, a run that has not ended unless ``--include-parked``. Expired
-    tool-cache entries go too (they are never read again, whatever their age).
+    tool-cache entries go too (they are never read again, whatever their age). ``--dry-run``
+    lists the runs instead; a person at a terminal is asked first (a cron job, with stdin not a
+    terminal, is not).
     """
-    from tether.audit import parse_since
-
-    try:
-        cutoff = parse_since(args.older_than, now=time.time())
-    except ConfigError as error:
-        raise ConfigError(f"--older-than {args.older_than!r}: expected an age like 30d, 12h or 90m") from error
+    cutoff = durations.parse_ago(args.older_than, now=time.time(), option="--older-than")
     statuses = set(args.status or ["done", "failed", "cancelled"])
     retryable, parked = args.include_retryable, args.include_parked
+    kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
+    before = _cutoff_text(cutoff, args.older_than)
+    kinds = ", ".join(sorted(statuses)) + kept + ("; parked runs too" if parked else "")
+    what = f"{'run(s)' if parked else 'finished run(s)'} ({kinds}) last updated before {before}"
+    report: dict[str, Any] = {
+        "before": cutoff,
+        "statuses": sorted(statuses),
+        "include_retryable": retryable,
+        "include_parked": parked,
+    }
+    if args.dry_run or (sys.stdin.isatty() and not args.yes):
+        from tether.audit import DEFAULT_RUN_LIMIT
+
+        listed = sorted(statuses | (PARKED_STATUSES if parked else set()))
+        doomed = [
+            record
+            for status in listed
+            for record in session.store.list_runs(status=status, limit=DEFAULT_RUN_LIMIT)
+            if deletable(
+                record, finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
+            )
+        ]
+        if args.dry_run:
+            return _gc_dry_run(session, doomed, what, report)
+        if doomed and not _confirm(session, f"delete {len(doomed)} {what}?"):
+            session.err.print("nothing deleted")
+            return EXIT_FAILED
     deleted = session.store.delete_runs(
         finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
     )
     expired = session.store.cache_purge(time.time())
     if session.json:
-        report = {
-            "deleted": deleted,
-            "before": cutoff,
-            "statuses": sorted(statuses),
-            "include_retryable": retryable,
-            "include_parked": parked,
-            "cache_deleted": expired,
-        }
-        print(json.dumps(report))
+        print(json.dumps({"deleted": deleted, **report, "cache_deleted": expired}))
     else:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cutoff))
-        kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
-        kinds = ", ".join(sorted(statuses)) + kept + ("; parked runs too" if parked else "")
-        which = "run(s)" if parked else "finished run(s)"
-        session.out.print(f"deleted {deleted} {which} ({kinds}) last updated before {when}")
+        session.out.print(Text(f"deleted {deleted} {what}"))
         session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
     return EXIT_DONE
+
+
+def _cutoff_text(cutoff: float, older_than: str) -> str:
+    """The cutoff as a local date and time with its zone, and the age it came from: ``(1mo ago)``."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(cutoff))
+    is_age = durations.age_seconds(older_than, option="--older-than") is not None
+    return f"{when} ({older_than.strip()} ago)" if is_age else when
+
+
+def _gc_dry_run(session: _Session, doomed: list[RunRecord], what: str, report: dict[str, Any]) -> int:
+    if session.json:
+        runs = [{"run_id": r.id, "status": shown_status(r), "updated_at": r.updated_at} for r in doomed]
+        print(json.dumps({"dry_run": True, "deleted": 0, **report, "runs": runs}))
+        return EXIT_DONE
+    session.out.print(Text(f"would delete {len(doomed)} {what}{':' if doomed else ''}"))
+    for record in doomed:
+        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.updated_at))
+        session.out.print(Text(f"  {record.id}  {shown_status(record)}  {updated}"))
+    session.out.print("and any expired tool-cache entries")
+    return EXIT_DONE
+
+
+def _confirm(session: _Session, question: str) -> bool:
+    """Ask a yes/no question on the terminal; anything but yes (Ctrl-D included) is no."""
+    try:
+        answer = session.err.input(Text(f"{question} [y/N] "))
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 COMMANDS = {
@@ -724,6 +847,18 @@ def _printable_output() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
+"""Arguments naming something stored, looked up in the database."""
+
+
+def _surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class _Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt, so both are handled alike."""
 
@@ -770,16 +905,21 @@ def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "demo":
-        from tether import demo
-
-        if args.workspace:
-            os.environ[demo.WORKSPACE_ENV] = args.workspace
-        if not args.db:
-            args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in IDENTIFIERS:  # bytes that are not UTF-8 arrive as lone surrogates, which no database takes
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.isascii() and _surrogates(value):
+            parser.error(f"{name}: {value!r} is not valid UTF-8 text")
     session: _Session | None = None
     try:
+        if args.command == "demo":
+            from tether import demo
+
+            if args.workspace:
+                os.environ[demo.WORKSPACE_ENV] = args.workspace
+            if not args.db:
+                args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         session = _Session(args)
         return COMMANDS[args.command](args, session)
     except (ConfigError, RunNotFound, RunEnded, CorruptData) as error:

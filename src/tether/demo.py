@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether.errors import ConfigError
 from tether.history import Message
 from tether.models import ModelRequest
 from tether.tools import tool
@@ -40,7 +41,10 @@ PROGRAM = (
 def workspace() -> Path:
     """The scratch directory the tools may touch (``$TETHER_DEMO_WORKSPACE``)."""
     path = Path(os.environ.get(WORKSPACE_ENV, "tether-demo")).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, no permission: a usage error, not a traceback
+        raise ConfigError(f"cannot use the demo workspace {path}: {error.strerror or error}") from None
     return path
 
 

@@ -299,14 +299,22 @@ class Policy:
             text = file.read_text(encoding="utf-8")
         except OSError as error:
             raise ConfigError(f"cannot read policy file {file}: {error.strerror or error}") from None
-        if suffix == ".toml":
-            try:
-                data: Any = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as error:
-                raise ConfigError(f"policy file {file}: invalid TOML: {error}") from None
-        else:
-            data = _load_yaml(text, file)
-        return cls.from_dict(data, source=str(file))
+        except UnicodeDecodeError as error:
+            byte = error.object[error.start : error.start + 1].hex()
+            raise ConfigError(
+                f"policy file {file} is not UTF-8 text (byte 0x{byte} at offset {error.start}): save it as UTF-8"
+            ) from None
+        try:
+            if suffix == ".toml":
+                try:
+                    data: Any = tomllib.loads(text)
+                except tomllib.TOMLDecodeError as error:
+                    raise ConfigError(f"policy file {file}: invalid TOML: {error}") from None
+            else:
+                data = _load_yaml(text, file)
+            return cls.from_dict(data, source=str(file))
+        except RecursionError:  # the parsers and the digest recurse: thousands of nested brackets
+            raise ConfigError(f"policy file {file}: nested too deeply to be a rule file") from None
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<dict>") -> Policy:

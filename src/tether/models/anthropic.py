@@ -24,6 +24,7 @@ import httpx2
 from tether.errors import ModelError
 from tether.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, TextListener
+from tether.redact import scrub
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
@@ -366,12 +367,22 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
 
 
 def _api_message(error: anthropic.APIStatusError) -> str:
+    """The API's error message, without the credentials it may echo (it is stored and shown)."""
     body = error.body
+    message = str(error.message)
     if isinstance(body, dict):
         detail = body.get("error")
         if isinstance(detail, dict) and isinstance(detail.get("message"), str):
-            return str(detail["message"])
-    return str(error.message)
+            message = str(detail["message"])
+    return scrub(message, _sent_credentials(error))
+
+
+def _sent_credentials(error: anthropic.APIStatusError) -> list[str]:
+    """The key or token the failed request carried (from ``api_key=`` or the environment)."""
+    headers = error.request.headers
+    sent = [headers.get("x-api-key"), headers.get("authorization", "").removeprefix("Bearer ")]
+    configured = [os.environ.get("ANTHROPIC_API_KEY"), os.environ.get("ANTHROPIC_AUTH_TOKEN")]
+    return [secret.strip() for secret in [*sent, *configured] if secret]
 
 
 def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...]) -> ModelError:

@@ -40,7 +40,7 @@ class ScriptedModel:
         file = Path(path)
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
             raise ConfigError(f"cannot read scripted model file {file}: {error}") from error
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
             raise ConfigError(f"{file}: expected a JSON list of Messages API response objects")

@@ -177,7 +177,7 @@ def check_limit(limit: int) -> None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` with any password masked (``***``): the only form in which a URL is printed."""
+    """``url`` with its password and secret query values as ``***``: the only form in which a URL is printed."""
     if url == "memory://":
         return url
     from tether.stores.sql import redact_url  # SQLAlchemy parses it, loaded only when needed

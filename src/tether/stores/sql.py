@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
@@ -23,6 +23,7 @@ from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
 from tether.events import Event
+from tether.redact import MASK, scrub
 from tether.stores import (
     DUE_KEY,
     PARKED_STATUSES,
@@ -140,15 +141,38 @@ def _load_json(data: str | bytes) -> Any:
         return _Unreadable(error)
 
 
+_SECRET_PARAM = r"[^=&#;?]*(?:pass|pwd|secret|token|key|auth|credential)[^=&#;]*"
+"""A query parameter whose name says it holds a secret: password, sslpassword, api_key, token..."""
 _PASSWORD_IN_URL = re.compile(r"(://[^/?#@:]*:)[^/?#@]*@")
+_SECRET_IN_QUERY = re.compile(rf"([?&;]{_SECRET_PARAM}=)[^&#;]*", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """``url`` as it may be shown (messages, hints): its password, if any, replaced by ``***``."""
+    """``url`` as it may be shown (messages, hints): its password and secret query values as ``***``."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:  # not a URL SQLAlchemy reads: still hide what looks like user:password@
-        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+        parsed = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):  # not a URL SQLAlchemy reads (ValueError: a bad port)
+        return _SECRET_IN_QUERY.sub(rf"\1{MASK}", _PASSWORD_IN_URL.sub(rf"\1{MASK}@", url))
+    query = {key: MASK if _is_secret_param(key) else value for key, value in parsed.query.items()}
+    shown = parsed.set(query=query).render_as_string(hide_password=True)
+    return shown.replace(quote_plus(MASK), MASK)  # readable: password=***
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret values in ``url`` (password, secret query values), to scrub from a driver's messages."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        return []
+    secrets = [str(parsed.password)] if parsed.password else []
+    for key, value in parsed.query.items():
+        if _is_secret_param(key):
+            secrets += [value] if isinstance(value, str) else list(value)  # a repeated key: a tuple
+    return secrets
+
+
+def _is_secret_param(name: str) -> bool:
+    return re.fullmatch(_SECRET_PARAM, name, re.IGNORECASE) is not None
 
 
 def _check_sqlite_path(url: sa.engine.URL) -> None:
@@ -158,7 +182,7 @@ def _check_sqlite_path(url: sa.engine.URL) -> None:
         return
     directory = Path(database).parent
     if not directory.is_dir():
-        shown = url.render_as_string(hide_password=True)
+        shown = redact_url(url.render_as_string(hide_password=False))
         raise ConfigError(
             f"cannot use database {shown!r}: directory {str(directory)!r} does not exist "
             "(create it first)"
@@ -205,7 +229,7 @@ class SQLStore:
         self.busy_timeout = busy_timeout
         try:
             parsed = sa.engine.make_url(url)
-        except sa.exc.ArgumentError as error:
+        except (sa.exc.ArgumentError, ValueError) as error:  # ValueError: a port that is not a number
             raise ConfigError(f"invalid database URL {redact_url(url)!r}: {error}") from error
         self._sqlite = parsed.get_backend_name() == "sqlite"
         self._read_only = False
@@ -255,7 +279,7 @@ class SQLStore:
 
     def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError:
         """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``)."""
-        text = str(error.orig).strip()
+        text = scrub(str(error.orig).strip(), url_secrets(self.url))
         if self._sqlite and ("locked" in text or "busy" in text):
             return StoreError(
                 f"database {self._where()!r} is locked: another connection kept it busy longer "
