@@ -30,7 +30,7 @@ DEFAULT_TTL = 30.0
 """Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy."""
 
 
-def new_owner() -> str:
+def _new_owner() -> str:
     """A new drive's owner id: this host and pid (for people to read), and a random token."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -110,7 +110,7 @@ def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = F
     """
     if ttl <= 0:
         raise ValueError(f"a lease's ttl must be positive, not {ttl}")
-    owner = new_owner()
+    owner = _new_owner()
     claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force)
     if claimed.owner != owner:
         raise RunBusy(run_id, claimed.owner, claimed.expires_at)
