@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from concurrency_driver import agent
-from fake_messages_api import FakeMessagesAPI
 from support import clean_env, fake_api_env, finish_all, start_tether
 from tether import Runner
 from tether.loader import agent_from_spec
 from tether.stores.sql import SQLStore
-from tether.testing import ScriptedModel
+from tether.testing import FakeMessagesAPI, ScriptedModel
 
 DRIVER = Path(__file__).with_name("concurrency_driver.py")
 PROCESSES = 4
