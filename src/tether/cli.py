@@ -2,8 +2,9 @@
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
 3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 130 interrupted (Ctrl-C while the model or a tool
-ran: the run resumes from its last committed step). ``--json`` prints exactly one JSON object
+e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
+the run's lease; ``resume --force`` takes it over), 130 interrupted (Ctrl-C while the model or a
+tool ran: the run resumes from its last committed step). ``--json`` prints exactly one JSON object
 on stdout and nothing else.
 """
 
@@ -29,7 +30,7 @@ from rich.text import Text
 from tether import durations
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, CorruptData, RunNotFound, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, CorruptData, RunBusy, RunNotFound, StaleRun, TetherError
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
+EXIT_BUSY = 5
 STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
 RUN_STATUSES = (*sorted(STATUS_VALUES.values()), WAITING_RETRY)
 """Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
@@ -121,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--force",
         action="store_true",
-        help="treat tool calls another process started as abandoned (only if you know it is gone)",
+        help="take the run from the process holding its lease; its calls in flight count as abandoned "
+        "(only if you know that process is gone)",
     )
     with_approvals(resume)
 
@@ -797,6 +800,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, RunNotFound, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
+    except RunBusy as error:
+        _print_error("busy", error)
+        return EXIT_BUSY
     except (ApprovalError, StaleRun) as error:
         _print_error("refused", error)
         return EXIT_FAILED
