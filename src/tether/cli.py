@@ -813,6 +813,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if session is not None:
             session.interrupted()
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return EXIT_FAILED
     finally:
         if session is not None:
             session.close()
