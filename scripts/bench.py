@@ -317,7 +317,7 @@ def run_worker(command: list[str], *, timeout: float, **fields: Any) -> Any:
 
 def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path) -> dict[str, Any]:  # noqa: PLR0915
     """One tether run of ``calls`` tool calls, measuring every step (in its own process)."""
-    from tether import Runner, leases
+    from tether import Runner
     from tether.stores.memory import MemoryStore
 
     if system == "tether-memory":
@@ -368,8 +368,8 @@ def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path)
     before_wal = wal_bytes(str(path))
     started = time.perf_counter()
     state = runner.create(PROMPT)
-    with leases.driving() as owner:
-        while runner.step(state, owner=owner):
+    with runner.hold(state.id):
+        while runner.step(state):
             now_wal = wal_bytes(str(path))
             wal.append(now_wal - before_wal)
             before_wal = now_wal

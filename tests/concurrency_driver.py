@@ -2,8 +2,10 @@
 
 Usage: python concurrency_driver.py MODE WORKDIR DB_URL RUN_ID
 MODE "drive": drive RUN_ID (creating it if absent is the parent's job) and print the status,
-or "stale" if another process won a step. MODE "approve": approve the pending call and
-print "ok", or "refused" if another process decided first. Each process loads the run,
+"busy" if another process held the run's lease, or "stale" if another process changed the run
+after this one loaded it. Every model call is appended to WORKDIR/model_calls.log.
+MODE "approve": approve the pending call and print "ok", or "refused" if another process
+decided first. Each process loads the run,
 says so (WORKDIR/ready-PID), then waits for WORKDIR/go: all start from the same version,
 so they really race.
 """
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 from tether import Agent, ApprovalError, Approve, Runner, StaleRun, tool
+from tether.errors import RunBusy
 from tether.models import ModelRequest
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -41,6 +44,8 @@ def publish(text: str) -> str:
 
 
 def reply(request: ModelRequest) -> dict[str, object]:
+    with (WORKDIR / "model_calls.log").open("a") as log:
+        log.write(f"{os.getpid()} {request.invocation}\n")
     turns = sum(1 for m in request.messages if m["role"] == "assistant")
     if turns < 3:
         call = {"type": "tool_use", "id": f"toolu_{turns}", "name": "record", "input": {"note": str(turns)}}
@@ -67,6 +72,8 @@ def main() -> None:
         else:
             runner.decide(run_id, "toolu_pub", Approve(actor=f"pid{os.getpid()}"))
             print("ok")
+    except RunBusy:
+        print("busy")
     except StaleRun:
         print("stale")
     except ApprovalError:

@@ -7,6 +7,8 @@ APPROVER answers the question asked about a call in doubt: "deny" (the default),
 "approve" (run it again), or "none" (no approver: the model is told it was not re-run).
 Every request the model receives is appended to WORKDIR/requests.jsonl; every execution of
 a tool to WORKDIR/effects.log, so the test can check what happened across processes.
+The driver holds the run's lease for LEASE_TTL seconds at a time: a killed driver's lease
+keeps the run busy that long (this driver then prints {"busy": OWNER} and exits 5).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from tether import Agent, Approve, Deny, Runner, tool
 from tether.approvals import ApprovalRequest, Decision
+from tether.errors import RunBusy
 from tether.events import Event
 from tether.models import ModelRequest
 from tether.stores import RunRecord
@@ -29,6 +32,7 @@ from tether.testing import ScriptedModel
 WORKDIR = Path(sys.argv[1])
 DB_URL, RUN_ID, CRASH = sys.argv[2], sys.argv[3], sys.argv[4]
 APPROVER = sys.argv[5] if len(sys.argv) > 5 else "deny"
+LEASE_TTL = 0.5
 
 
 def die() -> None:
@@ -113,12 +117,16 @@ def main() -> None:
     store = CrashingStore(DB_URL)
     agent = Agent(model=ScriptedModel(reply), tools=[fetch_price, send_email], model_name="claude-test")
     approver = None if APPROVER == "none" else DecideReruns(approve=APPROVER == "approve")
-    runner = Runner(agent, store, approver=approver)
+    runner = Runner(agent, store, approver=approver, lease_ttl=LEASE_TTL)
     try:
         store.load_run(RUN_ID)
     except Exception:
         runner.create("What does tea cost? Then tell ops.", run_id=RUN_ID)
-    result = runner.drive(RUN_ID)
+    try:
+        result = runner.drive(RUN_ID)
+    except RunBusy as busy:
+        print(json.dumps({"busy": busy.owner}))
+        sys.exit(5)
     print(json.dumps({**result.to_dict(), "store_writes": CrashingStore.writes}))
 
 

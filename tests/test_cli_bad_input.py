@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from support import Cli
+from support import Cli, clean_env
+from tether import Agent, Runner
+from tether.stores.sql import SQLStore
+from tether.testing import ScriptedModel
 
 DEEP = "[" * 30_000 + "]" * 30_000
 """JSON nested past the parser's recursion limit."""
@@ -29,3 +35,18 @@ def test_bad_input_to_any_command_is_a_usage_error_without_a_traceback(tmp_path:
         assert result.returncode == 2, result
         assert "Traceback" not in result.stderr, result
         assert message in result.err, result
+
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    """``tether show --json RUN | head -c 10``: the pipe closes mid-output; no BrokenPipeError traceback."""
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    long_answer = {"content": [{"type": "text", "text": "x" * 200_000}], "stop_reason": "end_turn"}
+    store = SQLStore(db)
+    run_id = Runner(Agent(model=ScriptedModel([long_answer])), store).run("Say a lot.").run_id
+    store.close()
+    tether = f"{shlex.quote(sys.executable)} -m tether"
+    shell = f"{tether} show {run_id} --json --db {shlex.quote(db)} | head -c 10"
+    done = subprocess.run(["bash", "-c", shell], check=False, capture_output=True, text=True, env=clean_env())
+    assert len(done.stdout) == 10
+    assert "Traceback" not in done.stderr, done.stderr

@@ -1,26 +1,32 @@
 """Real processes racing on the same run and on different runs, on SQLite and PostgreSQL.
 
-Optimistic concurrency on the run's version means exactly one writer wins each step: a tool
-call is started (and so executed) by one process only, a decision applies once, and the
-losers get StaleRun / ApprovalError instead of corrupting the log. Each test gets an empty
-database per backend (the db_url fixture, conftest.py: PostgreSQL in a fresh schema).
+One process drives a run at a time: it holds the run's lease, claimed before any model call
+or tool start, so the others make no model call and give up (RunBusy; ``tether resume``
+exits 5). Optimistic concurrency on the run's version backs it: exactly one writer wins each
+step, a decision applies once, and the losers get StaleRun / ApprovalError instead of
+corrupting the log. Each test gets an empty database per backend (the db_url fixture,
+conftest.py: PostgreSQL in a fresh schema).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from concurrency_driver import agent
-from support import clean_env
+from support import clean_env, fake_api_env, finish_all, start_tether
 from tether import Runner
+from tether.loader import agent_from_spec
 from tether.stores.sql import SQLStore
+from tether.testing import FakeMessagesAPI, ScriptedModel
 
 pytestmark = pytest.mark.slow  # real processes racing
 
@@ -67,8 +73,13 @@ def events_of(db_url: str, run_id: str) -> list[str]:
 def test_many_processes_one_run_each_tool_runs_once(db_url: str, tmp_path: Path) -> None:
     run_id = new_run(db_url, "record three notes")
     outputs = race("drive", tmp_path, db_url, [run_id] * PROCESSES)
-    # all loaded the same version: the first step is won by one, the others lose (StaleRun)
-    assert sorted(outputs) == ["done"] + ["stale"] * (PROCESSES - 1), outputs
+    # one takes the lease and drives the run to its end; the others find it busy, or, once it
+    # is released, find the run changed since they loaded it (StaleRun): none calls the model
+    assert outputs.count("done") == 1, outputs
+    assert set(outputs) <= {"done", "busy", "stale"}, outputs
+    calls = (tmp_path / "model_calls.log").read_text().split("\n")[:-1]
+    assert sorted(int(call.split()[1]) for call in calls) == [0, 1, 2, 3], "a model call was made twice"
+    assert len({call.split()[0] for call in calls}) == 1, "two processes called the model"
     effects = Counter((tmp_path / "effects.log").read_text().split())
     assert effects == Counter({"toolu_0": 1, "toolu_1": 1, "toolu_2": 1}), "a tool ran twice"
     # whoever lost a race left the run for the winner; one more drive finishes it if needed
@@ -79,6 +90,81 @@ def test_many_processes_one_run_each_tool_runs_once(db_url: str, tmp_path: Path)
         store.close()
     assert result.status == "done"
     assert events_of(db_url, run_id).count("run_finished") == 1
+
+
+def test_processes_resuming_one_run_at_once_make_one_model_call(
+    db_url: str, tmp_path: Path, api: FakeMessagesAPI
+) -> None:
+    """`tether resume` in N processes at once: one calls the model, the others exit 5 having made no call."""
+    store = SQLStore(db_url)
+    try:
+        spec = {"model": "claude-test", "cwd": str(tmp_path)}
+        run_id = Runner(agent_from_spec(spec, model=ScriptedModel([])), store).create("Say hello.").id
+    finally:
+        store.close()
+    release = threading.Event()
+
+    def held_answer(request: dict[str, Any]) -> dict[str, Any]:
+        release.wait(30)  # the first caller keeps the run until the others have given up
+        return {"content": [{"type": "text", "text": "Hello."}]}
+
+    for _ in range(PROCESSES):
+        api.reply_with(held_answer)
+    resumers = [
+        start_tether(tmp_path, "resume", run_id, "--json", "--db", db_url, env=fake_api_env(api))
+        for _ in range(PROCESSES)
+    ]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(api.requests) < PROCESSES:
+        if sum(process.poll() is not None for process in resumers) == PROCESSES - 1:
+            break
+        time.sleep(0.01)
+    release.set()
+    results = finish_all(*resumers)
+    assert len(api.requests) == 1, f"{len(api.requests)} model calls"
+    assert sorted(result.returncode for result in results) == [0] + [5] * (PROCESSES - 1), results
+    for result in results:
+        if result.returncode == 5:
+            assert result.stdout == ""
+            assert f"another process is driving run {run_id!r}" in result.err
+            assert f"tether resume {run_id} --force" in result.err
+        else:
+            assert result.data["output"] == "Hello."
+
+
+CLAIM_ONCE = """
+import os, sys, time
+from pathlib import Path
+from tether.stores.sql import SQLStore
+url, go = sys.argv[1], Path(sys.argv[2])
+store = SQLStore(url)
+store.list_runs()  # the schema is ready: only the claim races
+owner = f"racer:{os.getpid()}"
+Path(f"{go}-ready-{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.002)
+print("won" if store.claim_run("run_1", owner, now=time.time(), ttl=60).owner == owner else "lost")
+store.close()
+"""
+
+
+def test_processes_claiming_one_lease_at_once_exactly_one_wins(db_url: str, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", CLAIM_ONCE, db_url, str(go)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=clean_env())
+        for _ in range(PROCESSES)
+    ]
+    while len(list(tmp_path.glob("go-ready-*"))) < PROCESSES:
+        assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+        time.sleep(0.005)
+    go.touch()
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        outputs.append(out.strip())
+    assert sorted(outputs) == ["lost"] * (PROCESSES - 1) + ["won"], outputs
 
 
 def test_many_processes_many_runs_all_finish(db_url: str, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ The run must complete; no event may be lost or duplicated; every request the mod
 must be valid for the Messages API; every tool ran exactly as often as the crash point
 explains: an idempotent call in doubt is re-run, a finished call (a parallel sibling
 included) never is, and a side effect in doubt runs again only with a recorded approval.
+The killed driver's lease keeps the run busy until it expires (half a second here); only
+then does the next process take the run over.
 Runs on SQLite and on PostgreSQL in a fresh schema (the db_url fixture, conftest.py).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,6 +104,10 @@ def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str) -> 
     first = drive(tmp_path, db_url, run_id, crash, approver)
     assert first.returncode == -9, f"the driver should have been killed at {crash}: {first.stderr}"
     second = drive(tmp_path, db_url, run_id, "none", approver)
+    deadline = time.monotonic() + 30
+    while second.returncode == 5:  # the dead driver's lease has not expired yet: the run is busy
+        assert time.monotonic() < deadline, "the killed driver's lease never expired"
+        second = drive(tmp_path, db_url, run_id, "none", approver)
     assert second.returncode == 0, second.stderr
     result = json.loads(second.stdout)
     assert result["status"] == "done", result

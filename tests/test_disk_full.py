@@ -32,7 +32,8 @@ def test_a_full_disk_fails_the_write_cleanly_and_the_run_resumes(tmp_path: Path)
     full = SQLStore(url)
     runner = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[dump], limits=_no_truncation()), full)
     state = runner.create("dump it")
-    runner.step(state, owner="test:1:a")  # the model asks for the tool: committed
+    with runner.hold(state.id):
+        runner.step(state)  # the model asks for the tool: committed
 
     def cap(connection: Any, _record: Any) -> None:
         connection.execute("PRAGMA max_page_count = 40")  # about 160 KB: like a full disk

@@ -1,38 +1,44 @@
-"""Leases: a started call belongs to its driver while that process lives, and only then.
+"""Leases: a run belongs to the process holding its lease row, and to nobody else.
 
-A driver is ``host:pid:start:token``. A live pid whose process started at another time is
-a reused pid, not the driver: its calls are in doubt, not busy. An operator who knows a
-driver is gone can say so (``tether resume RUN --force``), and the log remembers it.
+Whoever drives a run claims its lease in the store before any model call or tool start and
+renews it while it works. Whether another driver is alive is read from that row alone,
+never from pids: a driver in another PID namespace on the same host is busy, a dead one's
+lease expires. An operator who knows a driver is gone can take the run over at once
+(``tether resume RUN --force``), and the log remembers it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from support import run_tether, tool_use, tool_use_turn
-from tether import Agent, Approve, Runner, tool
+from support import clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
+from tether import Agent, Approve, AsyncRunner, Runner, tool
 from tether import events as ev
 from tether.approvals import DecideLater
-from tether.errors import RunBusy
-from tether.leases import HOST, UNKNOWN_START, alive, owner_id, parse_owner, process_start
+from tether.errors import RunBusy, StaleRun
 from tether.loader import agent_from_spec
-from tether.state import Lease, RunState
+from tether.stores import Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 from tether.tools import Tool
 
+HOST = socket.gethostname()
+
 
 @pytest.fixture
 def other_process() -> Iterator[subprocess.Popen[bytes]]:
-    """A live process that is not a tether driver (what a reused pid points at)."""
+    """A live process on this host that is not a tether driver."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         yield child
@@ -41,54 +47,15 @@ def other_process() -> Iterator[subprocess.Popen[bytes]]:
         child.wait()
 
 
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition()`` until true, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
-# Liveness --------------------------------------------------------------------------------
-def test_process_start_tells_processes_apart(other_process: subprocess.Popen[bytes]) -> None:
-    import os
-
-    mine = process_start(os.getpid())
-    assert mine != UNKNOWN_START
-    assert process_start(os.getpid()) == mine  # stable
-    assert process_start(other_process.pid) not in (mine, UNKNOWN_START)
-    assert process_start(dead_pid()) == UNKNOWN_START
-
-
-def test_owner_strings_old_and_new() -> None:
-    new = parse_owner(owner_id(42, "123456", "ab12cd34"))
-    assert new is not None
-    assert (new.host, new.pid, new.start) == (HOST, 42, "123456")
-    old = parse_owner("somehost:42:ab12cd34")  # recorded before start times were
-    assert old is not None
-    assert (old.pid, old.start) == (42, UNKNOWN_START)
-    assert parse_owner("") is None
-    assert parse_owner("somehost:not-a-pid:x") is None
-
-
-def test_a_driver_is_alive_only_while_the_same_process_runs(other_process: subprocess.Popen[bytes]) -> None:
-    now = time.time()
-    pid = other_process.pid
-    start = process_start(pid)
-
-    def lease(owner: str, until: float = now + 600, *, abandoned: bool = False) -> Lease:
-        return Lease(owner, until, abandoned=abandoned)
-
-    me = owner_id(1, "1", "me")
-    assert alive(lease(owner_id(pid, start, "t")), now, me=me)  # the driver itself
-    assert not alive(lease(owner_id(pid, "999999999", "t")), now, me=me)  # its pid, reused
-    assert alive(lease(f"{HOST}:{pid}:t"), now, me=me)  # start unknown: assume the driver
-    assert not alive(lease(owner_id(dead_pid(), start, "t")), now, me=me)
-    assert not alive(lease(owner_id(pid, start, "t"), abandoned=True), now, me=me)  # an operator said so
-    assert not alive(lease(me), now, me=me)  # this drive is not running it: interrupted
-    assert alive(lease("elsewhere:7:1:t"), now, me=me)  # another host: the lease holds...
-    assert not alive(lease("elsewhere:7:1:t", until=now - 1), now, me=me)  # ...until it expires
-
-
-# A run with a call started by a given owner ------------------------------------------------
+# A run whose call was started by a driver that then went away ----------------------------
 def transfer_tool(ran: list[int]) -> Tool:
     @tool
     def transfer(amount: int) -> str:
@@ -107,51 +74,238 @@ SCRIPT = [
 ]
 
 
-def drive_as(runner: Runner, state: RunState, owner: str) -> None:
-    while runner.step(state, owner=owner):
-        pass
-
-
-def started_by(runner: Runner, owner: str) -> str:
-    """A run whose call ``toolu_1`` was started by ``owner``, whose process then died in the tool."""
+def started_then_died(runner: Runner) -> str:
+    """A run whose call ``toolu_1`` was started (committed) and never finished."""
     state = runner.create("Move 5.")
-    with pytest.raises(BaseException, match="the process dies here"):
-        drive_as(runner, state, owner)
-    assert state.in_flight["toolu_1"].owner == owner
+    with pytest.raises(KeyboardInterrupt, match="the process dies here"):
+        runner.drive(state.id)
+    assert "toolu_1" in runner.load(state.id).in_flight
     return state.id
 
 
-def test_a_reused_pid_does_not_keep_the_run_busy(other_process: subprocess.Popen[bytes]) -> None:
+def held_by(store: Store, run_id: str, owner: str, *, expires_in: float) -> None:
+    """Make ``owner`` the run's lease holder until ``expires_in`` seconds from now (negative: expired)."""
+    store.claim_run(run_id, owner, now=time.time() - 60, ttl=60 + expires_in, force=True)
+
+
+def test_a_run_whose_lease_another_driver_holds_is_busy_until_it_expires() -> None:
     ran: list[int] = []
     store = MemoryStore()
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool(ran)])
-    run_id = started_by(Runner(agent, store), owner_id(other_process.pid, "999999999", "gone"))
-    result = Runner(agent, store, approver=DecideLater()).drive(run_id)
-    assert result.status == "awaiting_approval"  # in doubt, asked about: not RunBusy
+    run_id = started_then_died(Runner(agent, store))
+    held_by(store, run_id, "elsewhere:7:live", expires_in=60)
+    runner = Runner(agent, store, approver=DecideLater())
+    with pytest.raises(RunBusy) as busy:
+        runner.drive(run_id)
+    assert busy.value.owner == "elsewhere:7:live"
+    assert "another process is driving" in str(busy.value)
+    assert f"tether resume {run_id} --force" in str(busy.value)
+    assert ran == [5]
+
+    held_by(store, run_id, "elsewhere:7:live", expires_in=-1)  # its driver stopped renewing it
+    result = runner.drive(run_id)
+    assert result.status == "awaiting_approval"  # taken over: the call is in doubt, asked about
     assert "interrupted" in result.pending_approvals[0]["reason"]
     assert ran == [5]
 
 
-def test_a_live_driver_keeps_the_run_busy_until_an_operator_forces_it(
-    other_process: subprocess.Popen[bytes],
-) -> None:
+def test_the_async_runner_claims_the_lease_too() -> None:
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(SCRIPT[1:]))
+    run_id = Runner(agent, store).create("Say it.").id
+    held_by(store, run_id, "elsewhere:7:live", expires_in=60)
+    with pytest.raises(RunBusy):
+        asyncio.run(AsyncRunner(agent, store).drive(run_id))
+    store.release_run(run_id, "elsewhere:7:live")
+    assert asyncio.run(AsyncRunner(agent, store).drive(run_id)).status == "done"
+    assert store.claim_run(run_id, "next:1:n", now=time.time(), ttl=1).owner == "next:1:n"  # released
+
+
+def test_pids_decide_nothing_only_the_lease_does(other_process: subprocess.Popen[bytes]) -> None:
+    """A live pid on this host is no driver without the lease; a dead one is, while it holds it."""
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([])])
+    run_id = started_then_died(Runner(agent, store))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    held_by(store, run_id, f"{HOST}:{gone.pid}:dead", expires_in=60)  # its pid is gone, its lease is not
+    with pytest.raises(RunBusy):
+        Runner(agent, store, approver=DecideLater()).drive(run_id)
+
+    # as a driver in another PID namespace looks from here: this host, a live pid of another program
+    held_by(store, run_id, f"{HOST}:{other_process.pid}:ns", expires_in=-1)
+    assert Runner(agent, store, approver=DecideLater()).drive(run_id).status == "awaiting_approval"
+
+
+def test_force_takes_the_run_from_a_live_holder_and_the_log_remembers(other_process: subprocess.Popen[bytes]) -> None:
     ran: list[int] = []
     store = MemoryStore()
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool(ran)])
-    driver = owner_id(other_process.pid, process_start(other_process.pid), "live")
-    run_id = started_by(Runner(agent, store), driver)
+    run_id = started_then_died(Runner(agent, store))
+    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.TOOL_STARTED]
+    holder = f"{HOST}:{other_process.pid}:live"
+    held_by(store, run_id, holder, expires_in=60)
     runner = Runner(agent, store, approver=DecideLater())
-    with pytest.raises(RunBusy, match=f"tether resume {run_id} --force"):
-        runner.drive(run_id)
 
     parked = runner.drive(run_id, force=True)
     assert parked.status == "awaiting_approval"
     [abandoned] = [e.data for e in store.load_events(run_id) if e.type == ev.CALL_ABANDONED]
-    assert (abandoned["call_id"], abandoned["owner"]) == ("toolu_1", driver)
+    assert (abandoned["call_id"], abandoned["owner"]) == ("toolu_1", started["owner"])
+    assert store.claim_run(run_id, holder, now=time.time(), ttl=30).owner == holder  # released: free again
+    store.release_run(run_id, holder)
     # the override is in the log: later drives, without force, treat the call as in doubt too
     runner.decide(run_id, "toolu_1", Approve(actor="ops"))
     assert runner.drive(run_id).status == "done"
     assert ran == [5, 5]
+
+
+def test_a_drive_that_lost_its_lease_stops_and_writes_nothing() -> None:
+    store = MemoryStore()
+    runner = Runner(Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([0])]), store, lease_ttl=0.3)
+    state = runner.create("Move 5.")
+    with runner.hold(state.id) as lease:
+        assert runner.step(state)  # the model asked for the tool: committed
+        written = len(store.load_events(state.id))
+        store.claim_run(state.id, "thief:1:t", now=time.time(), ttl=60, force=True)
+        wait_for(lambda: lease.lost is not None, "the heartbeat to notice")
+        with pytest.raises(RunBusy, match=r"lost run '.*' to thief:1:t"):
+            runner.step(state)
+    assert len(store.load_events(state.id)) == written
+    assert store.claim_run(state.id, "x:1:x", now=time.time(), ttl=1).owner == "thief:1:t"  # not released
+
+
+def test_a_driver_whose_run_was_forced_away_never_takes_it_back() -> None:
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([0])])
+    hung = Runner(agent, store, lease_ttl=0.3)
+    state = hung.create("Move 5.")
+    with hung.hold(state.id) as lease:  # a driver stuck (in a tool, say) while it holds the run
+        assert Runner(agent, store).drive(state.id, force=True).status == "done"  # the operator's; it lets go
+        wait_for(lambda: lease.lost is not None, "the heartbeat to notice")
+        assert store.claim_run(state.id, "next:1:n", now=time.time(), ttl=1).owner == "next:1:n"
+        with pytest.raises(RunBusy, match="lost run"):
+            hung.step(state)
+
+
+def test_a_long_tool_keeps_the_lease_renewed() -> None:
+    store = MemoryStore()
+    seen: list[str] = []
+
+    @tool
+    def slow() -> str:
+        """Outlast several lease periods."""
+        until = time.time() + 1.0  # ttl 0.2: expired five times over unless renewed
+        while time.time() < until:
+            seen.append(store.claim_run(run_id, "other:1:o", now=time.time(), ttl=1).owner)
+            time.sleep(0.05)
+        return "done"
+
+    script = [tool_use_turn(tool_use("toolu_1", "slow", {})), SCRIPT[1]]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[slow]), store, lease_ttl=0.2)
+    run_id = runner.create("Be slow.").id
+    assert runner.drive(run_id).status == "done"
+    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.TOOL_STARTED]
+    assert len(seen) > 3
+    assert set(seen) == {started["owner"]}  # nobody else could take it while the tool ran
+    assert store.claim_run(run_id, "other:1:o", now=time.time(), ttl=1).owner == "other:1:o"  # released at the end
+
+
+def test_a_cancel_from_elsewhere_stops_the_drive_cleanly() -> None:
+    """Deciding and cancelling need no lease; the driver's next write then fails, and it says why."""
+    store = MemoryStore()
+    elsewhere: list[str] = []
+
+    @tool
+    def slow() -> str:
+        """Meanwhile, another process cancels the run."""
+        elsewhere.append(Runner(Agent(model=ScriptedModel([])), store).cancel(run_id, "stop").status)
+        return "done"
+
+    script = [tool_use_turn(tool_use("toolu_1", "slow", {})), SCRIPT[1]]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[slow]), store)
+    run_id = runner.create("Be slow.").id
+    with pytest.raises(StaleRun, match=r"changed by another process while this one drove it \(it is now cancelled\)"):
+        runner.drive(run_id)
+    assert elsewhere == ["cancelled"]
+    assert store.load_events(run_id)[-1].type == ev.RUN_FINISHED  # the cancel; the tool's result was not written
+    assert store.claim_run(run_id, "next:1:n", now=time.time(), ttl=1).owner == "next:1:n"  # released
+
+
+# Real processes ------------------------------------------------------------------------------
+SLOW_TOOLS = '''
+import time
+from pathlib import Path
+
+from tether import tool
+
+
+@tool(idempotent=True)
+def lookup(item: str) -> str:
+    """Look an item up, slowly (safe to repeat: a resumer taking the call for abandoned re-runs it)."""
+    with Path("started.log").open("a") as log:
+        log.write(f"{item}\\n")
+    deadline = time.monotonic() + 60
+    while not Path("release").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return f"{item}: found"
+
+
+TOOLS = [lookup]
+'''
+
+SLOW_SCRIPT = [
+    tool_use_turn(tool_use("toolu_1", "lookup", {"item": "tea"})),
+    {"content": [{"type": "text", "text": "Tea found."}], "stop_reason": "end_turn"},
+]
+
+
+def unshare_missing() -> str | None:
+    try:
+        probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False)
+    except OSError as error:
+        return f"unshare cannot run here: {error}"
+    return None if probe.returncode == 0 else f"unshare --pid is not permitted here: {probe.stderr.decode().strip()}"
+
+
+def started_log(workdir: Path) -> list[str]:
+    log = workdir / "started.log"
+    return log.read_text().split() if log.exists() else []
+
+
+def test_a_live_driver_in_another_pid_namespace_is_never_taken_over(tmp_path: Path) -> None:
+    """The driver's pid, seen from here, is another live process (pid 1): its run is still busy."""
+    missing = unshare_missing()
+    if missing is not None:
+        pytest.skip(missing)  # test_pids_decide_nothing_only_the_lease_does covers the same in-process
+    (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps(SLOW_SCRIPT))
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    command = ["run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db]
+    driver = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tether", *command, "--json"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )
+    try:
+        wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")
+        assert driver.poll() is None, driver.communicate()
+        store = SQLStore(db)
+        try:
+            [record] = store.list_runs()
+        finally:
+            store.close()
+        resumer = start_tether(tmp_path, "resume", record.id, "--json", "--db", db)
+        wait_for(lambda: resumer.poll() is not None or len(started_log(tmp_path)) > 1, "the resumer to decide")
+    finally:
+        (tmp_path / "release").touch()
+    busy = finish_tether(resumer)
+    out, err = driver.communicate(timeout=60)
+    assert busy.returncode == 5, busy
+    assert "another process is driving" in busy.err
+    assert started_log(tmp_path) == ["tea"]  # the tool ran once
+    assert driver.returncode == 0, err
+    done = json.loads(out)
+    assert (done["status"], done["output"]) == ("done", "Tea found.")
 
 
 TOOLS_MODULE = '''
@@ -176,8 +330,8 @@ TOOLS = [transfer]
 
 
 @pytest.mark.slow
-def test_tether_resume_force_takes_over_from_a_driver_it_cannot_see(
-    tmp_path: Path, other_process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+def test_tether_resume_exits_5_while_another_process_drives_and_force_takes_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "lease_tools.py").write_text(TOOLS_MODULE)
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
@@ -186,17 +340,18 @@ def test_tether_resume_force_takes_over_from_a_driver_it_cannot_see(
     spec = {"tools": ["lease_tools:TOOLS"], "model": f"scripted:{tmp_path / 'script.json'}", "cwd": str(tmp_path)}
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CRASH_IN_TOOL", "1")
-    driver = owner_id(other_process.pid, process_start(other_process.pid), "live")
     store = SQLStore(db)
     try:
-        run_id = started_by(Runner(agent_from_spec(spec), store), driver)
+        run_id = started_then_died(Runner(agent_from_spec(spec), store))
+        held_by(store, run_id, f"{HOST}:{os.getpid()}:live", expires_in=600)
     finally:
         store.close()
         sys.modules.pop("lease_tools", None)
     monkeypatch.delenv("CRASH_IN_TOOL")
 
     busy = run_tether(tmp_path, "resume", run_id, "--db", db)
-    assert busy.returncode == 1
+    assert busy.returncode == 5, busy
+    assert f"another process is driving run {run_id!r}: {HOST}:{os.getpid()}:live holds its lease until" in busy.err
     assert f"tether resume {run_id} --force" in busy.err
     forced = run_tether(tmp_path, "resume", run_id, "--force", "--db", db, "--json")
     assert forced.returncode == 3, forced  # no terminal: parked for `tether approve`
@@ -205,3 +360,27 @@ def test_tether_resume_force_takes_over_from_a_driver_it_cannot_see(
     done = run_tether(tmp_path, "resume", run_id, "--db", db, "--json")
     assert done.data["status"] == "done"
     assert (tmp_path / "effects.log").read_text().split("\n") == ["transfer 5", "transfer 5", ""]
+
+
+def test_the_cli_says_when_another_process_changed_the_run_it_drove(tmp_path: Path) -> None:
+    (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps(SLOW_SCRIPT))
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    driver = start_tether(
+        tmp_path, "run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db
+    )
+    try:
+        wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")
+        store = SQLStore(db)
+        try:
+            [record] = store.list_runs()
+            Runner(Agent(model=ScriptedModel([])), store).cancel(record.id, "not needed")
+        finally:
+            store.close()
+    finally:
+        (tmp_path / "release").touch()
+    stopped = finish_tether(driver)
+    assert stopped.returncode == 1, stopped
+    assert f"run {record.id!r} was changed by another process while this one drove it (it is now cancelled)" in (
+        stopped.err
+    )

@@ -452,6 +452,7 @@ DRIVER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from tether import Agent, RetryPolicy, Runner, tool
+    from tether.errors import RunBusy
     from tether.stores.sql import SQLStore
     from tether.testing import ScriptedModel
 
@@ -474,12 +475,17 @@ DRIVER = textwrap.dedent(
             with (workdir / "waits.log").open("a") as log:
                 log.write(f"{action.due_at!r}\\n")
 
-    runner = Runner(Agent(model=ScriptedModel(script), tools=[flaky]), store, on_action=note_wait)
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[flaky]), store, on_action=note_wait, lease_ttl=0.3)
     try:
         store.load_run(run_id)
     except Exception:
         runner.create("go", run_id=run_id)
-    print(json.dumps(runner.drive(run_id).to_dict()))
+    while True:
+        try:
+            print(json.dumps(runner.drive(run_id).to_dict()))
+            break
+        except RunBusy:  # a killed driver's lease lasts until it expires (0.3 s here)
+            time.sleep(0.02)
     """
 )
 

@@ -16,7 +16,7 @@ import pytest
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import RunLog, RunRecord, Store
+from tether.stores import RunLease, RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 
@@ -384,11 +384,15 @@ def test_delete_runs_removes_old_parked_runs_only_when_asked(store: Store) -> No
     ]:
         store.create_run(record(run_id, status=status, summary=summary, updated_at=updated), events(0, 1))
 
+    store.create_run(record("old_driven", status="executingTool", updated_at=1.0), events(0, 1))
+    store.claim_run("old_driven", "host:1:live", now=1.5, ttl=0.5)  # renewed until the cutoff: driven since
+    store.claim_run("old_interrupted_tool", "host:2:gone", now=0.5, ttl=1.0)  # expired before it
+
     assert store.delete_runs(finished_before=2.0, statuses={"cancelled"}) == 0  # by default never
     deleted = store.delete_runs(finished_before=2.0, statuses={"cancelled"}, include_parked=True)
 
     assert deleted == 4
-    assert {r.id for r in store.list_runs()} == {"old_failed_transiently", "new_awaiting", "old_done"}
+    assert {r.id for r in store.list_runs()} == {"old_failed_transiently", "new_awaiting", "old_done", "old_driven"}
     with pytest.raises(RunNotFound):
         store.load_events("old_awaiting")
 
@@ -452,3 +456,67 @@ def test_cache_is_independent_of_runs(store: Store) -> None:
     store.create_run(record(status="done", updated_at=1.0), events(0))
     store.delete_runs(finished_before=2.0, statuses={"done"})
     assert store.cache_get("k", 0.0) == "v"
+
+
+# Run leases (who drives a run) ----------------------------------------------------------
+def test_a_free_run_is_claimed_and_its_owner_renews_it(store: Store) -> None:
+    taken = store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    assert taken == RunLease("run_1", "host:1:a", expires_at=130.0, claimed_at=100.0)
+    renewed = store.renew_run("run_1", "host:1:a", now=120.0, ttl=30.0)
+    assert renewed == RunLease("run_1", "host:1:a", expires_at=150.0, claimed_at=100.0)
+    again = store.claim_run("run_1", "host:1:a", now=125.0, ttl=30.0)  # claiming what one holds renews it too
+    assert again == RunLease("run_1", "host:1:a", expires_at=155.0, claimed_at=100.0)
+    late = store.renew_run("run_1", "host:1:a", now=200.0, ttl=30.0)  # expired, but nobody took it: still ours
+    assert late == RunLease("run_1", "host:1:a", expires_at=230.0, claimed_at=100.0)
+
+
+def test_a_renewal_never_takes_back_a_lease_once_taken(store: Store) -> None:
+    store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    store.claim_run("run_1", "host:2:b", now=101.0, ttl=30.0, force=True)
+    held = store.renew_run("run_1", "host:1:a", now=102.0, ttl=30.0)
+    assert held == RunLease("run_1", "host:2:b", expires_at=131.0, claimed_at=101.0)  # b's, unchanged
+    store.release_run("run_1", "host:2:b")
+    assert store.renew_run("run_1", "host:1:a", now=103.0, ttl=30.0) is None  # free now, yet a lost it
+    assert store.renew_run("run_2", "host:1:a", now=103.0, ttl=30.0) is None  # never held
+    assert store.claim_run("run_1", "host:3:c", now=104.0, ttl=30.0).owner == "host:3:c"
+
+
+def test_a_held_lease_is_refused_to_others_until_it_expires(store: Store) -> None:
+    store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    refused = store.claim_run("run_1", "host:2:b", now=129.5, ttl=30.0)
+    assert refused == RunLease("run_1", "host:1:a", expires_at=130.0, claimed_at=100.0)  # the holder, unchanged
+    taken = store.claim_run("run_1", "host:2:b", now=130.0, ttl=30.0)  # expired at expires_at exactly
+    assert taken == RunLease("run_1", "host:2:b", expires_at=160.0, claimed_at=130.0)
+    assert store.claim_run("run_1", "host:1:a", now=131.0, ttl=30.0).owner == "host:2:b"  # a's renewal: lost
+
+
+def test_force_takes_a_lease_another_owner_holds(store: Store) -> None:
+    store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    forced = store.claim_run("run_1", "host:2:b", now=101.0, ttl=30.0, force=True)
+    assert forced == RunLease("run_1", "host:2:b", expires_at=131.0, claimed_at=101.0)
+    assert store.claim_run("run_1", "host:1:a", now=102.0, ttl=30.0).owner == "host:2:b"
+
+
+def test_only_the_holder_releases_a_lease(store: Store) -> None:
+    store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    store.release_run("run_1", "host:2:b")  # not b's to give up: nothing happens
+    assert store.claim_run("run_1", "host:3:c", now=101.0, ttl=30.0).owner == "host:1:a"
+    store.release_run("run_1", "host:1:a")
+    assert store.claim_run("run_1", "host:3:c", now=101.0, ttl=30.0).owner == "host:3:c"
+    store.release_run("run_2", "host:3:c")  # a run nobody holds: nothing to do
+
+
+def test_each_run_has_its_own_lease(store: Store) -> None:
+    store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    assert store.claim_run("run_2", "host:2:b", now=100.0, ttl=30.0).owner == "host:2:b"
+    assert store.claim_run("run_1", "host:2:b", now=100.0, ttl=30.0).owner == "host:1:a"
+
+
+def test_deleting_a_run_drops_its_lease_and_keeps_the_others(store: Store) -> None:
+    store.create_run(record("run_old", status="done", updated_at=1.0), events(0))
+    store.create_run(record("run_new", status="done", updated_at=5.0), events(0))
+    store.claim_run("run_old", "host:1:a", now=100.0, ttl=30.0)  # left by a driver that died
+    store.claim_run("run_new", "host:1:a", now=100.0, ttl=30.0)
+    assert store.delete_runs(finished_before=2.0, statuses={"done"}) == 1
+    assert store.claim_run("run_old", "host:2:b", now=101.0, ttl=30.0).owner == "host:2:b"
+    assert store.claim_run("run_new", "host:2:b", now=101.0, ttl=30.0).owner == "host:1:a"

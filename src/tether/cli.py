@@ -2,10 +2,11 @@
 
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
 3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 128 + the signal when interrupted while the model or
-a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its
-last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout and
-nothing else, an interrupted run's object as it stands included.
+e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
+the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
+model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
+its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
+and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from rich.text import Text
 from tether import durations
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, CorruptData, RunEnded, RunNotFound, StaleRun, TetherError
+from tether.errors import (
+    ApprovalError,
+    ConfigError,
+    CorruptData,
+    RunBusy,
+    RunEnded,
+    RunNotFound,
+    StaleRun,
+    TetherError,
+)
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
 from tether.machine import STATUS_VALUES
@@ -48,6 +58,7 @@ if TYPE_CHECKING:
     from tether.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
+EXIT_BUSY = 5
 EXIT_SIGNAL_BASE = 128
 """Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
@@ -129,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--force",
         action="store_true",
-        help="treat tool calls another process started as abandoned (only if you know it is gone)",
+        help="take the run from the process holding its lease; its calls in flight count as abandoned "
+        "(only if you know that process is gone)",
     )
     with_approvals(resume)
 
@@ -714,8 +726,8 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
     gc.add_argument(
         "--include-parked",
         action="store_true",
-        help="also delete runs that have not ended (awaiting approval, waiting for a retry, interrupted); "
-        "a process still driving one past the cutoff would lose it",
+        help="also delete runs that have not ended (awaiting approval, waiting for a retry, interrupted), "
+        "except those a process drove since the cutoff",
     )
     gc.add_argument("--json", action="store_true", help='print one object {"deleted": N, ...}')
 
@@ -925,6 +937,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except (ConfigError, RunNotFound, RunEnded, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
+    except RunBusy as error:
+        _print_error("busy", error)
+        return EXIT_BUSY
     except (ApprovalError, StaleRun) as error:
         _print_error("refused", error)
         return EXIT_FAILED
@@ -936,6 +951,9 @@ def _main(argv: Sequence[str] | None) -> int:
             with suppress(OSError):  # the terminal may be gone (SIGHUP)
                 session.interrupted()
         return _interrupted_exit(interrupt)
+    except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return EXIT_FAILED
     finally:
         if session is not None:
             session.close()

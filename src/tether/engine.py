@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +44,6 @@ from tether.state import PendingCall, RunState
 from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
-DEFAULT_LEASE = 600.0
-"""Seconds a driver on another host is trusted to finish a tool without a timeout."""
-LEASE_MARGIN = 30.0
 CONTEXT_EXCEEDED = "model_context_window_exceeded"
 Record = tuple[str, dict[str, Any]]
 """One fact a step records: an event type and its data."""
@@ -96,21 +93,13 @@ class Commit:
 
 
 @dataclass(frozen=True)
-class Busy:
-    """Another live driver is running this call: leave the run to it."""
-
-    call_id: str
-    owner: str
-
-
-@dataclass(frozen=True)
 class Stop:
     """The run is finished or parked waiting for a person."""
 
     status: str | None
 
 
-Action = CallModel | RunTool | WaitUntil | Commit | Busy | Stop
+Action = CallModel | RunTool | WaitUntil | Commit | Stop
 
 
 @dataclass
@@ -132,20 +121,19 @@ def next_action(
     agent: Agent,
     *,
     now: float,
-    abandoned: Collection[str] = frozenset(),
     can_ask: bool = True,
 ) -> Action:
     """The next thing to do for ``state``; pure.
 
-    ``abandoned`` names the in-flight calls whose driver is gone (the caller checks
-    liveness); any other in-flight call belongs to a live driver, so this one must not touch it.
+    The caller holds the run's lease (see :mod:`tether.leases`), so a call in flight (its
+    start recorded, its end not) was abandoned by the driver that started it: it is in doubt.
     ``can_ask`` says whether anyone can answer a question (the driver has an approver): if
     not, a call in doubt whose policy is ``"ask"`` gets the ``"error"`` result instead.
     """
     if state.status in ENDED_VALUES or state.status == "awaitingApproval":
         return Stop(state.status)
     if state.status == "executingTool":
-        return _next_tool_action(state, agent, now, abandoned, can_ask)
+        return _next_tool_action(state, agent, now, can_ask)
     max_steps = state.spec.get("max_steps", agent.limits.max_steps)
     if max_steps is not None and state.steps >= max_steps:
         return Commit(_failure(f"max_steps limit reached: {max_steps} model invocations"))
@@ -186,9 +174,7 @@ def _checked_prefix(state: RunState) -> int:
     return int(count)
 
 
-def _next_tool_action(
-    state: RunState, agent: Agent, now: float, abandoned: Collection[str], can_ask: bool
-) -> Action:
+def _next_tool_action(state: RunState, agent: Agent, now: float, can_ask: bool) -> Action:
     """The batch's next call that can go ahead; gated calls wait until nothing else can.
 
     Calls that need no one run first; the run parks only when every unfinished call waits
@@ -196,7 +182,7 @@ def _next_tool_action(
     """
     parked: Action | None = None
     for call in state.unfinished_calls():
-        action = _call_action(state, agent, call, now, abandoned=abandoned, can_ask=can_ask)
+        action = _call_action(state, agent, call, now, can_ask=can_ask)
         if isinstance(action, Commit) and action.step.trigger == "approval_needed":
             parked = parked or action
             continue
@@ -205,12 +191,7 @@ def _next_tool_action(
     return parked or Commit(_failure("executing a tool with no pending call"))
 
 
-def _call_action(
-    state: RunState, agent: Agent, call: PendingCall, now: float, *, abandoned: Collection[str], can_ask: bool
-) -> Action:
-    lease = state.in_flight.get(call.call_id)
-    if lease is not None and call.call_id not in abandoned:
-        return Busy(call.call_id, lease.owner)
+def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *, can_ask: bool) -> Action:
     tool = agent.tool_index.get(call.tool)
     if tool is None:
         known = ", ".join(sorted(agent.tool_index)) or "none"
@@ -222,7 +203,7 @@ def _call_action(
         shown = f"Error: invalid arguments for tool {tool.name!r}: {_capped(str(error), agent.limits.max_result_chars)}"
         return Commit(_result(call, shown, True, **_full_content(shown, full)))
     decision = state.decisions.get(call.call_id)
-    in_doubt = call.call_id in state.in_flight and not tool.idempotent  # here in_flight means abandoned
+    in_doubt = call.call_id in state.in_flight and not tool.idempotent  # in flight means abandoned
     if decision is not None and not decision.approved:
         why = f": {decision.reason}" if decision.reason else ""
         if in_doubt:
@@ -497,15 +478,13 @@ def retry_after_failure() -> Step:
     return Step("retried", [(ev.WARNING, {"message": "retrying after a transient model failure"})])
 
 
-def tool_started(action: RunTool, *, owner: str, now: float) -> tuple[str, dict[str, Any]]:
-    """The record written (and committed) before the tool runs, naming the driver running it."""
-    lease_until = now + (action.tool.timeout or DEFAULT_LEASE) + LEASE_MARGIN
+def tool_started(action: RunTool, *, owner: str) -> tuple[str, dict[str, Any]]:
+    """The record written (and committed) before the tool runs, naming the driver running it (for people)."""
     data = {
         "call_id": action.call.call_id,
         "tool": action.tool.name,
         "attempt": action.attempt,
         "owner": owner,
-        "lease_until": lease_until,
         **_allowed_field(action.allowed),
     }
     return ev.TOOL_STARTED, data
@@ -518,9 +497,9 @@ def abandon_in_flight(state: RunState, *, by: str, reason: str) -> list[Record]:
     without a transition, like a tool's start.
     """
     return [
-        (ev.CALL_ABANDONED, {"call_id": call_id, "owner": lease.owner, "by": by, "reason": reason})
-        for call_id, lease in state.in_flight.items()
-        if not lease.abandoned
+        (ev.CALL_ABANDONED, {"call_id": call_id, "owner": started.owner, "by": by, "reason": reason})
+        for call_id, started in state.in_flight.items()
+        if not started.abandoned
     ]
 
 

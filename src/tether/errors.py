@@ -9,7 +9,7 @@ The tree::
     │   ├── RunNotFound          no such run (or another tenant's)
     │   ├── RunEnded             the run has ended: nothing can change it (e.g. cancel it)
     │   ├── StaleRun             another process advanced the run first
-    │   │   └── RunBusy          another live process is running one of its tool calls
+    │   │   └── RunBusy          another process holds the run's lease (it drives the run)
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
     │   └── ApprovalError        a decision that cannot apply (.call_id)
@@ -29,6 +29,8 @@ Signals are not errors: a denial is data, and a tool that wants a retry raises
 """
 
 from __future__ import annotations
+
+import time
 
 
 class TetherError(Exception):
@@ -129,28 +131,42 @@ class RunEnded(RunError):
 class StaleRun(RunError):
     """Another writer advanced the run since it was loaded; reload and decide again."""
 
-    def __init__(self, run_id: str, expected_version: int) -> None:
+    def __init__(self, run_id: str, expected_version: int, *, detail: str | None = None) -> None:
         super().__init__(
-            f"run {run_id!r} was changed by another process (expected version "
-            f"{expected_version}); reload it and try again",
+            detail
+            or f"run {run_id!r} was changed by another process (expected version {expected_version}); "
+            "reload it and try again",
             run_id=run_id,
         )
         self.expected_version = expected_version
 
 
 class RunBusy(StaleRun):
-    """Another live driver is executing a tool call of this run; leave the run to it."""
+    """Another process holds the run's lease: it drives the run, so leave the run to it.
 
-    def __init__(self, run_id: str, call_id: str, owner: str) -> None:
-        RunError.__init__(
-            self,
-            f"run {run_id!r} is being driven by {owner} (tool call {call_id} in progress); only if you know "
-            f"that process is gone, take the run over with `tether resume {run_id} --force` (drive(force=True))",
-            run_id=run_id,
-        )
-        self.expected_version = -1
-        self.call_id = call_id
+    Attributes:
+        owner: the holder, ``host:pid:token`` (for people: liveness comes from the lease alone).
+        expires_at: Unix time the holder's lease ends unless it renews it (None when ``lost``).
+        lost: this process held the lease and another took it over (it stopped writing).
+    """
+
+    def __init__(self, run_id: str, owner: str, expires_at: float | None, *, lost: bool = False) -> None:
+        if lost:
+            message = (
+                f"this process lost run {run_id!r} to {owner} (it took the run's lease over, forced or after "
+                "this process stopped renewing it): it stopped and wrote nothing more; the run is theirs now"
+            )
+        else:
+            until = "?" if expires_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires_at))
+            message = (
+                f"another process is driving run {run_id!r}: {owner} holds its lease until {until} and renews "
+                f"it while it works. Leave the run to it; only if you know that process is gone, take the run "
+                f"over with `tether resume {run_id} --force` (drive(force=True))"
+            )
+        super().__init__(run_id, -1, detail=message)
         self.owner = owner
+        self.expires_at = expires_at
+        self.lost = lost
 
 
 class InvalidHistory(RunError):

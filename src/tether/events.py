@@ -26,8 +26,8 @@ CACHE_HIT: Final = "cache_hit"
 CACHE_MISS: Final = "cache_miss"
 """A cached tool found nothing usable; written with its ``tool_started``."""
 CALL_ABANDONED: Final = "call_abandoned"
-"""An operator declared the driver of a started call gone (``tether resume --force``): the
-call is in doubt from then on, whatever its lease says."""
+"""An operator took the run over from the driver of a started call (``tether resume --force``):
+the call is in doubt, for the audit and for every later drive."""
 
 EVENT_TYPES: Final = frozenset(
     {

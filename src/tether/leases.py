@@ -1,129 +1,118 @@
-"""Who is running a tool call right now, and whether that driver is still alive.
+"""Who drives a run: a lease row in the store, claimed first and renewed while the drive lasts.
 
-A tool start records its driver as ``host:pid:start:token``, where ``start`` is when that
-process started. Another process that finds the call unfinished must not treat it as
-crashed while that driver lives: on the same host it checks that the pid is alive *and*
-still the same process (a pid reused by another program after a crash is not the driver;
-``start`` tells them apart), and, for itself, whether that drive is still active; across
-hosts it trusts the lease until it expires. Only an abandoned call is "in doubt".
+Whether another process is still driving a run is read from the database alone, never
+from pids: a pid says nothing across hosts or PID namespaces (a driver in a container on
+the same host can share a hostname and reuse a pid). A drive claims the run's lease before
+any model call or tool start (:func:`hold`); a heartbeat thread renews it every third of its
+time to live, so a long tool, model call or wait keeps it; a process that dies stops
+renewing and its lease expires. Whoever holds the lease owns every call in flight: a call
+another owner started and never finished was abandoned, and the in-doubt rules resolve it.
 
-When the start time cannot be read (no ``/proc``, no ``ps``), a live pid counts as the
-driver: a reused pid then keeps the run busy (:class:`~tether.errors.RunBusy`) until an
-operator who knows the driver is gone forces it (``tether resume RUN --force``).
+A drive that finds its lease taken (an operator's ``--force``, or a renewal that came too
+late) stops before its next write (:class:`~tether.errors.RunBusy`). Owner strings are
+``host:pid:token``, unique per drive, for messages only.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
-import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import contextmanager, suppress
 
-from tether.state import Lease
+from tether.errors import RunBusy, StoreError
+from tether.stores import RunLease, Store
 
-HOST = socket.gethostname()
-UNKNOWN_START = "?"
-_active: set[str] = set()
-_lock = threading.Lock()
-_own_start: dict[int, str] = {}
-"""This process's start time, by pid (a forked child has its own)."""
+DEFAULT_TTL = 30.0
+"""Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy."""
 
 
-@dataclass(frozen=True)
-class Owner:
-    """A driver's identity, parsed from a lease's owner string."""
-
-    host: str
-    pid: int
-    start: str
-    """When the process started, as :func:`process_start` gives it; ``?`` if unknown."""
+def _new_owner() -> str:
+    """A new drive's owner id: this host and pid (for people to read), and a random token."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def owner_id(pid: int, start: str, token: str) -> str:
-    """The owner string recorded with a tool start."""
-    return f"{HOST}:{pid}:{start}:{token}"
+class Lease:
+    """A run's lease while this process holds it: renewed by a heartbeat, checked before work.
 
-
-def parse_owner(owner: str) -> Owner | None:
-    """``host:pid:start:token`` (or the older ``host:pid:token``); None if neither."""
-    parts = owner.split(":")
-    if len(parts) not in (3, 4) or not parts[1].isdigit():
-        return None
-    start = parts[2] if len(parts) == 4 else UNKNOWN_START
-    return Owner(parts[0], int(parts[1]), start)
-
-
-def process_start(pid: int) -> str:
-    """When process ``pid`` started, as an opaque token; ``?`` if it cannot be told.
-
-    Linux: the start time in clock ticks since boot (``/proc/PID/stat``, field 22);
-    elsewhere ``ps -o lstart=``. Only compared for equality, on the same host.
+    Get one from :func:`hold`; as a context manager it renews the lease while inside, and
+    gives it up on the way out.
     """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        pass
-    else:
-        fields = stat.rpartition(")")[2].split()  # the command name may hold spaces and parentheses
-        return fields[19] if len(fields) > 19 else UNKNOWN_START
-    try:
-        shown = subprocess.run(
-            ["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, timeout=5, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return UNKNOWN_START
-    return re.sub(r"\W+", "-", shown.strip()) or UNKNOWN_START
 
+    def __init__(self, store: Store, claimed: RunLease, ttl: float) -> None:
+        self.store = store
+        self.run_id = claimed.run_id
+        self.owner = claimed.owner
+        self.ttl = ttl
+        self.expires_at = claimed.expires_at
+        self.lost: str | None = None
+        """Who took the run over (``another process`` if it has let the run go since); once set,
+        this drive must write nothing more."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name=f"tether-lease-{self.run_id}", daemon=True)
 
-def _my_start() -> str:
-    pid = os.getpid()
-    if pid not in _own_start:
-        _own_start[pid] = process_start(pid)
-    return _own_start[pid]
+    def check(self) -> None:
+        """Raise :class:`RunBusy` unless this drive still holds the lease (before any model call, tool or write).
+
+        Cheap while the heartbeat keeps the lease fresh; when it has not (the process was
+        paused, the database unreachable), it is renewed here first.
+        """
+        if self.lost is None and time.time() > self.expires_at - self.ttl / 3:
+            self.renew()
+        if self.lost is not None:
+            raise RunBusy(self.run_id, self.lost, None, lost=True)
+
+    def renew(self) -> None:
+        """Extend the lease; if it was taken meanwhile (and maybe released since), it is lost for good.
+
+        Never re-taken: after ``tether resume --force`` parked a run and let it go, a hung
+        old driver must not grab it back.
+        """
+        with self._lock:
+            if self.lost is not None:
+                return
+            lease = self.store.renew_run(self.run_id, self.owner, now=time.time(), ttl=self.ttl)
+            if lease is None:
+                self.lost = "another process"
+            elif lease.owner == self.owner:
+                self.expires_at = lease.expires_at
+            else:
+                self.lost = lease.owner
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 3) and self.lost is None:
+            with suppress(StoreError):  # tried again next beat; check() stops the drive if the lease lapses
+                self.renew()
+
+    def __enter__(self) -> Lease:
+        self._heartbeat.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop renewing, and give the lease up unless another owner has it."""
+        self._stop.set()
+        self._heartbeat.join()
+        if self.lost is None:
+            with suppress(StoreError):  # unreachable database: the lease simply expires
+                self.store.release_run(self.run_id, self.owner)
 
 
 @contextmanager
-def driving() -> Iterator[str]:
-    """An owner id for one drive, marked active while the drive lasts."""
-    owner = owner_id(os.getpid(), _my_start(), uuid.uuid4().hex[:8])
-    with _lock:
-        _active.add(owner)
-    try:
-        yield owner
-    finally:
-        with _lock:
-            _active.discard(owner)
+def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = False) -> Iterator[Lease]:
+    """Claim the run's lease for the duration of a drive; :class:`RunBusy` if another process holds it.
 
-
-def alive(lease: Lease, now: float, *, me: str) -> bool:
-    """Whether the driver that started a call may still be running it."""
-    if lease.owner == me or lease.abandoned:
-        return False  # this drive is not running it now (or an operator said its driver is gone)
-    owner = parse_owner(lease.owner)
-    if owner is None or owner.host != HOST:
-        return now < lease.until
-    if owner.pid == os.getpid():
-        with _lock:
-            return lease.owner in _active
-    if not _pid_alive(owner.pid):
-        return False
-    if owner.start == UNKNOWN_START:
-        return True  # cannot tell a reused pid from the driver: assume the driver
-    current = process_start(owner.pid)
-    return current in (owner.start, UNKNOWN_START)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    ``force`` takes it even from a live holder (an operator who knows that holder is gone;
+    if it is not, it stops at its next check).
+    """
+    if ttl <= 0:
+        raise ValueError(f"a lease's ttl must be positive, not {ttl}")
+    owner = _new_owner()
+    claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force)
+    if claimed.owner != owner:
+        raise RunBusy(run_id, claimed.owner, claimed.expires_at)
+    with Lease(store, claimed, ttl) as lease:
+        yield lease

@@ -5,6 +5,8 @@
 A drive ends when the run is done, failed, cancelled, parked awaiting a decision the
 approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
 holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
+A drive holds the run's lease from before its first model call or tool start to its end
+(:meth:`_RunnerBase.hold`, see :mod:`tether.leases`): one process drives a run at a time.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +25,7 @@ from tether import cache, engine, leases, rules
 from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approver, Decision, Deny
 from tether.compat import check_compatible, check_versions
-from tether.errors import ModelError, RunBusy, RunEnded, StaleRun, StoreError
+from tether.errors import ModelError, RunBusy, RunEnded, StaleRun, StoreError, TetherError
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
 from tether.machine import ENDED_VALUES, MACHINE_VERSION, STATUS_VALUES
@@ -216,6 +219,9 @@ class _RunnerBase:
     left in doubt reaches the model as interrupted and not re-run. Pass
     :class:`~tether.approvals.DecideLater` when a person decides later (a service, the CLI's
     ``tether approve``): then calls in doubt park for them too.
+
+    ``lease_ttl``: seconds the run's lease lasts unless renewed (a heartbeat renews it every
+    third of that while a drive works), so how long a killed driver keeps its run busy.
     """
 
     def __init__(
@@ -229,6 +235,7 @@ class _RunnerBase:
         rng: random.Random | None = None,
         on_action: ActionListener | None = None,
         on_text: TextListener | None = None,
+        lease_ttl: float = leases.DEFAULT_TTL,
     ) -> None:
         self.agent = agent
         self.store: Store = store if store is not None else MemoryStore()
@@ -240,6 +247,54 @@ class _RunnerBase:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         """Draws retry jitter; pass ``random.Random(seed)`` for a schedule that repeats."""
+        self.lease_ttl = lease_ttl
+        self._held: dict[str, leases.Lease] = {}
+        """The leases this runner holds now, by run id: every write to those runs checks its lease."""
+
+    # Leases -------------------------------------------------------------------------------
+    @contextmanager
+    def hold(self, run_id: str, *, force: bool = False) -> Iterator[leases.Lease]:
+        """Hold the run's lease while the block lasts: what :meth:`Runner.step` needs (``drive`` does it).
+
+        Raises :class:`~tether.errors.RunBusy` if another process holds it, unless ``force``.
+        """
+        with leases.hold(self.store, run_id, ttl=self.lease_ttl, force=force) as lease:
+            self._held[run_id] = lease
+            try:
+                yield lease
+            finally:
+                del self._held[run_id]
+
+    def _lease(self, state: RunState) -> leases.Lease:
+        lease = self._held.get(state.id)
+        if lease is None:
+            raise RuntimeError(f"step() needs the run's lease: call it inside `with runner.hold({state.id!r}):`")
+        return lease
+
+    @contextmanager
+    def _driving(self, run: str | RunState, tenant: str | None, *, force: bool) -> Iterator[RunState]:
+        """The run, held for a drive: its lease is claimed before anything else and released at the end."""
+        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
+            state = self._start_drive(run, tenant, force=force, owner=lease.owner)
+            try:
+                yield state
+            except RunBusy:
+                raise
+            except StaleRun as error:  # a decision or a cancel from another process, written meanwhile
+                raise self._changed_meanwhile(state, error) from error
+
+    def _changed_meanwhile(self, state: RunState, error: StaleRun) -> StaleRun:
+        try:
+            now = f"it is now {shown_status(self.store.load_run(state.id, tenant=state.tenant))}"
+        except TetherError:
+            now = "it could not be read again"
+        return StaleRun(
+            state.id,
+            error.expected_version,
+            detail=f"run {state.id!r} was changed by another process while this one drove it ({now}): this "
+            "process stopped and did not record its last step (a model answer or a tool result; a tool call it "
+            "ran is in doubt until the run resumes)",
+        )
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
@@ -282,6 +337,9 @@ class _RunnerBase:
         return state
 
     def _persist(self, state: RunState, produced: list[Event]) -> None:
+        lease = self._held.get(state.id)
+        if lease is not None:
+            lease.check()  # a drive that lost the run writes nothing more
         _append(self.store, record_of(state), state.version - 1, produced)
         rules.log_warnings(state.id, produced)
         self._notify(state, produced)
@@ -289,8 +347,8 @@ class _RunnerBase:
     def _commit(self, state: RunState, step: engine.Step) -> None:
         self._persist(state, engine.commit(state, step, now=self.clock()))
 
-    def _record_start(self, state: RunState, action: engine.RunTool, owner: str) -> None:
-        records = [*action.warnings, engine.tool_started(action, owner=owner, now=self.clock())]
+    def _record_start(self, state: RunState, action: engine.RunTool) -> None:
+        records = [*action.warnings, engine.tool_started(action, owner=self._lease(state).owner)]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
         self._record(state, records)
@@ -307,8 +365,13 @@ class _RunnerBase:
         self._persist(state, produced)
 
     def _start_drive(self, run: str | RunState, tenant: str | None, *, force: bool, owner: str) -> RunState:
-        """Load and check the run; with ``force``, first declare its in-flight calls abandoned."""
+        """Load and check the run; with ``force``, first declare its in-flight calls abandoned.
+
+        A state loaded before the lease was claimed may be behind: StaleRun now, before any model call.
+        """
         state = self._state(run, tenant)
+        if isinstance(run, RunState) and self.store.load_run(run.id, tenant=run.tenant).version != run.version:
+            raise StaleRun(run.id, run.version)
         if force:
             records = engine.abandon_in_flight(state, by=owner, reason="forced: the operator says its driver is gone")
             if records:
@@ -417,15 +480,14 @@ class _RunnerBase:
         if state.status == "failed" and state.can_retry:
             self._commit(state, engine.retry_after_failure())
 
-    def _next(
-        self, state: RunState, owner: str
-    ) -> engine.CallModel | engine.RunTool | engine.WaitUntil | engine.Commit | engine.Stop:
-        now = self.clock()
-        abandoned = {cid for cid, lease in state.in_flight.items() if not leases.alive(lease, now, me=owner)}
-        action = engine.next_action(state, self.agent, now=now, abandoned=abandoned, can_ask=self.approver is not None)
-        if isinstance(action, engine.Busy):
-            raise RunBusy(state.id, action.call_id, action.owner)
-        return action
+    def _next(self, state: RunState) -> engine.Action:
+        """The next action, once sure this drive still holds the run's lease.
+
+        Holding the lease, this drive owns the run: a call in flight that another owner
+        started was abandoned by its driver, and the engine treats it as in doubt.
+        """
+        self._lease(state).check()
+        return engine.next_action(state, self.agent, now=self.clock(), can_ask=self.approver is not None)
 
     def _parks(self, wait: engine.WaitUntil, max_wait: float | None) -> bool:
         """Whether a drive allowed to sleep ``max_wait`` seconds leaves this wait for later."""
@@ -496,25 +558,25 @@ class Runner(_RunnerBase):
         parks the run (status ``waiting_retry``, ``next_due_at`` set, no thread held) for a
         later drive; ``0`` never sleeps, None (the default) waits however long.
 
-        ``force`` first records that every call now in flight was abandoned by its
-        driver, so each is handled as a call a crash left in doubt. Only for an operator
-        who knows that driver is gone (its lease would otherwise raise RunBusy): if it
-        still runs, its call may run twice.
+        The run's lease is claimed first (:class:`~tether.errors.RunBusy` if another
+        process holds it) and held until the drive ends. ``force`` takes it even from a
+        live holder and records that every call now in flight was abandoned by its driver,
+        so each is handled as a call a crash left in doubt. Only for an operator who knows
+        that driver is gone: if it still runs, it stops at its next write, but a call it
+        was running may run twice.
         """
-        with leases.driving() as owner:
-            state = self._start_drive(run, tenant, force=force, owner=owner)
-            while self.step(state, owner=owner, max_wait=max_wait):
+        with self._driving(run, tenant, force=force) as state:
+            while self.step(state, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
+    def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
 
-        ``owner`` identifies the drive (see :func:`tether.leases.driving`); it is recorded
-        with each tool start so other processes can tell a running call from a crashed one.
-        A retry due more than ``max_wait`` seconds from now is left for later (False).
+        Only inside ``with runner.hold(run_id):`` (the lease says which process may step
+        the run). A retry due more than ``max_wait`` seconds from now is left for later (False).
         """
-        action = self._next(state, owner)
+        action = self._next(state)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
@@ -535,7 +597,7 @@ class Runner(_RunnerBase):
                 response = error
             self._model_step(state, response, started)
         elif not self._answered_from_cache(state, action):
-            self._record_start(state, action, owner)
+            self._record_start(state, action)
             began = time.perf_counter()
             outcome: str | BaseException
             try:
@@ -576,15 +638,14 @@ class AsyncRunner(_RunnerBase):
         force: bool = False,
     ) -> RunResult:
         """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
-        with leases.driving() as owner:
-            state = self._start_drive(run, tenant, force=force, owner=owner)
-            while await self.step(state, owner=owner, max_wait=max_wait):
+        with self._driving(run, tenant, force=force) as state:
+            while await self.step(state, max_wait=max_wait):
                 pass
         return result_of(state)
 
-    async def step(self, state: RunState, *, owner: str, max_wait: float | None = None) -> bool:
+    async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
-        action = self._next(state, owner)
+        action = self._next(state)
         if isinstance(action, engine.Stop):
             if state.status != "awaitingApproval" or self.approver is None:
                 return False
@@ -605,7 +666,7 @@ class AsyncRunner(_RunnerBase):
                 response = error
             self._model_step(state, response, started)
         elif not self._answered_from_cache(state, action):
-            self._record_start(state, action, owner)
+            self._record_start(state, action)
             began = time.perf_counter()
             outcome: str | BaseException
             try:

@@ -47,15 +47,17 @@ class ToolOutcome:
 
 
 @dataclass(frozen=True)
-class Lease:
-    """Who started a tool call, and until when that process is trusted to finish it."""
+class InFlightCall:
+    """Who started a tool call whose end is not recorded.
+
+    Not who runs it now: whoever holds the run's lease owns the run (see :mod:`tether.leases`),
+    so to that driver every call in flight was abandoned.
+    """
 
     owner: str
-    """``host:pid:token`` of the driver that recorded the start."""
-    until: float
-    """After this Unix time a silent owner is presumed dead (used across hosts)."""
+    """``host:pid:token`` of the driver that recorded the start (for messages)."""
     abandoned: bool = False
-    """An operator declared the owner gone (``call_abandoned``): the call is in doubt."""
+    """An operator declared the owner gone (``call_abandoned``, ``tether resume --force``)."""
 
 
 @dataclass
@@ -85,7 +87,7 @@ class RunState:
     approved_tools: set[str] = field(default_factory=set)
     """Tools a person approved for the rest of the run: later calls skip the approval gate."""
     attempts: dict[str, int] = field(default_factory=dict)
-    in_flight: dict[str, Lease] = field(default_factory=dict)
+    in_flight: dict[str, InFlightCall] = field(default_factory=dict)
     """Calls whose start was recorded and whose end was not: running, or in doubt after a crash."""
     retry_due: dict[str, float] = field(default_factory=dict)
     continuing_turn: bool = False
@@ -224,14 +226,14 @@ def _model_responded(state: RunState, data: dict[str, Any]) -> None:
 
 def _tool_started(state: RunState, data: dict[str, Any]) -> None:
     state.attempts[data["call_id"]] = int(data["attempt"])
-    state.in_flight[data["call_id"]] = Lease(str(data.get("owner", "")), float(data.get("lease_until", 0.0)))
+    state.in_flight[data["call_id"]] = InFlightCall(str(data.get("owner", "")))
     state.retry_due.pop(data["call_id"], None)
 
 
 def _call_abandoned(state: RunState, data: dict[str, Any]) -> None:
-    lease = state.in_flight.get(data["call_id"])
-    if lease is not None:
-        state.in_flight[data["call_id"]] = Lease(lease.owner, lease.until, abandoned=True)
+    started = state.in_flight.get(data["call_id"])
+    if started is not None:
+        state.in_flight[data["call_id"]] = InFlightCall(started.owner, abandoned=True)
 
 
 def _tool_finished(state: RunState, data: dict[str, Any]) -> None:

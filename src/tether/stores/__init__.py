@@ -3,7 +3,8 @@
 A store keeps two things per run: a small row (status, version, summary) rewritten on each
 step, and the append-only event log. Each step's events and the row's new version are
 written in ONE transaction, guarded by the version the writer loaded (optimistic
-concurrency): a writer that lost the race gets :class:`tether.errors.StaleRun`.
+concurrency): a writer that lost the race gets :class:`tether.errors.StaleRun`. A third,
+the run's lease, says which process drives the run now (see :meth:`Store.claim_run`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any, Protocol
 from tether.errors import ConfigError
 from tether.events import Event
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
 version it was migrated to (see ``tether.stores.sql.MIGRATIONS``); each run's spec records
-the one it was written under. 2: the tool-result cache; failed runs say if retryable."""
+the one it was written under. 2: the tool-result cache; failed runs say if retryable.
+3: run leases (who drives a run)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,19 @@ class RunLog:
     version: int
     tenant: str | None
     events: list[Event]
+
+
+@dataclass(frozen=True)
+class RunLease:
+    """Which process drives a run, until when: the answer of :meth:`Store.claim_run`."""
+
+    run_id: str
+    owner: str
+    """The holder's id, ``host:pid:token``: unique per drive, readable in messages."""
+    expires_at: float
+    """Unix time after which the holder, unless it renewed, is presumed gone."""
+    claimed_at: float
+    """Unix time this holder took the lease (renewals keep it)."""
 
 
 class Store(Protocol):
@@ -108,11 +123,35 @@ class Store(Protocol):
         Only final statuses may be given (see :func:`check_deletable`): a parked or running
         run is never deleted unless ``include_parked`` (then every run that has not ended,
         :data:`PARKED_STATUSES`, goes too: awaiting a decision, waiting for a retry, or left
-        mid-step; a driver still working on one past the cutoff would lose it), nor, unless
-        ``include_retryable``, a run that failed transiently (``summary["retryable"]``):
-        resuming it may still finish it. The conditions hold at the moment of deletion, even
-        if another process resumes a run meanwhile.
+        mid-step; but not one whose lease lasts until the cutoff or later: a driver held it
+        since), nor, unless ``include_retryable``, a run that failed transiently
+        (``summary["retryable"]``): resuming it may still finish it. The conditions hold at
+        the moment of deletion, even if another process resumes a run meanwhile. A deleted
+        run's lease goes with it.
         """
+        ...
+
+    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """Take the lease on driving ``run_id`` until ``now + ttl``, atomically; return the lease in force.
+
+        The lease is taken when nobody holds it, when the holder's expired (``expires_at <=
+        now``), when ``owner`` holds it already, or with ``force``; otherwise the holder's
+        lease comes back unchanged, and the caller, seeing another owner, leaves the run
+        alone. Whether the run exists is not checked.
+        """
+        ...
+
+    def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """Extend ``owner``'s lease to ``now + ttl`` if the row still names it; return the lease in force.
+
+        Unlike a claim, a renewal never takes a lease that is free or another's: if its
+        owner's lease was taken (and maybe released since), that drive has lost the run.
+        None when nobody holds it.
+        """
+        ...
+
+    def release_run(self, run_id: str, owner: str) -> None:
+        """Give up the lease on ``run_id`` if ``owner`` still holds it; otherwise do nothing."""
         ...
 
     def cache_get(self, key: str, now: float) -> str | None:
@@ -151,12 +190,16 @@ def deletable(
     statuses: Collection[str],
     include_retryable: bool,
     include_parked: bool = False,
+    lease: RunLease | None = None,
 ) -> bool:
-    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says)."""
+    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says).
+
+    A parked run whose ``lease`` expires at or after the cutoff was driven since: it stays.
+    """
     if not record.updated_at < finished_before:
         return False
     if include_parked and record.status in PARKED_STATUSES:
-        return True
+        return lease is None or lease.expires_at < finished_before
     if record.status not in statuses:
         return False
     return include_retryable or not (record.status == "failed" and record.summary.get("retryable") is True)
@@ -202,6 +245,7 @@ __all__ = [
     "PARKED_STATUSES",
     "SCHEMA_VERSION",
     "WAITING_STATUS",
+    "RunLease",
     "RunLog",
     "RunRecord",
     "Store",

@@ -10,7 +10,16 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
-from tether.stores import DUE_KEY, WAITING_STATUS, RunLog, RunRecord, check_deletable, check_limit, deletable
+from tether.stores import (
+    DUE_KEY,
+    WAITING_STATUS,
+    RunLease,
+    RunLog,
+    RunRecord,
+    check_deletable,
+    check_limit,
+    deletable,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class MemoryStore:
         self._events: dict[str, dict[int, _StoredEvent]] = {}
         self._cache: dict[str, tuple[str, float]] = {}
         """Tool-result cache: key -> (value, expires_at)."""
+        self._leases: dict[str, RunLease] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -83,6 +93,31 @@ class MemoryStore:
             for key in expired:
                 del self._cache[key]
         return len(expired)
+
+    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """Take or renew the run's lease, unless another owner's is live (see :meth:`Store.claim_run`)."""
+        with self._lock:
+            held = self._leases.get(run_id)
+            if held is not None and held.owner != owner and held.expires_at > now and not force:
+                return held
+            claimed_at = held.claimed_at if held is not None and held.owner == owner else now
+            lease = self._leases[run_id] = RunLease(run_id, owner, now + ttl, claimed_at)
+        return lease
+
+    def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """Extend ``owner``'s lease if it still holds it; return the lease in force."""
+        with self._lock:
+            held = self._leases.get(run_id)
+            if held is not None and held.owner == owner:
+                held = self._leases[run_id] = RunLease(run_id, owner, now + ttl, held.claimed_at)
+        return held
+
+    def release_run(self, run_id: str, owner: str) -> None:
+        """Drop the run's lease if ``owner`` holds it."""
+        with self._lock:
+            held = self._leases.get(run_id)
+            if held is not None and held.owner == owner:
+                del self._leases[run_id]
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run."""
@@ -174,11 +209,13 @@ class MemoryStore:
                     statuses=statuses,
                     include_retryable=include_retryable,
                     include_parked=include_parked,
+                    lease=self._leases.get(run_id),
                 )
             ]
             for run_id in doomed:
                 del self._rows[run_id]
                 del self._events[run_id]
+                self._leases.pop(run_id, None)
         return len(doomed)
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -29,6 +30,7 @@ from tether.stores import (
     PARKED_STATUSES,
     SCHEMA_VERSION,
     WAITING_STATUS,
+    RunLease,
     RunLog,
     RunRecord,
     check_deletable,
@@ -103,6 +105,23 @@ class ToolCacheRow(SQLModel, table=True):
 
 
 _CACHE = ToolCacheRow.__table__  # type: ignore[attr-defined]
+
+
+class RunLeaseRow(SQLModel, table=True):
+    """Which process drives a run, until when (see :meth:`tether.stores.Store.claim_run`).
+
+    No foreign key: a lease outlives nothing it needs, and ``delete_runs`` drops a deleted run's.
+    """
+
+    __tablename__ = "tether_run_lease"
+
+    run_id: str = Field(primary_key=True, max_length=64)
+    owner: str = Field(max_length=300)
+    expires_at: float
+    claimed_at: float
+
+
+_LEASE = RunLeaseRow.__table__  # type: ignore[attr-defined]
 
 
 def _sqlite_pragmas(busy_timeout_ms: int, *, read_only: bool) -> Any:
@@ -447,6 +466,42 @@ class SQLStore:
             rows = connection.execute(query).mappings().all()
         return [_record(r, strict=False) for r in rows]
 
+    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """Take or renew the run's lease in one upsert guarded by a WHERE, then read what holds.
+
+        On PostgreSQL the upsert locks the lease row even when its WHERE refuses the update,
+        so the row read after it in the same transaction is the lease in force.
+        """
+        dialect = sqlite if self._sqlite else postgresql
+        insert = dialect.insert(_LEASE).values(run_id=run_id, owner=owner, expires_at=now + ttl, claimed_at=now)
+        mine = _LEASE.c.owner == insert.excluded.owner
+        claim = insert.on_conflict_do_update(
+            index_elements=[_LEASE.c.run_id],
+            set_={
+                "owner": insert.excluded.owner,
+                "expires_at": insert.excluded.expires_at,
+                "claimed_at": sa.case((mine, _LEASE.c.claimed_at), else_=insert.excluded.claimed_at),
+            },
+            where=None if force else mine | (_LEASE.c.expires_at <= now),
+        )
+        with self._transaction() as connection:
+            connection.execute(claim)
+            row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().one()
+        return _lease(row)
+
+    def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """Extend ``owner``'s lease if the row names it, then read what holds."""
+        mine = (_LEASE.c.run_id == run_id) & (_LEASE.c.owner == owner)
+        with self._transaction() as connection:
+            connection.execute(sa.update(_LEASE).where(mine).values(expires_at=now + ttl))
+            row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
+        return None if row is None else _lease(row)
+
+    def release_run(self, run_id: str, owner: str) -> None:
+        """Delete the run's lease if ``owner`` holds it."""
+        with self._transaction() as connection:
+            connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id == run_id, _LEASE.c.owner == owner))
+
     def cache_get(self, key: str, now: float) -> str | None:
         """The cached value, if present and not expired at ``now``."""
         query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
@@ -485,15 +540,16 @@ class SQLStore:
         A failed or parked run can still change (resuming it moves it on), so the rows are
         locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one writer) and
         every DELETE repeats the conditions: a run another process resumed meanwhile is left
-        whole, never deleted, never stripped of its events.
+        whole, never deleted, never stripped of its events (nor of its lease).
         """
         check_deletable(statuses)
         chosen = _RUN.c.status.in_(sorted(statuses))
         if not include_retryable:  # a transient failure may still be resumed: keep it
             retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
             chosen &= (_RUN.c.status != "failed") | sa.not_(retryable)
-        if include_parked:
-            chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES))
+        if include_parked:  # unless a driver held its lease since the cutoff
+            driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
+            chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
         doomed = chosen & (_RUN.c.updated_at < finished_before)
         if tenant is not None:
             doomed &= _RUN.c.tenant == tenant
@@ -505,6 +561,8 @@ class SQLStore:
                 still = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk), doomed)
                 connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
                 deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
+                kept = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk))
+                connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id.in_(chunk), _LEASE.c.run_id.not_in(kept)))
         return deleted
 
 
@@ -530,7 +588,12 @@ def _to_v2(connection: sa.Connection) -> None:
         )
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2),)
+def _to_v3(connection: sa.Connection) -> None:
+    """Version 2 to 3: the run-lease table (which process drives a run); it starts empty."""
+    _LEASE.create(connection, checkfirst=True)
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2), (2, _to_v3))
 """(from version, step to the next), in order. A step only adds (tables, columns, facts
 derived from the log): it never drops or rewrites what runs recorded. Plain steps rather
 than alembic: a few small additive changes, applied on first use with no extra tool."""
@@ -559,7 +622,7 @@ def _migrate(connection: sa.Connection) -> None:
     if stored == SCHEMA_VERSION:
         return
     if stored is None:
-        SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE])
+        SQLModel.metadata.create_all(connection, tables=[_RUN, _EVENT, _META, _CACHE, _LEASE])
     else:
         _refuse_newer(stored)
         _META.create(connection, checkfirst=True)
@@ -623,6 +686,10 @@ def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
         return f"its stored {what} is {kind}, not a JSON object"
     return None
+
+
+def _lease(row: Any) -> RunLease:
+    return RunLease(row["run_id"], row["owner"], row["expires_at"], row["claimed_at"])
 
 
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:
