@@ -35,12 +35,13 @@ from tether.errors import (
 )
 from tether.events import Event
 from tether.history import check_pairing, text_of, tool_uses
-from tether.machine import ENDED_VALUES, bind
+from tether.machine import bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
+from tether.status import AWAITING, ENDED, RunStatus
 from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
@@ -130,9 +131,9 @@ def next_action(
     ``can_ask`` says whether anyone can answer a question (the driver has an approver): if
     not, a call in doubt whose policy is ``"ask"`` gets the ``"error"`` result instead.
     """
-    if state.status in ENDED_VALUES or state.status == "awaitingApproval":
+    if state.status in ENDED or state.status == AWAITING:
         return Stop(state.status)
-    if state.status == "executingTool":
+    if state.status == RunStatus.executing_tool:
         return _next_tool_action(state, agent, now, can_ask)
     max_steps = state.spec.get("max_steps", agent.limits.max_steps)
     if max_steps is not None and state.steps >= max_steps:
@@ -663,7 +664,7 @@ def on_decision(
         raise AlreadyDecided(run_id=state.id, call_id=call_id, actor=earlier.actor, approved=earlier.approved)
     if not _requested(state, call_id):
         raise UnknownCall(run_id=state.id, call_id=call_id)
-    parked = state.status == "awaitingApproval"
+    parked = state.status == AWAITING
     call = state.call(call_id)
     if not parked or call is None or call_id not in state.awaiting:
         raise NotAwaitingApproval(run_id=state.id, call_id=call_id, status=state.status, run_waits=parked)
@@ -719,7 +720,7 @@ def _requested(state: RunState, call_id: str) -> bool:
 
 def cancellation(reason: str) -> Step:
     """Stop the run on request."""
-    return Step("cancel", error=f"cancelled: {reason}" if reason else "cancelled")
+    return Step("cancel", error=RunStatus.cancelled.shown + (f": {reason}" if reason else ""))
 
 
 # Committing -------------------------------------------------------------------------------
@@ -742,10 +743,10 @@ def commit(state: RunState, step: Step, *, now: float) -> list[Event]:
     source = state.status
     bind(state).send(step.trigger)
     target = state.status
-    if source == "executingTool" and target in ("thinking", "done"):
+    if source == RunStatus.executing_tool and target in (RunStatus.thinking, RunStatus.done):
         record(ev.RESULTS_RETURNED, {})
     record(ev.TRANSITION, {"event": step.trigger, "source": source, "target": target})
-    if target in ENDED_VALUES:
+    if target in ENDED:
         record(
             ev.RUN_FINISHED,
             {

@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tether.status import AWAITING
 from tether.stores import RunRecord, Store
-
-AWAITING = "awaitingApproval"
-"""The persisted status of a parked run (see :data:`tether.machine.STATUS_VALUES`)."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from tether.compat import check_compatible
 from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
-from tether.machine import MACHINE_VERSION, STATUS_VALUES
+from tether.machine import MACHINE_VERSION
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -39,6 +39,7 @@ from tether.models import (
     Usage,
 )
 from tether.state import RunState
+from tether.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
@@ -100,26 +101,21 @@ class RunResult:
         return data
 
 
-WAITING_RETRY = "waiting_retry"
-"""The status of a run executing tools whose next step is a retry due later (not a machine state:
-the run is in ``executing_tool``; a drive with ``max_wait`` parks it there)."""
-
-
 def shown_status(record: RunRecord) -> str:
     """A stored run's status as :class:`RunResult` says it: the machine's, or waiting_retry."""
     if record.summary.get("next_due_at") is not None:
         return WAITING_RETRY
-    return STATUS_VALUES.get(record.status, record.status)
+    return status_name(record.status)
 
 
 def result_of(state: RunState) -> RunResult:
     """Summarise a run state."""
     due = state.next_due_at
-    status = STATUS_VALUES.get(state.status or "", state.status or "unknown")
+    status = status_name(state.status)
     return RunResult(
         run_id=state.id,
         status=WAITING_RETRY if due is not None else status,
-        output=state.output if state.status == "done" else None,
+        output=state.output if state.status == RunStatus.done else None,
         result=state.result if state.has_final_result else None,
         error=state.error,
         steps=state.steps,
@@ -149,10 +145,10 @@ def record_of(state: RunState) -> RunRecord:
     summary.pop("run_id")
     summary.pop("status")
     summary["cost_usd"] = result.cost_usd
-    summary["retryable"] = state.status == "failed" and state.can_retry  # kept by `tether gc`
+    summary["retryable"] = state.status == RunStatus.failed and state.can_retry  # kept by `tether gc`
     return RunRecord(
         id=state.id,
-        status=state.status or "thinking",
+        status=state.status or INITIAL.value,
         version=state.version,
         tenant=state.tenant,
         spec=state.spec,
@@ -462,7 +458,7 @@ class _RunnerBase:
 
     def _retry_if_resumable(self, state: RunState) -> None:
         """A drive of a run that failed transiently starts by trying again."""
-        if state.status == "failed" and state.can_retry:
+        if state.status == RunStatus.failed and state.can_retry:
             self._commit(state, engine.retry_after_failure())
 
     def _next(self, state: RunState) -> engine.Action:
@@ -563,7 +559,7 @@ class Runner(_RunnerBase):
         """
         action = self._next(state)
         if isinstance(action, engine.Stop):
-            if state.status != "awaitingApproval" or self.approver is None:
+            if state.status != AWAITING or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
         if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
@@ -632,7 +628,7 @@ class AsyncRunner(_RunnerBase):
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
         action = self._next(state)
         if isinstance(action, engine.Stop):
-            if state.status != "awaitingApproval" or self.approver is None:
+            if state.status != AWAITING or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
         if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):

@@ -31,12 +31,12 @@ from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.audit import AuditEntry
 from tether.events import Event
-from tether.machine import STATUS_VALUES
 from tether.pending import PendingApproval
 from tether.policies import ApprovalContext
 from tether.rules import denial
 from tether.runner import Activity, RunResult
 from tether.state import RunState
+from tether.status import WAITING_RETRY, RunStatus, status_name
 
 CHOICES = {
     "a": "approve",
@@ -89,11 +89,6 @@ def _preview(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _status_id(value: str | None) -> str:
-    """A persisted status as people read it everywhere: the machine's snake_case id."""
-    return STATUS_VALUES.get(value, value) if value else "unknown"
-
-
 class ProgressPrinter:
     """An event listener printing one line per meaningful fact, as the run goes."""
 
@@ -124,7 +119,7 @@ class ProgressPrinter:
         elif event.type == ev.WARNING:
             self.console.print(Text("warn   ", style="yellow") + Text(printable(str(data.get("message")))))
         elif event.type == ev.TRANSITION and data.get("source") is not None:
-            transition = f"state  {_status_id(data['source'])} → {_status_id(data['target'])}"
+            transition = f"state  {status_name(data['source'])} → {status_name(data['target'])}"
             self.console.print(Text(transition, style="dim"))
 
 
@@ -215,7 +210,7 @@ class LiveView:
 def activity_prefix(state: RunState, action: Activity) -> str:
     """The run's state and step number while ``action`` is under way."""
     step = state.steps + 1 if isinstance(action, engine.CallModel) else state.steps  # a model call is the step
-    return f"{_status_id(state.status)} · step {step}"
+    return f"{status_name(state.status)} · step {step}"
 
 
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
@@ -367,11 +362,18 @@ def _plain(error: pydantic.ValidationError) -> str:
     return printable("; ".join(problems))
 
 
+_RESULT_STYLES = {
+    RunStatus.done.shown: "green",
+    RunStatus.failed.shown: "red",
+    RunStatus.awaiting_approval.shown: "yellow",
+    WAITING_RETRY: "yellow",
+}
+"""The colour of each status a drive ends in (others are white)."""
+
+
 def render_result(console: Console, result: RunResult) -> None:
     """The end of a drive: status, answer or error, pending calls, usage."""
-    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow", "waiting_retry": "yellow"}.get(
-        result.status, "white"
-    )
+    style = _RESULT_STYLES.get(result.status, "white")
     lines: list[Any] = [Text.assemble(("status: ", "bold"), (result.status, style))]
     if result.output:
         lines.append(Text(printable(result.output)))
@@ -515,7 +517,7 @@ def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
         detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
     for key in _STATUS_FIELDS.get(event.type, ()):
         if isinstance(detail.get(key), str):
-            detail[key] = _status_id(detail[key])
+            detail[key] = status_name(detail[key])
     return detail
 
 
