@@ -23,7 +23,7 @@ from typing import Any
 
 from tether import cache, engine, leases, rules
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approver, Decision
+from tether.approvals import Approver, Decision, PendingApproval, pending_of
 from tether.compat import check_compatible
 from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
 from tether.events import Event
@@ -125,16 +125,7 @@ def result_of(state: RunState) -> RunResult:
         next_due_at=due,
         model_seconds=round(state.model_seconds, 6),
         tool_seconds=round(state.tool_seconds, 6),
-        pending_approvals=[
-            {
-                "call_id": c.call_id,
-                "tool": c.tool,
-                "input": state.input_to_run(c),
-                "reason": state.approval_reasons.get(c.call_id, ""),
-                "fingerprint": engine.fingerprint(state.input_to_run(c)),
-            }
-            for c in state.pending_approvals()
-        ],
+        pending_approvals=[pending.item() for pending in pending_of(state)],
     )
 
 
@@ -394,24 +385,9 @@ class _RunnerBase:
                 listener(state, event)
 
     # Approvals ------------------------------------------------------------------------
-    def approval_requests(self, state: RunState) -> list[ApprovalRequest]:
-        """The calls of ``state`` waiting for a decision."""
-        requests = []
-        for call in state.pending_approvals():
-            tool = self.agent.tool_index.get(call.tool)
-            requests.append(
-                ApprovalRequest(
-                    run_id=state.id,
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    input=state.input_to_run(call),
-                    reason=state.approval_reasons.get(call.call_id, ""),
-                    description=tool.description if tool else "",
-                    fingerprint=engine.fingerprint(state.input_to_run(call)),
-                    tenant=state.tenant,
-                )
-            )
-        return requests
+    def approval_requests(self, state: RunState) -> list[PendingApproval]:
+        """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
+        return pending_of(state, self.agent)
 
     def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> bool:
         applied = False

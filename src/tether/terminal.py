@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pydantic
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.measure import Measurement
@@ -28,12 +27,10 @@ from rich.text import Text
 from tether import engine
 from tether import events as ev
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approve, Decision, Deny
+from tether.approvals import Approve, Decision, Deny, PendingApproval
 from tether.audit import AuditEntry
+from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.events import Event
-from tether.pending import PendingApproval
-from tether.policies import ApprovalContext
-from tether.rules import denial
 from tether.runner import Activity, RunResult
 from tether.state import RunState
 from tether.status import WAITING_RETRY, RunStatus, status_name
@@ -236,7 +233,7 @@ class TerminalApprover:
         self.stopped = False
         """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
 
-    def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
+    def decide(self, requests: Sequence[PendingApproval]) -> Mapping[str, Decision]:
         """Show every pending call of the batch, then ask about each in turn.
 
         "A" answers ``Approve(remember_for_run=True)``: the run records it, so later calls
@@ -275,7 +272,7 @@ class TerminalApprover:
             self.console.print(message, soft_wrap=False)  # wrapped between words
         return decisions
 
-    def _panel(self, request: ApprovalRequest) -> Panel:
+    def _panel(self, request: PendingApproval) -> Panel:
         arguments = _json(request.input)
         body = Group(
             Text(printable(request.description or "(no description)"), style="italic"),
@@ -285,7 +282,7 @@ class TerminalApprover:
         )
         return Panel(body, title=Text(printable(request.tool), style="bold"), border_style="yellow")
 
-    def _ask(self, request: ApprovalRequest, label: str) -> Decision:
+    def _ask(self, request: PendingApproval, label: str) -> Decision:
         prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
             answer = self.console.input(prompt).strip()
@@ -304,12 +301,11 @@ class TerminalApprover:
                 continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
-    def _edit(self, request: ApprovalRequest) -> dict[str, Any] | None:
+    def _edit(self, request: PendingApproval) -> dict[str, Any] | None:
         """Asked again until the JSON is valid for the tool and no deny rule forbids it.
 
         None when the person enters an empty line: they changed their mind about editing.
         """
-        tool = self.agent.tool_index.get(request.tool)
         while True:
             raw = self.console.input(Text("New input as JSON (empty line: back) > ")).strip()
             if not raw:
@@ -322,25 +318,13 @@ class TerminalApprover:
             if not isinstance(value, dict):
                 self.console.print(Text("The input must be a JSON object.", style="red"))
                 continue
-            if tool is None:
-                return value
             try:
-                arguments = tool.validate(value)
-            except pydantic.ValidationError as error:
-                problems = Text(f"Not valid for {printable(tool.name)}: {_plain(error)}", style="red")
+                return engine.check_edit(self.agent, request, value)
+            except InvalidEditedInput as error:
+                problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
                 self.console.print(problems, soft_wrap=False)
-                continue
-            context = ApprovalContext(
-                run_id=request.run_id,
-                tool=tool.name,
-                call_id=request.call_id,
-                tenant=request.tenant,
-                agent=self.agent.name,
-            )
-            why = denial(self.agent.policy, tool, arguments, context)
-            if why is None:
-                return arguments.model_dump(mode="json")
-            self.console.print(Text(f"Not allowed: {printable(why)}", style="red"), soft_wrap=False)
+            except DeniedByPolicy as error:
+                self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
 
 
 def _stopped_message(decided: int, waiting: int) -> str:
@@ -351,15 +335,6 @@ def _stopped_message(decided: int, waiting: int) -> str:
         f"No more answers: the {decided} decision(s) given are kept; "
         f"{waiting} call(s) stay pending and the run is parked."
     )
-
-
-def _plain(error: pydantic.ValidationError) -> str:
-    """A validation error in plain words, one ``field: problem`` per mistake (no doc links)."""
-    problems = []
-    for problem in error.errors(include_url=False):
-        where = ".".join(str(part) for part in problem["loc"]) or "input"
-        problems.append(f"{where}: {problem['msg']}")
-    return printable("; ".join(problems))
 
 
 _RESULT_STYLES = {
