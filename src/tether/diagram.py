@@ -65,7 +65,7 @@ GRAPHVIZ_HINT = (
     "Install the Debian package `graphviz` (apt-get install graphviz), "
     "or see https://graphviz.org/download/ elsewhere."
 )
-TOOLS_STATE = "executing_tool"
+TOOLS_STATE = AgentMachine.executing_tool.id
 """The state the tools note is attached to (when the machine has it)."""
 DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.5"}
 """Room between states (the library's 0.3 packs edges through the labels of their neighbours)."""

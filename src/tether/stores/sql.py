@@ -25,10 +25,10 @@ from sqlmodel import Field, SQLModel
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
 from tether.events import Event
 from tether.redact import MASK, scrub
+from tether.status import WAITING_RETRY_STATUS, RunStatus
 from tether.stores import (
     DUE_KEY,
     SCHEMA_VERSION,
-    WAITING_STATUS,
     RunLease,
     RunLog,
     RunRecord,
@@ -455,7 +455,7 @@ class SQLStore:
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         query = (
             sa.select(_RUN)
-            .where(_RUN.c.status == WAITING_STATUS, due_at <= now)
+            .where(_RUN.c.status == WAITING_RETRY_STATUS.value, due_at <= now)
             .order_by(due_at, _RUN.c.id)
             .limit(limit)
         )
@@ -544,7 +544,7 @@ class SQLStore:
         doomed = _RUN.c.status.in_(sorted(statuses)) & (_RUN.c.updated_at < finished_before)
         if not include_retryable:  # a transient failure may still be resumed: keep it
             retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
-            doomed &= (_RUN.c.status != "failed") | sa.not_(retryable)
+            doomed &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
         if tenant is not None:
             doomed &= _RUN.c.tenant == tenant
         deleted = 0
@@ -568,7 +568,8 @@ def _to_v2(connection: sa.Connection) -> None:
     retried is read from its log's ``run_finished``, so ``tether gc`` keeps those runs.
     """
     _CACHE.create(connection, checkfirst=True)
-    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(_RUN.c.status == "failed")).all()
+    is_failed = _RUN.c.status == RunStatus.failed.value
+    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(is_failed)).all()
     for run_id, summary in failed:
         finished = connection.execute(
             sa.select(_EVENT.c.data)
