@@ -16,7 +16,8 @@ from typing import Any
 
 from tether import diagram as dg
 from tether.events import Event
-from tether.machine import STATUS_VALUES, AgentMachine
+from tether.machine import AgentMachine
+from tether.status import RunStatus
 
 Move = tuple[str, str, str]
 """(source state id, target state id, event display name)."""
@@ -118,9 +119,10 @@ def recorded_counts(events: Sequence[Event]) -> tuple[Counter[Move], Counter[str
     for event in events:
         if event.type != "transition":
             continue
-        entries[STATUS_VALUES[event.data["target"]]] += 1
+        target = RunStatus(event.data["target"]).shown
+        entries[target] += 1
         if event.data["source"] is not None:
-            key = (STATUS_VALUES[event.data["source"]], STATUS_VALUES[event.data["target"]], names[event.data["event"]])
+            key = (RunStatus(event.data["source"]).shown, target, names[event.data["event"]])
             moves[key] += 1
     return moves, entries
 

@@ -23,9 +23,9 @@ from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runne
 from tether.approvals import DecideLater
 from tether.errors import ApprovalError, ModelError
 from tether.history import check_pairing
-from tether.machine import ENDED_VALUES
 from tether.models.scripted import ScriptedModel
 from tether.state import RunState
+from tether.status import ENDED
 from tether.stores.memory import MemoryStore
 from tether.testing import validate_messages_request
 from tether.tools import Tool
@@ -147,7 +147,7 @@ class Harness:
                 live.version,
             )
             types = [e.type for e in events]
-            if live.status in ENDED_VALUES:
+            if live.status in ENDED:
                 assert types[-1] == "run_finished"
                 assert types.count("run_finished") == 1
             else:

@@ -13,8 +13,7 @@ import pytest
 
 from support import tool_use, tool_use_turn
 from tether import Agent, Approve, Deny, Runner, tool
-from tether.approvals import Approver, AutoApprover, DecideLater
-from tether.engine import fingerprint
+from tether.approvals import Approver, AutoApprover, DecideLater, fingerprint
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.pending import pending_approvals
 from tether.stores.memory import MemoryStore

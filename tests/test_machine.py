@@ -14,7 +14,8 @@ import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
 from tether.errors import IncompatibleRun
-from tether.machine import FINAL_VALUES, STATUS_VALUES, AgentMachine, bind
+from tether.machine import AgentMachine, bind
+from tether.status import FINAL, RunStatus
 
 STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
 EVENTS = [
@@ -140,7 +141,7 @@ def test_decided_guard_branches(undecided: bool, target: str) -> None:
     assert run.status == target
 
 
-@pytest.mark.parametrize("final", sorted(FINAL_VALUES))
+@pytest.mark.parametrize("final", sorted(FINAL))
 @pytest.mark.parametrize("event", EVENTS)
 def test_final_states_refuse_every_event(final: str, event: str) -> None:
     run = Run(final, has_pending_calls=True, has_final_result=True, has_undecided_approvals=True)
@@ -150,7 +151,8 @@ def test_final_states_refuse_every_event(final: str, event: str) -> None:
 
 
 def test_final_values_are_done_and_cancelled() -> None:
-    assert frozenset({"done", "cancelled"}) == FINAL_VALUES
+    assert frozenset({"done", "cancelled"}) == FINAL
+    assert {state.value for state in AgentMachine.states if state.final} == FINAL
 
 
 def test_a_failed_run_moves_only_when_its_failure_was_transient() -> None:
@@ -183,8 +185,12 @@ def test_bind_refuses_an_unknown_stored_status(bad: str) -> None:
         bind(Run(bad))
 
 
-def test_status_values_map_persisted_values_to_python_ids() -> None:
-    assert STATUS_VALUES == {
+def test_the_machine_is_built_from_run_status() -> None:
+    """Each state's Python id is a status's shown name, its persisted value the status's value."""
+    by_value = {status.value: status.shown for status in RunStatus}
+    assert {state.value: state.id for state in AgentMachine.states} == by_value
+    assert AgentMachine.initial_state.value == RunStatus.thinking
+    assert {status.value: status.shown for status in RunStatus} == {
         "thinking": "thinking",
         "executingTool": "executing_tool",
         "awaitingApproval": "awaiting_approval",

@@ -13,7 +13,7 @@ import pytest
 
 from support import model_reply, run_tether, tool_use
 from tether import Agent, Approve, Deny, Runner, tool
-from tether.engine import fingerprint
+from tether.approvals import fingerprint
 from tether.errors import ApprovalError, RunNotFound
 from tether.events import Event
 from tether.models.scripted import ScriptedModel

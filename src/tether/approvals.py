@@ -7,26 +7,110 @@ stays parked. Nothing here knows about terminals — :mod:`tether.terminal` has 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tether.agent import Agent
+    from tether.state import PendingCall, RunState
 
 
 @dataclass(frozen=True)
-class ApprovalRequest:
-    """One call waiting for a decision, with what a person needs to decide."""
+class PendingApproval:
+    """One call waiting for a decision, with what a person needs to decide.
+
+    The one shape of a pending call: approvers get it, ``tether pending`` and the service
+    list it, :class:`tether.RunResult` holds its :meth:`item`. Built from a run state by
+    :func:`pending_of`, from a run's row by :func:`tether.pending.pending_approvals`.
+    """
 
     run_id: str
     call_id: str
     tool: str
     input: Any
+    """What would run: the model's arguments, or a person's earlier edit of them."""
     reason: str
     """Why it needs approval (the rule or the tool's setting)."""
-    description: str
     fingerprint: str
     """Hash of the exact arguments shown; a decision is bound to it."""
+    description: str = ""
+    """The tool's description (known where the agent is: not when read from a row)."""
     tenant: str | None = None
     """The run's tenant (what an approval callable sees when edited input is checked)."""
+    waiting_since: float | None = None
+    """Unix time the run last changed (when it parked, or a sibling call was decided); known from a row."""
+
+    def item(self) -> dict[str, Any]:
+        """The run's own list entry (``pending_approvals`` of ``--json`` and of the run's row)."""
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "input": self.input,
+            "reason": self.reason,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_item(
+        cls, item: Mapping[str, Any], *, run_id: str, tenant: str | None, waiting_since: float
+    ) -> PendingApproval:
+        """An :meth:`item` read back from a run's row (which has no tool descriptions)."""
+        return cls(
+            run_id=run_id,
+            call_id=str(item["call_id"]),
+            tool=str(item["tool"]),
+            input=item.get("input"),
+            reason=str(item.get("reason") or ""),
+            fingerprint=str(item.get("fingerprint") or ""),
+            tenant=tenant,
+            waiting_since=waiting_since,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of ``tether pending --json`` and the service's ``GET /approvals``."""
+        return {
+            "run_id": self.run_id,
+            **self.item(),
+            "tenant": self.tenant,
+            "waiting_since": self.waiting_since,
+        }
+
+
+ApprovalRequest = PendingApproval
+"""What an :class:`Approver` is asked about: the one pending-call shape, under its older name."""
+
+
+def fingerprint(arguments: Any) -> str:
+    """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()[:16]  # any str, lone surrogates too
+
+
+def pending_call(state: RunState, call: PendingCall, agent: Agent | None = None) -> PendingApproval:
+    """``call`` of ``state`` as a person is shown it: what would run, and its fingerprint.
+
+    With ``agent``, the tool's description is filled in.
+    """
+    to_run = state.input_to_run(call)
+    tool = agent.tool_index.get(call.tool) if agent is not None else None
+    return PendingApproval(
+        run_id=state.id,
+        call_id=call.call_id,
+        tool=call.tool,
+        input=to_run,
+        reason=state.approval_reasons.get(call.call_id, ""),
+        fingerprint=fingerprint(to_run),
+        description=tool.description if tool is not None else "",
+        tenant=state.tenant,
+    )
+
+
+def pending_of(state: RunState, agent: Agent | None = None) -> list[PendingApproval]:
+    """Every call of ``state`` waiting for a decision, in call order (see :func:`pending_call`)."""
+    return [pending_call(state, call, agent) for call in state.pending_approvals()]
 
 
 @dataclass(frozen=True)

@@ -46,13 +46,13 @@ from tether.errors import (
 )
 from tether.events import Event
 from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
-from tether.machine import STATUS_VALUES
 from tether.models import ModelAdapter
 from tether.policies import Budget
 from tether.pricing import PRICE_FORM, parse_price
-from tether.runner import WAITING_RETRY, EventListener, Runner, RunResult, result_of, shown_status
+from tether.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
-from tether.stores import PARKED_STATUSES, WAITING_STATUS, RunRecord, Store, deletable, open_store, shown_url
+from tether.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
+from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
@@ -63,9 +63,15 @@ EXIT_SIGNAL_BASE = 128
 """Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
-STATUS_EXIT = {"done": EXIT_DONE, "awaiting_approval": EXIT_AWAITING, WAITING_RETRY: EXIT_WAITING_RETRY}
-RUN_STATUSES = (*sorted(STATUS_VALUES.values()), WAITING_RETRY)
+STATUS_EXIT = {
+    RunStatus.done.shown: EXIT_DONE,
+    RunStatus.awaiting_approval.shown: EXIT_AWAITING,
+    WAITING_RETRY: EXIT_WAITING_RETRY,
+}
+RUN_STATUSES = SHOWN
 """Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
+ENDED_SHOWN = sorted(status.shown for status in ENDED)
+"""The statuses ``tether gc`` may delete."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
@@ -295,7 +301,7 @@ class _Session:
             from tether.terminal import render_result
 
             render_result(self.out, result)
-            if result.status == "awaiting_approval":
+            if result.status == RunStatus.awaiting_approval.shown:
                 self.out.print(self._decide_hint(result))
             elif result.status == WAITING_RETRY and result.next_due_at is not None:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
@@ -405,7 +411,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
         result = runner.decide(args.run_id, args.call_id, Deny(args.reason, actor=actor), fingerprint=args.fingerprint)
     verb = "approved" if args.command == "approve" else "denied"
     session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
-    if result.status != "awaiting_approval":
+    if result.status != RunStatus.awaiting_approval.shown:
         session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
 
@@ -493,8 +499,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if args.due:
         records = session.store.list_due(time.time())
     else:  # a run waiting for a retry is stored executing tools: ask the store for that, keep what is shown
-        stored = {v: k for k, v in STATUS_VALUES.items()} | {WAITING_RETRY: WAITING_STATUS}
-        records = session.store.list_runs(status=stored.get(args.status) if args.status else None)
+        records = session.store.list_runs(status=stored_status(args.status) if args.status else None)
         records = [r for r in records if args.status in (None, shown_status(r))]
     rows = [
         {
@@ -715,7 +720,7 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
     gc.add_argument(
         "--status",
         action="append",
-        choices=["done", "failed", "cancelled"],
+        choices=ENDED_SHOWN,
         help="only runs with this status (repeatable; default: all three)",
     )
     gc.add_argument(
@@ -742,9 +747,9 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     terminal, is not).
     """
     cutoff = durations.parse_ago(args.older_than, now=time.time(), option="--older-than")
-    statuses = set(args.status or ["done", "failed", "cancelled"])
+    statuses = {stored_status(name).value for name in args.status or ENDED_SHOWN}
     retryable, parked = args.include_retryable, args.include_parked
-    kept = "" if retryable or "failed" not in statuses else "; transient failures kept"
+    kept = "" if retryable or RunStatus.failed not in statuses else "; transient failures kept"
     before = _cutoff_text(cutoff, args.older_than)
     kinds = ", ".join(sorted(statuses)) + kept + ("; parked runs too" if parked else "")
     what = f"{'run(s)' if parked else 'finished run(s)'} ({kinds}) last updated before {before}"

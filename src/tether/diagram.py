@@ -43,9 +43,10 @@ from tether.agent import Agent
 from tether.errors import TetherError
 from tether.events import Event
 from tether.history import text_of
-from tether.machine import ENDED_VALUES, STATUS_VALUES, AgentMachine
+from tether.machine import AgentMachine
 from tether.runner import RunResult
 from tether.state import RunState
+from tether.status import ENDED
 from tether.stores import RunRecord, Store
 from tether.tools import Tool
 
@@ -65,11 +66,11 @@ GRAPHVIZ_HINT = (
     "Install the Debian package `graphviz` (apt-get install graphviz), "
     "or see https://graphviz.org/download/ elsewhere."
 )
-TOOLS_STATE = "executing_tool"
+TOOLS_STATE = AgentMachine.executing_tool.id
 """The state the tools note is attached to (when the machine has it)."""
 DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.5"}
 """Room between states (the library's 0.3 packs edges through the labels of their neighbours)."""
-ENDED_IDS = frozenset(STATUS_VALUES[value] for value in ENDED_VALUES)
+ENDED_IDS = frozenset(status.shown for status in ENDED)
 """States where a drive stops (done, failed, cancelled), by id."""
 SELF_LOOP_SIDES = ("n", "s")
 """Where the self-loops of a state that has several are drawn, in turn (above, below)."""

@@ -10,7 +10,6 @@ this module touches the network, the clock or the database, so the sync and asyn
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import pydantic
 from tether import budgets
 from tether import events as ev
 from tether.agent import Agent
-from tether.approvals import Approve, Deny
+from tether.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
 from tether.cache import hit_record
 from tether.errors import (
     AlreadyDecided,
@@ -35,12 +34,13 @@ from tether.errors import (
 )
 from tether.events import Event
 from tether.history import check_pairing, text_of, tool_uses
-from tether.machine import ENDED_VALUES, bind
+from tether.machine import bind
 from tether.models import ModelRequest, ModelResponse
 from tether.policies import ApprovalContext, ApprovalVerdict
 from tether.pricing import price_for
 from tether.rules import decide_call, denial
 from tether.state import PendingCall, RunState
+from tether.status import AWAITING, ENDED, RunStatus
 from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
@@ -130,9 +130,9 @@ def next_action(
     ``can_ask`` says whether anyone can answer a question (the driver has an approver): if
     not, a call in doubt whose policy is ``"ask"`` gets the ``"error"`` result instead.
     """
-    if state.status in ENDED_VALUES or state.status == "awaitingApproval":
+    if state.status in ENDED or state.status == AWAITING:
         return Stop(state.status)
-    if state.status == "executingTool":
+    if state.status == RunStatus.executing_tool:
         return _next_tool_action(state, agent, now, can_ask)
     max_steps = state.spec.get("max_steps", agent.limits.max_steps)
     if max_steps is not None and state.steps >= max_steps:
@@ -634,10 +634,34 @@ def _full_content(shown: str, full: str) -> dict[str, Any]:
     return {} if shown == full else {"full_content": full, "truncated_from": len(full)}
 
 
-def fingerprint(arguments: Any) -> str:
-    """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()[:16]  # any str, lone surrogates too
+def check_edit(agent: Agent, request: PendingApproval, edited: dict[str, Any]) -> dict[str, Any]:
+    """Edited input for ``request`` as it would run: valid for the tool's schema, allowed by the rules.
+
+    The one check of an edit: :func:`on_decision` makes it, and a prompt asking for an edit
+    (the terminal's) calls it to ask again until the edit passes.
+
+    Raises:
+        InvalidEditedInput: the tool's schema refuses it.
+        DeniedByPolicy: a deny rule (or the tool's approval callable) forbids what would run.
+        IncompatibleRun: the agent has no such tool (the runner refuses such runs before this).
+    """
+    tool = agent.tool_index.get(request.tool)
+    if tool is None:
+        raise IncompatibleRun(f"unknown tool {request.tool!r}", run_id=request.run_id)
+    try:
+        arguments = tool.validate(edited)
+    except pydantic.ValidationError as error:
+        problems, details = plain_errors(error), str(error)
+        raise InvalidEditedInput(
+            run_id=request.run_id, call_id=request.call_id, tool=tool.name, problems=problems, details=details
+        ) from error
+    context = ApprovalContext(
+        run_id=request.run_id, tool=tool.name, call_id=request.call_id, tenant=request.tenant, agent=agent.name
+    )
+    reason = denial(agent.policy, tool, arguments, context)  # the rules judge what will run
+    if reason is not None:
+        raise DeniedByPolicy(run_id=request.run_id, call_id=request.call_id, reason=reason)
+    return arguments.model_dump(mode="json")
 
 
 def on_decision(
@@ -663,27 +687,16 @@ def on_decision(
         raise AlreadyDecided(run_id=state.id, call_id=call_id, actor=earlier.actor, approved=earlier.approved)
     if not _requested(state, call_id):
         raise UnknownCall(run_id=state.id, call_id=call_id)
-    parked = state.status == "awaitingApproval"
+    parked = state.status == AWAITING
     call = state.call(call_id)
     if not parked or call is None or call_id not in state.awaiting:
         raise NotAwaitingApproval(run_id=state.id, call_id=call_id, status=state.status, run_waits=parked)
-    shown = fingerprint(state.input_to_run(call))  # what the person was shown: an earlier edit, if any
+    request = pending_call(state, call)
+    shown = request.fingerprint  # what the person was shown: an earlier edit, if any
     if expected_fingerprint is not None and expected_fingerprint != shown:
         raise StaleFingerprint(run_id=state.id, call_id=call_id, expected=expected_fingerprint, shown=shown)
     if edited_input is not None:
-        tool = agent.tool_index.get(call.tool)
-        if tool is None:  # the runner's compatibility check refuses such a run before this
-            raise IncompatibleRun(f"unknown tool {call.tool!r}", run_id=state.id)
-        try:
-            arguments = tool.validate(edited_input)
-        except pydantic.ValidationError as error:
-            raise InvalidEditedInput(
-                run_id=state.id, call_id=call_id, tool=tool.name, problems=plain_errors(error), details=str(error)
-            ) from error
-        denial = _denial(state, agent, call, tool, arguments)  # the rules judge what will run
-        if denial is not None:
-            raise DeniedByPolicy(run_id=state.id, call_id=call_id, reason=denial)
-        edited_input = arguments.model_dump(mode="json")
+        edited_input = check_edit(agent, request, edited_input)
     elif approved:
         edited_input = state.edited_inputs.get(call_id)  # approving what was shown: an earlier edit stands
     data = {
@@ -701,7 +714,7 @@ def on_decision(
         for other in state.pending_approvals():
             if other.call_id == call_id or other.tool != call.tool or other.call_id in state.in_flight:
                 continue  # a call in doubt after a crash is still asked about on its own
-            sibling = {"call_id": other.call_id, "input": None, "fingerprint": fingerprint(state.input_to_run(other))}
+            sibling = {"call_id": other.call_id, "input": None, "fingerprint": pending_call(state, other).fingerprint}
             why = f"{call.tool} approved for the run with {call_id}"
             records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
     return Step("decided", records)
@@ -719,7 +732,7 @@ def _requested(state: RunState, call_id: str) -> bool:
 
 def cancellation(reason: str) -> Step:
     """Stop the run on request."""
-    return Step("cancel", error=f"cancelled: {reason}" if reason else "cancelled")
+    return Step("cancel", error=RunStatus.cancelled.shown + (f": {reason}" if reason else ""))
 
 
 # Committing -------------------------------------------------------------------------------
@@ -742,10 +755,10 @@ def commit(state: RunState, step: Step, *, now: float) -> list[Event]:
     source = state.status
     bind(state).send(step.trigger)
     target = state.status
-    if source == "executingTool" and target in ("thinking", "done"):
+    if source == RunStatus.executing_tool and target in (RunStatus.thinking, RunStatus.done):
         record(ev.RESULTS_RETURNED, {})
     record(ev.TRANSITION, {"event": step.trigger, "source": source, "target": target})
-    if target in ENDED_VALUES:
+    if target in ENDED:
         record(
             ev.RUN_FINISHED,
             {

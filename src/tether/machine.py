@@ -10,11 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from statemachine import State, StateMachine
+from statemachine.states import States
 
 from tether.errors import IncompatibleRun
+from tether.status import FINAL, INITIAL, RunStatus
 
 MACHINE_VERSION = 1
 """Bumped whenever states or transitions change meaning; stored with each run."""
+
+_STATES = States.from_enum(RunStatus, initial=INITIAL, final=FINAL, use_enum_instance=False)
+"""One state per :class:`~tether.status.RunStatus`: its name the Python id, its value the persisted one.
+
+Plain ``str`` values (not the members), so the status written to a run is a plain string."""
 
 
 class AgentMachine(StateMachine):
@@ -22,16 +29,16 @@ class AgentMachine(StateMachine):
 
     The model object (a run state) exposes the guard attributes: ``has_pending_calls``,
     ``has_final_result``, ``has_undecided_approvals`` and ``can_retry``; the state lives in its
-    ``status`` field, holding the persisted value.
+    ``status`` field, holding the persisted value. The states come from :class:`RunStatus`
+    (see :mod:`tether.status` for what each means).
     """
 
-    thinking = State(initial=True)
-    executing_tool = State(value="executingTool")
-    awaiting_approval = State(value="awaitingApproval")
-    done = State(final=True)
-    failed = State()
-    """Not final: a run that failed on a transient model error can be retried."""
-    cancelled = State(final=True)
+    thinking: State = _STATES.thinking
+    executing_tool: State = _STATES.executing_tool
+    awaiting_approval: State = _STATES.awaiting_approval
+    done: State = _STATES.done
+    failed: State = _STATES.failed
+    cancelled: State = _STATES.cancelled
 
     tools_requested = thinking.to(executing_tool)
     """The model asked for one or more tools."""
@@ -66,19 +73,11 @@ class AgentMachine(StateMachine):
     """Someone stopped the run (a transient failure too: resuming it would try again)."""
 
 
-STATUS_VALUES: dict[str, str] = {state.value: state.id for state in AgentMachine.states}
-"""Persisted value → Python id (``"executingTool"`` → ``"executing_tool"``)."""
-FINAL_VALUES = frozenset(state.value for state in AgentMachine.states if state.final)
-"""States nothing can leave."""
-ENDED_VALUES = FINAL_VALUES | {AgentMachine.failed.value}
-"""States where a drive stops for good (a failed run moves again only when resumed)."""
-
-
 def bind(run_state: Any) -> AgentMachine:
     """A machine driving ``run_state.status``, after checking the stored value is known."""
     value = run_state.status
-    if value is not None and value not in STATUS_VALUES:
-        known = sorted(STATUS_VALUES)
+    if value is not None and value not in _KNOWN:
+        known = sorted(_KNOWN)
         raise IncompatibleRun(f"unknown run status {value!r}; known: {known}", run_id=getattr(run_state, "id", "?"))
     # Reuse the machine last bound to this very object while it can still move: it reads and
     # writes the status on the object itself, so it behaves exactly as a fresh one would.
@@ -94,3 +93,7 @@ def bind(run_state: Any) -> AgentMachine:
     if hasattr(run_state, "bound_machine"):
         run_state.bound_machine = machine
     return machine
+
+
+_KNOWN = frozenset(state.value for state in AgentMachine.states)
+"""Every persisted status the machine can restore."""

@@ -8,44 +8,9 @@ one indexed query and never replays an event log. Decide with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+from tether.approvals import PendingApproval
+from tether.status import AWAITING
 from tether.stores import RunRecord, Store
-
-AWAITING = "awaitingApproval"
-"""The persisted status of a parked run (see :data:`tether.machine.STATUS_VALUES`)."""
-
-
-@dataclass(frozen=True)
-class PendingApproval:
-    """One tool call waiting for a decision, with what an approver needs to see."""
-
-    run_id: str
-    call_id: str
-    tool: str
-    input: Any
-    """The arguments the model gave, exactly as the fingerprint covers them."""
-    reason: str
-    """Why the call needs approval (the tool's setting or a rule)."""
-    fingerprint: str
-    """Pass it back with the decision so it applies only to the arguments shown."""
-    tenant: str | None
-    waiting_since: float
-    """Unix time the run last changed (when it parked, or a sibling call was decided)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON shape of ``tether pending --json`` and the service's ``GET /approvals``."""
-        return {
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "input": self.input,
-            "reason": self.reason,
-            "fingerprint": self.fingerprint,
-            "tenant": self.tenant,
-            "waiting_since": self.waiting_since,
-        }
 
 
 def pending_approvals(
@@ -73,17 +38,8 @@ def pending_approvals(
 
 def _of(record: RunRecord) -> list[PendingApproval]:
     return [
-        PendingApproval(
-            run_id=record.id,
-            call_id=str(call["call_id"]),
-            tool=str(call["tool"]),
-            input=call.get("input"),
-            reason=str(call.get("reason") or ""),
-            fingerprint=str(call.get("fingerprint") or ""),
-            tenant=record.tenant,
-            waiting_since=record.updated_at,
-        )
-        for call in record.summary.get("pending_approvals") or []
+        PendingApproval.from_item(item, run_id=record.id, tenant=record.tenant, waiting_since=record.updated_at)
+        for item in record.summary.get("pending_approvals") or []
     ]
 
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from tether import cache, engine, leases, rules
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approver, Decision, Deny
+from tether.approvals import Approver, Decision, Deny, PendingApproval, pending_of
 from tether.compat import check_compatible, check_versions
 from tether.errors import ModelError, RunBusy, RunEnded, StaleRun, StoreError, TetherError
 from tether.events import Event
 from tether.history import append_user_text, close_unanswered
-from tether.machine import ENDED_VALUES, MACHINE_VERSION, STATUS_VALUES
+from tether.machine import MACHINE_VERSION
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -39,6 +39,7 @@ from tether.models import (
     Usage,
 )
 from tether.state import RunState
+from tether.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
@@ -100,26 +101,21 @@ class RunResult:
         return data
 
 
-WAITING_RETRY = "waiting_retry"
-"""The status of a run executing tools whose next step is a retry due later (not a machine state:
-the run is in ``executing_tool``; a drive with ``max_wait`` parks it there)."""
-
-
 def shown_status(record: RunRecord) -> str:
     """A stored run's status as :class:`RunResult` says it: the machine's, or waiting_retry."""
     if record.summary.get("next_due_at") is not None:
         return WAITING_RETRY
-    return STATUS_VALUES.get(record.status, record.status)
+    return status_name(record.status)
 
 
 def result_of(state: RunState) -> RunResult:
     """Summarise a run state."""
     due = state.next_due_at
-    status = STATUS_VALUES.get(state.status or "", state.status or "unknown")
+    status = status_name(state.status)
     return RunResult(
         run_id=state.id,
         status=WAITING_RETRY if due is not None else status,
-        output=state.output if state.status == "done" else None,
+        output=state.output if state.status == RunStatus.done else None,
         result=state.result if state.has_final_result else None,
         error=state.error,
         steps=state.steps,
@@ -129,17 +125,8 @@ def result_of(state: RunState) -> RunResult:
         next_due_at=due,
         model_seconds=round(state.model_seconds, 6),
         tool_seconds=round(state.tool_seconds, 6),
-        pending_approvals=[
-            {
-                "call_id": c.call_id,
-                "tool": c.tool,
-                "input": state.input_to_run(c),
-                "reason": state.approval_reasons.get(c.call_id, ""),
-                "fingerprint": engine.fingerprint(state.input_to_run(c)),
-            }
-            for c in state.pending_approvals()
-            if state.status == "awaitingApproval"  # a run cancelled or failed at its gate waits for no one
-        ],
+        # a run cancelled or failed at its gate waits for no one
+        pending_approvals=[pending.item() for pending in pending_of(state)] if state.status == AWAITING else [],
     )
 
 
@@ -150,10 +137,10 @@ def record_of(state: RunState) -> RunRecord:
     summary.pop("run_id")
     summary.pop("status")
     summary["cost_usd"] = result.cost_usd
-    summary["retryable"] = state.status == "failed" and state.can_retry  # kept by `tether gc`
+    summary["retryable"] = state.status == RunStatus.failed and state.can_retry  # kept by `tether gc`
     return RunRecord(
         id=state.id,
-        status=state.status or "thinking",
+        status=state.status or INITIAL.value,
         version=state.version,
         tenant=state.tenant,
         spec=state.spec,
@@ -400,24 +387,9 @@ class _RunnerBase:
                 listener(state, event)
 
     # Approvals ------------------------------------------------------------------------
-    def approval_requests(self, state: RunState) -> list[ApprovalRequest]:
-        """The calls of ``state`` waiting for a decision."""
-        requests = []
-        for call in state.pending_approvals():
-            tool = self.agent.tool_index.get(call.tool)
-            requests.append(
-                ApprovalRequest(
-                    run_id=state.id,
-                    call_id=call.call_id,
-                    tool=call.tool,
-                    input=state.input_to_run(call),
-                    reason=state.approval_reasons.get(call.call_id, ""),
-                    description=tool.description if tool else "",
-                    fingerprint=engine.fingerprint(state.input_to_run(call)),
-                    tenant=state.tenant,
-                )
-            )
-        return requests
+    def approval_requests(self, state: RunState) -> list[PendingApproval]:
+        """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
+        return pending_of(state, self.agent)
 
     def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> bool:
         applied = False
@@ -465,7 +437,7 @@ class _RunnerBase:
             RunEnded: the run is done, cancelled, or failed for good.
         """
         state = self.load(run_id, tenant=tenant)
-        if state.status in ENDED_VALUES and not (state.status == "failed" and state.can_retry):
+        if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
             raise RunEnded(state.id, result_of(state).status, "cancel")
         self._commit(state, engine.cancellation(reason))
         return result_of(state)
@@ -477,7 +449,7 @@ class _RunnerBase:
 
     def _retry_if_resumable(self, state: RunState) -> None:
         """A drive of a run that failed transiently starts by trying again."""
-        if state.status == "failed" and state.can_retry:
+        if state.status == RunStatus.failed and state.can_retry:
             self._commit(state, engine.retry_after_failure())
 
     def _next(self, state: RunState) -> engine.Action:
@@ -578,7 +550,7 @@ class Runner(_RunnerBase):
         """
         action = self._next(state)
         if isinstance(action, engine.Stop):
-            if state.status != "awaitingApproval" or self.approver is None:
+            if state.status != AWAITING or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
         if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
@@ -647,7 +619,7 @@ class AsyncRunner(_RunnerBase):
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
         action = self._next(state)
         if isinstance(action, engine.Stop):
-            if state.status != "awaitingApproval" or self.approver is None:
+            if state.status != AWAITING or self.approver is None:
                 return False
             return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
         if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):

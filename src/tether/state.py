@@ -13,6 +13,7 @@ from tether import events as ev
 from tether.events import Event
 from tether.history import Message, append_user_text, text_of, tool_result_block, tool_uses
 from tether.models import Usage
+from tether.status import RunStatus
 
 
 @dataclass
@@ -69,7 +70,7 @@ class RunState:
     """How the run was started: model, tools, system, limits (for resume)."""
     tenant: str | None = None
     status: str | None = None
-    """The machine's persisted state value (``"executingTool"``...)."""
+    """The machine's persisted state value (a :class:`~tether.status.RunStatus` value)."""
     version: int = 0
     """Optimistic-concurrency version: the number of committed steps."""
     next_seq: int = 0
@@ -146,7 +147,7 @@ class RunState:
 
         The first unfinished call's with a retry scheduled, in call order, as the engine picks it.
         """
-        if self.status != "executingTool":
+        if self.status != RunStatus.executing_tool:
             return None
         for call in self.unfinished_calls():
             due = self.retry_due.get(call.call_id)
@@ -289,7 +290,7 @@ def _results_returned(state: RunState, data: dict[str, Any]) -> None:
 
 def _transition(state: RunState, data: dict[str, Any]) -> None:
     state.status = data["target"]
-    if data.get("source") == "failed":  # retried: the earlier failure no longer stands
+    if data.get("source") == RunStatus.failed:  # retried: the earlier failure no longer stands
         state.error, state.can_retry = None, False
 
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pydantic
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.measure import Measurement
@@ -28,15 +27,13 @@ from rich.text import Text
 from tether import engine
 from tether import events as ev
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approve, Decision, Deny
+from tether.approvals import Approve, Decision, Deny, PendingApproval
 from tether.audit import AuditEntry
+from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.events import Event
-from tether.machine import STATUS_VALUES
-from tether.pending import PendingApproval
-from tether.policies import ApprovalContext
-from tether.rules import denial
 from tether.runner import Activity, RunResult
 from tether.state import RunState
+from tether.status import WAITING_RETRY, RunStatus, status_name
 
 CHOICES = {
     "a": "approve",
@@ -89,11 +86,6 @@ def _preview(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _status_id(value: str | None) -> str:
-    """A persisted status as people read it everywhere: the machine's snake_case id."""
-    return STATUS_VALUES.get(value, value) if value else "unknown"
-
-
 class ProgressPrinter:
     """An event listener printing one line per meaningful fact, as the run goes."""
 
@@ -124,7 +116,7 @@ class ProgressPrinter:
         elif event.type == ev.WARNING:
             self.console.print(Text("warn   ", style="yellow") + Text(printable(str(data.get("message")))))
         elif event.type == ev.TRANSITION and data.get("source") is not None:
-            transition = f"state  {_status_id(data['source'])} → {_status_id(data['target'])}"
+            transition = f"state  {status_name(data['source'])} → {status_name(data['target'])}"
             self.console.print(Text(transition, style="dim"))
 
 
@@ -215,7 +207,7 @@ class LiveView:
 def activity_prefix(state: RunState, action: Activity) -> str:
     """The run's state and step number while ``action`` is under way."""
     step = state.steps + 1 if isinstance(action, engine.CallModel) else state.steps  # a model call is the step
-    return f"{_status_id(state.status)} · step {step}"
+    return f"{status_name(state.status)} · step {step}"
 
 
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
@@ -241,7 +233,7 @@ class TerminalApprover:
         self.stopped = False
         """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
 
-    def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
+    def decide(self, requests: Sequence[PendingApproval]) -> Mapping[str, Decision]:
         """Show every pending call of the batch, then ask about each in turn.
 
         "A" answers ``Approve(remember_for_run=True)``: the run records it, so later calls
@@ -280,7 +272,7 @@ class TerminalApprover:
             self.console.print(message, soft_wrap=False)  # wrapped between words
         return decisions
 
-    def _panel(self, request: ApprovalRequest) -> Panel:
+    def _panel(self, request: PendingApproval) -> Panel:
         arguments = _json(request.input)
         body = Group(
             Text(printable(request.description or "(no description)"), style="italic"),
@@ -290,7 +282,7 @@ class TerminalApprover:
         )
         return Panel(body, title=Text(printable(request.tool), style="bold"), border_style="yellow")
 
-    def _ask(self, request: ApprovalRequest, label: str) -> Decision:
+    def _ask(self, request: PendingApproval, label: str) -> Decision:
         prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
             answer = self.console.input(prompt).strip()
@@ -309,12 +301,11 @@ class TerminalApprover:
                 continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
-    def _edit(self, request: ApprovalRequest) -> dict[str, Any] | None:
+    def _edit(self, request: PendingApproval) -> dict[str, Any] | None:
         """Asked again until the JSON is valid for the tool and no deny rule forbids it.
 
         None when the person enters an empty line: they changed their mind about editing.
         """
-        tool = self.agent.tool_index.get(request.tool)
         while True:
             raw = self.console.input(Text("New input as JSON (empty line: back) > ")).strip()
             if not raw:
@@ -327,25 +318,13 @@ class TerminalApprover:
             if not isinstance(value, dict):
                 self.console.print(Text("The input must be a JSON object.", style="red"))
                 continue
-            if tool is None:
-                return value
             try:
-                arguments = tool.validate(value)
-            except pydantic.ValidationError as error:
-                problems = Text(f"Not valid for {printable(tool.name)}: {_plain(error)}", style="red")
+                return engine.check_edit(self.agent, request, value)
+            except InvalidEditedInput as error:
+                problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
                 self.console.print(problems, soft_wrap=False)
-                continue
-            context = ApprovalContext(
-                run_id=request.run_id,
-                tool=tool.name,
-                call_id=request.call_id,
-                tenant=request.tenant,
-                agent=self.agent.name,
-            )
-            why = denial(self.agent.policy, tool, arguments, context)
-            if why is None:
-                return arguments.model_dump(mode="json")
-            self.console.print(Text(f"Not allowed: {printable(why)}", style="red"), soft_wrap=False)
+            except DeniedByPolicy as error:
+                self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
 
 
 def _stopped_message(decided: int, waiting: int) -> str:
@@ -358,20 +337,18 @@ def _stopped_message(decided: int, waiting: int) -> str:
     )
 
 
-def _plain(error: pydantic.ValidationError) -> str:
-    """A validation error in plain words, one ``field: problem`` per mistake (no doc links)."""
-    problems = []
-    for problem in error.errors(include_url=False):
-        where = ".".join(str(part) for part in problem["loc"]) or "input"
-        problems.append(f"{where}: {problem['msg']}")
-    return printable("; ".join(problems))
+_RESULT_STYLES = {
+    RunStatus.done.shown: "green",
+    RunStatus.failed.shown: "red",
+    RunStatus.awaiting_approval.shown: "yellow",
+    WAITING_RETRY: "yellow",
+}
+"""The colour of each status a drive ends in (others are white)."""
 
 
 def render_result(console: Console, result: RunResult) -> None:
     """The end of a drive: status, answer or error, pending calls, usage."""
-    style = {"done": "green", "failed": "red", "awaiting_approval": "yellow", "waiting_retry": "yellow"}.get(
-        result.status, "white"
-    )
+    style = _RESULT_STYLES.get(result.status, "white")
     lines: list[Any] = [Text.assemble(("status: ", "bold"), (result.status, style))]
     if result.output:
         lines.append(Text(printable(result.output)))
@@ -515,7 +492,7 @@ def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
         detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
     for key in _STATUS_FIELDS.get(event.type, ()):
         if isinstance(detail.get(key), str):
-            detail[key] = _status_id(detail[key])
+            detail[key] = status_name(detail[key])
     return detail
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from tether.errors import ConfigError
 from tether.events import Event
+from tether.status import ENDED, RunStatus
 
 SCHEMA_VERSION = 3
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
@@ -174,11 +175,8 @@ class Store(Protocol):
         ...
 
 
-FINAL_STATUSES = frozenset({"done", "failed", "cancelled"})
-PARKED_STATUSES = frozenset({"thinking", "executingTool", "awaitingApproval"})
+PARKED_STATUSES: frozenset[RunStatus] = frozenset(RunStatus) - ENDED
 """Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
-WAITING_STATUS = "executingTool"
-"""The only state in which a run waits for a retry (see :meth:`Store.list_due`)."""
 DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
 
@@ -202,14 +200,14 @@ def deletable(
         return lease is None or lease.expires_at < finished_before
     if record.status not in statuses:
         return False
-    return include_retryable or not (record.status == "failed" and record.summary.get("retryable") is True)
+    return include_retryable or not (record.status == RunStatus.failed and record.summary.get("retryable") is True)
 
 
 def check_deletable(statuses: Collection[str]) -> None:
     """Refuse to delete anything but finished runs."""
-    unsafe = set(statuses) - FINAL_STATUSES
+    unsafe = set(statuses) - ENDED
     if unsafe or not statuses:
-        finals = ", ".join(sorted(FINAL_STATUSES))
+        finals = ", ".join(sorted(ENDED))
         raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
 
 
@@ -241,10 +239,8 @@ def open_store(url: str | None) -> Store:
 
 __all__ = [
     "DUE_KEY",
-    "FINAL_STATUSES",
     "PARKED_STATUSES",
     "SCHEMA_VERSION",
-    "WAITING_STATUS",
     "RunLease",
     "RunLog",
     "RunRecord",

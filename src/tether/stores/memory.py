@@ -10,9 +10,9 @@ from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.events import Event
+from tether.status import WAITING_RETRY_STATUS
 from tether.stores import (
     DUE_KEY,
-    WAITING_STATUS,
     RunLease,
     RunLog,
     RunRecord,
@@ -222,7 +222,7 @@ class MemoryStore:
         """Runs whose retry is due at ``now``, earliest first."""
         check_limit(limit)
         with self._lock:
-            rows = [r.load() for r in self._rows.values() if r.record.status == WAITING_STATUS]
+            rows = [r.load() for r in self._rows.values() if r.record.status == WAITING_RETRY_STATUS]
         due = [
             r
             for r in rows

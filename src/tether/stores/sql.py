@@ -25,11 +25,11 @@ from sqlmodel import Field, SQLModel
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
 from tether.events import Event
 from tether.redact import MASK, scrub
+from tether.status import WAITING_RETRY_STATUS, RunStatus
 from tether.stores import (
     DUE_KEY,
     PARKED_STATUSES,
     SCHEMA_VERSION,
-    WAITING_STATUS,
     RunLease,
     RunLog,
     RunRecord,
@@ -456,7 +456,7 @@ class SQLStore:
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         query = (
             sa.select(_RUN)
-            .where(_RUN.c.status == WAITING_STATUS, due_at <= now)
+            .where(_RUN.c.status == WAITING_RETRY_STATUS.value, due_at <= now)
             .order_by(due_at, _RUN.c.id)
             .limit(limit)
         )
@@ -546,7 +546,7 @@ class SQLStore:
         chosen = _RUN.c.status.in_(sorted(statuses))
         if not include_retryable:  # a transient failure may still be resumed: keep it
             retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
-            chosen &= (_RUN.c.status != "failed") | sa.not_(retryable)
+            chosen &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
         if include_parked:  # unless a driver held its lease since the cutoff
             driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
             chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
@@ -574,7 +574,8 @@ def _to_v2(connection: sa.Connection) -> None:
     retried is read from its log's ``run_finished``, so ``tether gc`` keeps those runs.
     """
     _CACHE.create(connection, checkfirst=True)
-    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(_RUN.c.status == "failed")).all()
+    is_failed = _RUN.c.status == RunStatus.failed.value
+    failed = connection.execute(sa.select(_RUN.c.id, _RUN.c.summary).where(is_failed)).all()
     for run_id, summary in failed:
         finished = connection.execute(
             sa.select(_EVENT.c.data)
