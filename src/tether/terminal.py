@@ -31,11 +31,12 @@ from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.audit import AuditEntry
 from tether.events import Event
+from tether.flow import Activity
 from tether.machine import STATUS_VALUES
 from tether.pending import PendingApproval
 from tether.policies import ApprovalContext
 from tether.rules import denial
-from tether.runner import Activity, RunResult
+from tether.runner import RunResult
 from tether.state import RunState
 
 CHOICES = {
