@@ -21,8 +21,8 @@ from tether import Agent, AsyncRunner, Runner, tool
 from tether import events as ev
 from tether.engine import CallModel, RunTool, WaitUntil
 from tether.events import Event
+from tether.flow import Activity
 from tether.models.scripted import ScriptedModel
-from tether.runner import Activity
 from tether.state import PendingCall, RunState
 from tether.terminal import LiveView, describe_activity
 

@@ -1,7 +1,9 @@
-"""Drivers: perform the engine's actions, feed the outcomes back, persist, repeat.
+"""Drivers: perform a drive's effects, send the outcomes back, until the drive ends.
 
-:class:`Runner` (sync) and :class:`AsyncRunner` share everything but the I/O calls in
-:meth:`drive`: loading, persisting, approvals and results live in :class:`_RunnerBase`.
+What to do and in which order is decided by :class:`tether.flow.Flow`, which does no I/O;
+:class:`Runner` performs its effects with plain calls and :class:`AsyncRunner` awaits the
+slow ones (model, tools, waits). Loading, creating, deciding and cancelling live in
+:class:`_RunnerBase`.
 A drive ends when the run is done, failed, cancelled, parked awaiting a decision the
 approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
 holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
@@ -12,21 +14,39 @@ A drive holds the run's lease from before its first model call or tool start to 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from tether import cache, engine, leases, rules
+from tether import engine, leases, rules
 from tether.agent import Agent
 from tether.approvals import Approver, Decision, Deny, PendingApproval, pending_of
-from tether.compat import check_compatible, check_versions
-from tether.errors import ModelError, RunBusy, RunEnded, StaleRun, StoreError, TetherError
+from tether.compat import check_versions
+from tether.errors import RunEnded
 from tether.events import Event
+from tether.flow import (
+    Activity,
+    Announce,
+    Ask,
+    Attempt,
+    CheckLease,
+    Driven,
+    Effect,
+    Flow,
+    Flowing,
+    LoadLog,
+    LoadRun,
+    LookUpCache,
+    Notify,
+    Persist,
+    ShownStatus,
+    Sleep,
+    StoreCache,
+)
 from tether.history import append_user_text, close_unanswered
 from tether.machine import MACHINE_VERSION
 from tether.models import (
@@ -43,15 +63,8 @@ from tether.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, st
 from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
-STORE_RETRY_WAITS = (0.1, 0.5, 2.0)
-"""Seconds to wait before each new try of a step's write that failed transiently (see
-:attr:`tether.errors.StoreError.transient`): a lock held past SQLite's busy timeout, a dropped
-PostgreSQL connection. The step's outcome (a tool's result, a paid model answer) is held
-meanwhile; the write is given up only after these."""
-STORE_LOG = logging.getLogger("tether.store")
-
+T = TypeVar("T")
 EventListener = Callable[[RunState, Event], None]
-Activity = engine.CallModel | engine.RunTool | engine.WaitUntil
 ActionListener = Callable[[RunState, Activity], None]
 """Told just before a drive starts slow work (a model call, a tool attempt, a retry wait).
 
@@ -165,41 +178,12 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     }
 
 
-def _append(store: Store, record: RunRecord, expected_version: int, events: list[Event]) -> None:
-    """``store.append``, tried again while its failure is transient (see :data:`STORE_RETRY_WAITS`).
-
-    A connection that dropped at the commit leaves the write's outcome unknown: a retry that
-    then finds the run advanced checks whether it was this very write that landed.
-    """
-    failed = False
-    for wait in (*STORE_RETRY_WAITS, None):
-        try:
-            store.append(record, expected_version, events)
-            return
-        except StaleRun:
-            if failed and _landed(store, record, events):
-                return
-            raise
-        except StoreError as error:
-            if not error.transient or wait is None:
-                raise
-            failed = True
-            STORE_LOG.warning("run %s: saving a step failed (%s); trying again in %g s", record.id, error, wait)
-            time.sleep(wait)
-
-
-def _landed(store: Store, record: RunRecord, events: list[Event]) -> bool:
-    """Whether the store holds exactly this write: the row at its version, each event (seq, type, time)."""
-    try:
-        log = store.load_log(record.id, tenant=record.tenant)
-    except StoreError:
-        return False
-    stored = {event.seq: (event.type, event.at) for event in log.events}
-    return log.version == record.version and all(stored.get(e.seq) == (e.type, e.at) for e in events)
-
-
 class _RunnerBase:
-    """What both drivers share.
+    """What both drivers share: everything but how the slow effects are performed.
+
+    A drive is a :class:`tether.flow.Flow`; this class performs each of its effects with plain
+    calls (:meth:`_perform`), which is all :class:`Runner` does; :class:`AsyncRunner` awaits the
+    model, the tools and sleeps instead.
 
     ``approver`` answers gated calls during a drive. ``None`` means nobody will be asked:
     a gated call still parks the run (a later ``decide`` can free it), but a call a crash
@@ -258,30 +242,17 @@ class _RunnerBase:
             raise RuntimeError(f"step() needs the run's lease: call it inside `with runner.hold({state.id!r}):`")
         return lease
 
-    @contextmanager
-    def _driving(self, run: str | RunState, tenant: str | None, *, force: bool) -> Iterator[RunState]:
-        """The run, held for a drive: its lease is claimed before anything else and released at the end."""
-        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
-            state = self._start_drive(run, tenant, force=force, owner=lease.owner)
-            try:
-                yield state
-            except RunBusy:
-                raise
-            except StaleRun as error:  # a decision or a cancel from another process, written meanwhile
-                raise self._changed_meanwhile(state, error) from error
+    def _flow(self, owner: str = "") -> Flow:
+        """This runner's decisions, for a drive by ``owner`` (the lease's)."""
+        return Flow(self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
 
-    def _changed_meanwhile(self, state: RunState, error: StaleRun) -> StaleRun:
-        try:
-            now = f"it is now {shown_status(self.store.load_run(state.id, tenant=state.tenant))}"
-        except TetherError:
-            now = "it could not be read again"
-        return StaleRun(
-            state.id,
-            error.expected_version,
-            detail=f"run {state.id!r} was changed by another process while this one drove it ({now}): this "
-            "process stopped and did not record its last step (a model answer or a tool result; a tool call it "
-            "ran is in doubt until the run resumes)",
-        )
+    @contextmanager
+    def _driving(
+        self, run: str | RunState, tenant: str | None, *, force: bool, max_wait: float | None
+    ) -> Iterator[Flowing[RunState]]:
+        """A drive's flow, while the run's lease is held: claimed before anything else, released at the end."""
+        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
+            yield self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
 
     # Loading and persisting ---------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
@@ -323,64 +294,6 @@ class _RunnerBase:
         self._notify(state, produced)
         return state
 
-    def _persist(self, state: RunState, produced: list[Event]) -> None:
-        lease = self._held.get(state.id)
-        if lease is not None:
-            lease.check()  # a drive that lost the run writes nothing more
-        _append(self.store, record_of(state), state.version - 1, produced)
-        rules.log_warnings(state.id, produced)
-        self._notify(state, produced)
-
-    def _commit(self, state: RunState, step: engine.Step) -> None:
-        self._persist(state, engine.commit(state, step, now=self.clock()))
-
-    def _record_start(self, state: RunState, action: engine.RunTool) -> None:
-        records = [*action.warnings, engine.tool_started(action, owner=self._lease(state).owner)]
-        if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
-            records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
-        self._record(state, records)
-
-    def _record(self, state: RunState, records: list[engine.Record]) -> None:
-        """Commit facts that need no transition (a tool's start, an operator's override)."""
-        now = self.clock()
-        produced = []
-        for kind, data in records:
-            event = Event(seq=state.next_seq, type=kind, data=data, at=now)
-            state.apply(event)
-            produced.append(event)
-        state.version += 1
-        self._persist(state, produced)
-
-    def _start_drive(self, run: str | RunState, tenant: str | None, *, force: bool, owner: str) -> RunState:
-        """Load and check the run; with ``force``, first declare its in-flight calls abandoned.
-
-        A state loaded before the lease was claimed may be behind: StaleRun now, before any model call.
-        """
-        state = self._state(run, tenant)
-        if isinstance(run, RunState) and self.store.load_run(run.id, tenant=run.tenant).version != run.version:
-            raise StaleRun(run.id, run.version)
-        if force:
-            records = engine.abandon_in_flight(state, by=owner, reason="forced: the operator says its driver is gone")
-            if records:
-                self._record(state, records)
-        self._retry_if_resumable(state)
-        return state
-
-    def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> bool:
-        """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
-        if action.tool.cache_ttl is None:
-            return False
-        key = cache.key_for(action, tenant=state.tenant)
-        value = self.store.cache_get(key, self.clock())
-        if value is None:
-            return False
-        self._commit(state, engine.on_cache_hit(action, value, key=key))
-        return True
-
-    def _announce(self, state: RunState, action: engine.Action) -> None:
-        if self.on_action is not None and isinstance(action, engine.CallModel | engine.RunTool | engine.WaitUntil):
-            self.on_action(state, action)
-
     def _notify(self, state: RunState, produced: list[Event]) -> None:
         for listener in self.listeners:
             for event in produced:
@@ -390,20 +303,6 @@ class _RunnerBase:
     def approval_requests(self, state: RunState) -> list[PendingApproval]:
         """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
         return pending_of(state, self.agent)
-
-    def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> bool:
-        applied = False
-        for request in self.approval_requests(state):
-            decision = decisions.get(request.call_id)
-            if decision is None or request.call_id in state.decisions:  # decided with a remember_for_run sibling
-                continue
-            self._decide(state, request.call_id, decision, request.fingerprint)
-            applied = True
-        return applied
-
-    def _decide(self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None) -> None:
-        step = engine.on_decision(state, self.agent, call_id, decision, expected_fingerprint=fingerprint)
-        self._commit(state, step)
 
     def decide(
         self,
@@ -419,12 +318,13 @@ class _RunnerBase:
         Exactly one decision ever applies: a second one, or two racing processes, get
         :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
         """
+        decisions = self._flow()
         if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
             state = self.load(run_id, tenant=tenant)
             check_versions(state.id, state.spec)
         else:
-            state = self._state(run_id, tenant)
-        self._decide(state, call_id, decision, fingerprint)
+            state = self._complete(decisions.load(run_id, tenant))
+        self._complete(decisions.decide(state, call_id, decision, fingerprint))
         return result_of(state)
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
@@ -439,90 +339,74 @@ class _RunnerBase:
         state = self.load(run_id, tenant=tenant)
         if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
             raise RunEnded(state.id, result_of(state).status, "cancel")
-        self._commit(state, engine.cancellation(reason))
+        self._complete(self._flow().commit(state, engine.cancellation(reason)))
         return result_of(state)
 
-    def _state(self, run: str | RunState, tenant: str | None) -> RunState:
-        state = run if isinstance(run, RunState) else self.load(run, tenant=tenant)
-        check_compatible(state.id, state.spec, self.agent.tool_index)
-        return state
+    # Performing a flow's effects ------------------------------------------------------
+    def _complete(self, flow: Flowing[T]) -> T:
+        """Run ``flow`` to its end, performing each effect with plain calls."""
+        driven = Driven(flow)
+        while (effect := driven.next()) is not None:
+            with driven.reporting():
+                driven.outcome = self._perform(effect)
+        return driven.result
 
-    def _retry_if_resumable(self, state: RunState) -> None:
-        """A drive of a run that failed transiently starts by trying again."""
-        if state.status == RunStatus.failed and state.can_retry:
-            self._commit(state, engine.retry_after_failure())
+    def _perform(self, effect: Effect) -> Any:
+        """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.flow`)."""
+        match effect:
+            case CheckLease(run_id):
+                lease = self._held.get(run_id)
+                if lease is not None:
+                    lease.check()
+            case LoadLog(run_id, tenant):
+                return self.store.load_log(run_id, tenant=tenant)
+            case LoadRun(run_id, tenant):
+                return self.store.load_run(run_id, tenant=tenant)
+            case ShownStatus(run_id, tenant):
+                return shown_status(self.store.load_run(run_id, tenant=tenant))
+            case Persist(state, events):
+                self.store.append(record_of(state), state.version - 1, events)
+            case Notify(state, events):
+                rules.log_warnings(state.id, events)
+                self._notify(state, events)
+            case Announce(state, activity):
+                if self.on_action is not None:
+                    self.on_action(state, activity)
+            case LookUpCache(key, now):
+                return self.store.cache_get(key, now)
+            case StoreCache(key, tool, value, expires_at):
+                self.store.cache_put(key, tool, value, expires_at)
+            case Ask(requests) if self.approver is not None:
+                return self.approver.decide(requests)
+            case Sleep(seconds):
+                time.sleep(seconds)
+            case engine.CallModel(request):
+                return self._call_model(request)
+            case Attempt(action, run_id):
+                return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
+            case _:
+                raise TypeError(f"no driver for {effect!r}")
+        return None
 
-    def _next(self, state: RunState) -> engine.Action:
-        """The next action, once sure this drive still holds the run's lease.
-
-        Holding the lease, this drive owns the run: a call in flight that another owner
-        started was abandoned by its driver, and the engine treats it as in doubt.
-        """
-        self._lease(state).check()
-        return engine.next_action(state, self.agent, now=self.clock(), can_ask=self.approver is not None)
-
-    def _parks(self, wait: engine.WaitUntil, max_wait: float | None) -> bool:
-        """Whether a drive allowed to sleep ``max_wait`` seconds leaves this wait for later."""
-        return max_wait is not None and wait.due_at - self.clock() > max_wait
-
-    def _model_step(self, state: RunState, response: ModelResponse | ModelError, started: float) -> None:
-        if isinstance(response, ModelError):
-            self._commit(state, engine.on_model_error(response))
-        else:
-            now = self.clock()
-            step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
-            self._save(state, step, "the model answered", "resuming the run asks the model again (one more call)")
-
-    def _save(self, state: RunState, step: engine.Step, happened: str, on_resume: str) -> None:
-        """Commit a step whose outcome cannot be had again for free; if even the retries fail, say so."""
-        try:
-            self._commit(state, step)
-        except StoreError as error:  # never leave the user with "nothing was changed"
-            raise StoreError(
-                f"run {state.id}: {happened}, but its result could not be saved: {error}; {on_resume}",
-                transient=error.transient,
-            ) from error
-
-    def _tool_step(self, state: RunState, action: engine.RunTool, outcome: str | BaseException, started: float) -> None:
-        duration = time.perf_counter() - started
-        if isinstance(outcome, BaseException):
-            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
-        else:
-            step = engine.on_tool_success(action, outcome, duration=duration)
-        self._save(
-            state,
-            step,
-            f"tool {action.tool.name!r} (call {action.call.call_id}) ran, so whatever it does has happened",
-            "resuming the run treats the call as in doubt (run again only if the tool is idempotent, else asked about)",
-        )
-        if not isinstance(outcome, BaseException) and action.tool.cache_ttl is not None:
-            # Stored once the result is committed (a crash in between costs a miss, never a
-            # wrong hit); errors are never stored. The full value, not the model's cut.
-            key = cache.key_for(action, tenant=state.tenant)
-            self.store.cache_put(key, action.tool.name, outcome, self.clock() + action.tool.cache_ttl)
+    def _call_model(self, request: ModelRequest) -> ModelResponse:
+        """One model call: streamed only when someone listens to the text and the model can stream."""
+        model = self.agent.model
+        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
+            return model.stream(request, self.on_text)
+        return model.complete(request)
 
 
 class Runner(_RunnerBase):
     """Drives runs synchronously."""
 
     def run(
-        self,
-        prompt: str,
-        *,
-        continue_from: str | None = None,
-        tenant: str | None = None,
-        max_wait: float | None = None,
+        self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
     ) -> RunResult:
         """Start a run and drive it as far as it goes (see :meth:`drive` for ``max_wait``)."""
         return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
     def drive(
-        self,
-        run: str | RunState,
-        *,
-        tenant: str | None = None,
-        max_wait: float | None = None,
-        force: bool = False,
+        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None, force: bool = False
     ) -> RunResult:
         """Take steps until the run finishes or parks.
 
@@ -537,10 +421,8 @@ class Runner(_RunnerBase):
         that driver is gone: if it still runs, it stops at its next write, but a call it
         was running may run twice.
         """
-        with self._driving(run, tenant, force=force) as state:
-            while self.step(state, max_wait=max_wait):
-                pass
-        return result_of(state)
+        with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
+            return result_of(self._complete(flow))
 
     def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
@@ -548,107 +430,52 @@ class Runner(_RunnerBase):
         Only inside ``with runner.hold(run_id):`` (the lease says which process may step
         the run). A retry due more than ``max_wait`` seconds from now is left for later (False).
         """
-        action = self._next(state)
-        if isinstance(action, engine.Stop):
-            if state.status != AWAITING or self.approver is None:
-                return False
-            return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
-        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
-            return False
-        self._announce(state, action)
-        if isinstance(action, engine.WaitUntil):
-            time.sleep(max(0.0, action.due_at - self.clock()))
-        elif isinstance(action, engine.Commit):
-            self._commit(state, action.step)
-        elif isinstance(action, engine.CallModel):
-            started = self.clock()
-            response: ModelResponse | ModelError
-            try:
-                response = self._call_model(action.request)
-            except ModelError as error:
-                response = error
-            self._model_step(state, response, started)
-        elif not self._answered_from_cache(state, action):
-            self._record_start(state, action)
-            began = time.perf_counter()
-            outcome: str | BaseException
-            try:
-                outcome = action.tool.execute(action.arguments, action.call.call_id, run_id=state.id)
-            except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
-                outcome = error
-            self._tool_step(state, action, outcome, began)
-        return True
-
-    def _call_model(self, request: ModelRequest) -> ModelResponse:
-        """One model call: streamed only when someone listens to the text and the model can stream."""
-        model = self.agent.model
-        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
-            return model.stream(request, self.on_text)
-        return model.complete(request)
+        return self._complete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
 
 class AsyncRunner(_RunnerBase):
-    """Drives runs inside an event loop; sync tools run in threads."""
+    """Drives runs inside an event loop: the model, tools and waits are awaited (sync tools in threads).
+
+    The store, the approver, the lease and the listeners are still called as in :class:`Runner`.
+    """
 
     async def run(
-        self,
-        prompt: str,
-        *,
-        continue_from: str | None = None,
-        tenant: str | None = None,
-        max_wait: float | None = None,
+        self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
     ) -> RunResult:
         """Start a run and drive it as far as it goes (see :meth:`Runner.drive` for ``max_wait``)."""
         return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
     async def drive(
-        self,
-        run: str | RunState,
-        *,
-        tenant: str | None = None,
-        max_wait: float | None = None,
-        force: bool = False,
+        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None, force: bool = False
     ) -> RunResult:
         """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
-        with self._driving(run, tenant, force=force) as state:
-            while await self.step(state, max_wait=max_wait):
-                pass
-        return result_of(state)
+        with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
+            return result_of(await self._acomplete(flow))
 
     async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
-        action = self._next(state)
-        if isinstance(action, engine.Stop):
-            if state.status != AWAITING or self.approver is None:
-                return False
-            return self._apply_decisions(state, self.approver.decide(self.approval_requests(state)))
-        if isinstance(action, engine.WaitUntil) and self._parks(action, max_wait):
-            return False
-        self._announce(state, action)
-        if isinstance(action, engine.WaitUntil):
-            await asyncio.sleep(max(0.0, action.due_at - self.clock()))
-        elif isinstance(action, engine.Commit):
-            self._commit(state, action.step)
-        elif isinstance(action, engine.CallModel):
-            started = self.clock()
-            response: ModelResponse | ModelError
-            try:
-                response = await self._call_model(action.request)
-            except ModelError as error:
-                response = error
-            self._model_step(state, response, started)
-        elif not self._answered_from_cache(state, action):
-            self._record_start(state, action)
-            began = time.perf_counter()
-            outcome: str | BaseException
-            try:
-                outcome = await action.tool.aexecute(action.arguments, action.call.call_id, run_id=state.id)
-            except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
-                outcome = error
-            self._tool_step(state, action, outcome, began)
-        return True
+        return await self._acomplete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
-    async def _call_model(self, request: ModelRequest) -> ModelResponse:
+    async def _acomplete(self, flow: Flowing[T]) -> T:
+        """Run ``flow`` to its end, awaiting the slow effects (see :meth:`_perform` for the rest)."""
+        driven = Driven(flow)
+        while (effect := driven.next()) is not None:
+            with driven.reporting():
+                driven.outcome = await self._aperform(effect)
+        return driven.result
+
+    async def _aperform(self, effect: Effect) -> Any:
+        match effect:
+            case Sleep(seconds):
+                await asyncio.sleep(seconds)
+                return None
+            case engine.CallModel(request):
+                return await self._acall_model(request)
+            case Attempt(action, run_id):
+                return await action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id)
+        return self._perform(effect)
+
+    async def _acall_model(self, request: ModelRequest) -> ModelResponse:
         """One model call (see Runner._call_model), awaited natively when the model can; else in a thread."""
         model, on_text = self.agent.model, self.on_text
         if on_text is not None and isinstance(model, AsyncStreamingModelAdapter):

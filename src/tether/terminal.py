@@ -31,7 +31,8 @@ from tether.approvals import Approve, Decision, Deny, PendingApproval
 from tether.audit import AuditEntry
 from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.events import Event
-from tether.runner import Activity, RunResult
+from tether.flow import Activity
+from tether.runner import RunResult
 from tether.state import RunState
 from tether.status import WAITING_RETRY, RunStatus, status_name
 

@@ -1,0 +1,464 @@
+"""One drive as a flow: a generator that yields effects and takes their outcomes back.
+
+Like httpx's ``Auth.auth_flow``, :class:`Flow` decides and does no I/O: it yields an
+effect (call the model, run a tool attempt, persist these events, ask the approver, sleep,
+read the store...), the driver performs it and sends the outcome back with ``send`` (or
+raises what performing it raised into the flow with ``throw``), until the flow returns.
+:class:`~tether.runner.Runner` performs effects with plain calls and
+:class:`~tether.runner.AsyncRunner` awaits the slow ones; an async store is just another
+shell awaiting :class:`Persist`. What the flow decides per step comes from
+:mod:`tether.engine`; the flow adds the order of work around it (the lease checked before
+deciding, a tool's start committed before it runs, a cache looked up first, transient store
+errors tried again) and the few clock readings it needs, from the injected clocks.
+
+Effects and what performing one gives back:
+
+====================== ==========================================================
+:class:`CheckLease`    None; raises :class:`~tether.errors.RunBusy` if the lease was lost
+:class:`LoadLog`       the run's :class:`~tether.stores.RunLog`
+:class:`LoadRun`       the run's :class:`~tether.stores.RunRecord`
+:class:`ShownStatus`   the stored run's status as a result shows it (a ``str``)
+:class:`Persist`       None, once the events and the run's row are committed
+:class:`Notify`        None, once listeners were told of committed events
+:class:`Announce`      None, once the action listener was told of slow work ahead
+:class:`LookUpCache`   the cached tool result (a ``str``) or None
+:class:`StoreCache`    None
+:class:`Ask`           the approver's decisions, by call id
+:class:`Sleep`         None, after the time passed
+``engine.CallModel``   the :class:`~tether.models.ModelResponse`; raises ModelError
+:class:`Attempt`       the tool's serialised result; raises what the tool raised
+====================== ==========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from tether import cache, engine
+from tether.agent import Agent
+from tether.approvals import Decision, PendingApproval, pending_of
+from tether.compat import check_compatible
+from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
+from tether.events import Event
+from tether.models import ModelResponse
+from tether.state import RunState
+from tether.status import AWAITING, RunStatus
+from tether.stores import RunLog, RunRecord
+
+STORE_RETRY_WAITS = (0.1, 0.5, 2.0)
+"""Seconds to wait before each new try of a step's write that failed transiently (see
+:attr:`tether.errors.StoreError.transient`): a lock held past SQLite's busy timeout, a dropped
+PostgreSQL connection. The step's outcome (a tool's result, a paid model answer) is held
+meanwhile; the write is given up only after these."""
+STORE_LOG = logging.getLogger("tether.store")
+
+T = TypeVar("T")
+
+
+# Effects: what a driver performs for the flow ---------------------------------------------
+@dataclass(frozen=True)
+class CheckLease:
+    """Make sure this driver still holds the run's lease, if it holds it (before deciding or writing)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A read of one run from the store."""
+
+    run_id: str
+    tenant: str | None
+
+
+class LoadLog(_Read):
+    """Read the run's events and version in one consistent read."""
+
+
+class LoadRun(_Read):
+    """Read the run's row (its version and summary)."""
+
+
+class ShownStatus(_Read):
+    """Read the run's status as it is stored now, in a result's words (for a message)."""
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Commit ``events`` and the row of ``state`` (whose version they advanced by one), in one write."""
+
+    state: RunState
+    events: list[Event]
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Tell the event listeners (and the policy log) what was just committed."""
+
+    state: RunState
+    events: list[Event]
+
+
+Activity = engine.CallModel | engine.RunTool | engine.WaitUntil
+"""Slow work a drive is about to start: a model call, a tool attempt, a wait for a retry."""
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Tell the action listener slow work is about to start (nothing is persisted yet)."""
+
+    state: RunState
+    activity: Activity
+
+
+@dataclass(frozen=True)
+class LookUpCache:
+    """Read a live cached result for ``key``."""
+
+    key: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StoreCache:
+    """Keep a tool's result for later calls with the same input, until ``expires_at``."""
+
+    key: str
+    tool: str
+    value: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Ask the approver about these calls (only yielded when the driver has one)."""
+
+    requests: list[PendingApproval]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Let ``seconds`` pass (a tool retry's schedule, or a pause before writing again)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Run one attempt of a tool call whose start is committed already."""
+
+    action: engine.RunTool
+    run_id: str
+
+
+Effect = (
+    CheckLease
+    | LoadLog
+    | LoadRun
+    | ShownStatus
+    | Persist
+    | Notify
+    | Announce
+    | LookUpCache
+    | StoreCache
+    | Ask
+    | Sleep
+    | engine.CallModel
+    | Attempt
+)
+Flowing = Generator[Effect, Any, T]
+"""A flow that yields effects, is sent their outcomes and returns a ``T``."""
+
+
+class Driven(Generic[T]):
+    """A flow as a driver moves it: ``next()`` hands back the last outcome and gives the next effect.
+
+    A driver's loop is then ``while (effect := driven.next()) is not None: with driven.reporting():
+    driven.outcome = perform(effect)``, the same whether ``perform`` is awaited or not.
+    """
+
+    def __init__(self, flow: Flowing[T]) -> None:
+        self._flow = flow
+        self.outcome: Any = None
+        """What performing the last effect gave back."""
+        self._error: BaseException | None = None
+        self.result: T
+
+    def next(self) -> Effect | None:
+        """The next effect to perform, or None once the flow returned (its value is :attr:`result`)."""
+        error, self._error = self._error, None
+        try:
+            if error is not None:
+                return self._flow.throw(error)
+            return self._flow.send(self.outcome)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+    def reporting(self) -> _Reporting:
+        """A block whose exception is not raised here but raised into the flow, where the effect was yielded."""
+        return _Reporting(self)
+
+
+class _Reporting:
+    def __init__(self, driven: Driven[Any]) -> None:
+        self._driven = driven
+
+    def __enter__(self) -> None:
+        self._driven.outcome = None
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> bool:
+        self._driven._error = error
+        return error is not None
+
+
+class Flow:
+    """The decisions and the order of work of driving one agent's runs; performs nothing.
+
+    ``owner`` names the driver in the tool starts it records (its lease's owner); ``can_ask``
+    says whether it has an approver. ``clock`` gives the time events are stamped with and
+    schedules are read against; ``timer`` measures tool attempts; ``rng`` draws retry jitter.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        owner: str = "",
+        can_ask: bool = False,
+        clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.agent = agent
+        self.owner = owner
+        self.can_ask = can_ask
+        self.clock = clock
+        self.timer = timer
+        self.rng = rng if rng is not None else random.Random()
+
+    # A whole drive ------------------------------------------------------------------------
+    def drive(
+        self, run: str | RunState, tenant: str | None, *, force: bool, max_wait: float | None
+    ) -> Flowing[RunState]:
+        """Take steps until the run finishes or parks; the caller holds the run's lease.
+
+        A write refused because another process changed the run meanwhile (a decision, a
+        cancel) ends the drive with a :class:`StaleRun` saying what the run is now.
+        """
+        state = yield from self._start(run, tenant, force=force)
+        try:
+            while (yield from self.step(state, max_wait=max_wait)):
+                pass
+        except RunBusy:
+            raise
+        except StaleRun as error:
+            raise (yield from self._changed_meanwhile(state, error)) from error
+        return state
+
+    def _start(self, run: str | RunState, tenant: str | None, *, force: bool) -> Flowing[RunState]:
+        """Load and check the run; with ``force``, first declare its in-flight calls abandoned.
+
+        A state loaded before the lease was claimed may be behind: StaleRun now, before any model call.
+        """
+        state = yield from self.load(run, tenant)
+        if isinstance(run, RunState):
+            record: RunRecord = yield LoadRun(run.id, run.tenant)
+            if record.version != run.version:
+                raise StaleRun(run.id, run.version)
+        if force:
+            reason = "forced: the operator says its driver is gone"
+            records = engine.abandon_in_flight(state, by=self.owner, reason=reason)
+            if records:
+                yield from self._record(state, records)
+        if state.status == RunStatus.failed and state.can_retry:  # a run that failed transiently: try again
+            yield from self.commit(state, engine.retry_after_failure())
+        return state
+
+    def _changed_meanwhile(self, state: RunState, error: StaleRun) -> Flowing[StaleRun]:
+        try:
+            status: str = yield ShownStatus(state.id, state.tenant)
+            now = f"it is now {status}"
+        except TetherError:
+            now = "it could not be read again"
+        return StaleRun(
+            state.id,
+            error.expected_version,
+            detail=f"run {state.id!r} was changed by another process while this one drove it ({now}): this "
+            "process stopped and did not record its last step (a model answer or a tool result; a tool call it "
+            "ran is in doubt until the run resumes)",
+        )
+
+    def load(self, run: str | RunState, tenant: str | None) -> Flowing[RunState]:
+        """The run (loaded by id, or as given), checked against this agent's tools."""
+        if isinstance(run, RunState):
+            state = run
+        else:
+            log: RunLog = yield LoadLog(run, tenant)
+            state = RunState.rebuild(run, log.events, version=log.version, tenant=log.tenant)
+        check_compatible(state.id, state.spec, self.agent.tool_index)
+        return state
+
+    # One step -----------------------------------------------------------------------------
+    def step(self, state: RunState, *, max_wait: float | None = None) -> Flowing[bool]:
+        """Do exactly one unit of work; False when there is nothing left to do now.
+
+        Holding the lease, this drive owns the run: a call in flight that another owner
+        started was abandoned by its driver, and the engine treats it as in doubt. A retry
+        due more than ``max_wait`` seconds from now is left for later (False).
+        """
+        yield CheckLease(state.id)
+        action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
+        if isinstance(action, engine.Stop):
+            if state.status != AWAITING or not self.can_ask:
+                return False
+            decisions: Mapping[str, Decision] = yield Ask(pending_of(state, self.agent))
+            return (yield from self._apply_decisions(state, decisions))
+        if isinstance(action, engine.WaitUntil) and max_wait is not None and action.due_at - self.clock() > max_wait:
+            return False  # parked: a later drive runs the retry
+        if not isinstance(action, engine.Commit):
+            yield Announce(state, action)
+        if isinstance(action, engine.WaitUntil):
+            yield Sleep(max(0.0, action.due_at - self.clock()))
+        elif isinstance(action, engine.Commit):
+            yield from self.commit(state, action.step)
+        elif isinstance(action, engine.CallModel):
+            yield from self._call_model(state, action)
+        elif not (yield from self._answered_from_cache(state, action)):
+            yield from self._run_tool(state, action)
+        return True
+
+    def _call_model(self, state: RunState, action: engine.CallModel) -> Flowing[None]:
+        started = self.clock()
+        try:
+            response: ModelResponse = yield action
+        except ModelError as error:
+            yield from self.commit(state, engine.on_model_error(error))
+            return
+        now = self.clock()
+        step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
+        on_resume = "resuming the run asks the model again (one more call)"
+        yield from self._save(state, step, "the model answered", on_resume)
+
+    def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> Flowing[bool]:
+        """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
+        if action.tool.cache_ttl is None:
+            return False
+        key = cache.key_for(action, tenant=state.tenant)
+        value: str | None = yield LookUpCache(key, self.clock())
+        if value is None:
+            return False
+        yield from self.commit(state, engine.on_cache_hit(action, value, key=key))
+        return True
+
+    def _run_tool(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
+        """Commit the attempt's start, run it, commit its outcome, and keep a fresh result in the cache."""
+        records = [*action.warnings, engine.tool_started(action, owner=self.owner)]
+        if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
+            records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
+        yield from self._record(state, records)
+        began = self.timer()
+        outcome: str | Exception
+        try:
+            outcome = yield Attempt(action, state.id)
+        except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
+            outcome = error
+        duration = self.timer() - began
+        if isinstance(outcome, Exception):
+            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
+        else:
+            step = engine.on_tool_success(action, outcome, duration=duration)
+        yield from self._save(
+            state,
+            step,
+            f"tool {action.tool.name!r} (call {action.call.call_id}) ran, so whatever it does has happened",
+            "resuming the run treats the call as in doubt (run again only if the tool is idempotent, else asked about)",
+        )
+        if not isinstance(outcome, Exception) and action.tool.cache_ttl is not None:
+            # Stored once the result is committed (a crash in between costs a miss, never a
+            # wrong hit); errors are never stored. The full value, not the model's cut.
+            key = cache.key_for(action, tenant=state.tenant)
+            yield StoreCache(key, action.tool.name, outcome, self.clock() + action.tool.cache_ttl)
+
+    # Decisions ----------------------------------------------------------------------------
+    def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> Flowing[bool]:
+        applied = False
+        for request in pending_of(state, self.agent):
+            decision = decisions.get(request.call_id)
+            if decision is None or request.call_id in state.decisions:  # decided with a remember_for_run sibling
+                continue
+            yield from self.decide(state, request.call_id, decision, request.fingerprint)
+            applied = True
+        return applied
+
+    def decide(self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None) -> Flowing[None]:
+        """Commit one decision, refused unless exactly that call waits (see :func:`engine.on_decision`)."""
+        step = engine.on_decision(state, self.agent, call_id, decision, expected_fingerprint=fingerprint)
+        yield from self.commit(state, step)
+
+    # Committing ---------------------------------------------------------------------------
+    def commit(self, state: RunState, step: engine.Step) -> Flowing[None]:
+        """Apply ``step`` to ``state`` and persist what it produced."""
+        yield from self._persist(state, engine.commit(state, step, now=self.clock()))
+
+    def _save(self, state: RunState, step: engine.Step, happened: str, on_resume: str) -> Flowing[None]:
+        """Commit a step whose outcome cannot be had again for free; if even the retries fail, say so."""
+        try:
+            yield from self.commit(state, step)
+        except StoreError as error:  # never leave the user with "nothing was changed"
+            raise StoreError(
+                f"run {state.id}: {happened}, but its result could not be saved: {error}; {on_resume}",
+                transient=error.transient,
+            ) from error
+
+    def _record(self, state: RunState, records: Sequence[engine.Record]) -> Flowing[None]:
+        """Commit facts that need no transition (a tool's start, an operator's override)."""
+        now = self.clock()
+        produced = []
+        for kind, data in records:
+            event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+            state.apply(event)
+            produced.append(event)
+        state.version += 1
+        yield from self._persist(state, produced)
+
+    def _persist(self, state: RunState, produced: list[Event]) -> Flowing[None]:
+        yield CheckLease(state.id)  # a drive that lost the run writes nothing more
+        yield from self._append(state, produced)
+        yield Notify(state, produced)
+
+    def _append(self, state: RunState, events: list[Event]) -> Flowing[None]:
+        """Persist, tried again while its failure is transient (see :data:`STORE_RETRY_WAITS`).
+
+        A connection that dropped at the commit leaves the write's outcome unknown: a retry that
+        then finds the run advanced checks whether it was this very write that landed.
+        """
+        failed = False
+        for wait in (*STORE_RETRY_WAITS, None):
+            try:
+                yield Persist(state, events)
+                return
+            except StaleRun:
+                if failed and (yield from self._landed(state, events)):
+                    return
+                raise
+            except StoreError as error:
+                if not error.transient or wait is None:
+                    raise
+                failed = True
+                STORE_LOG.warning("run %s: saving a step failed (%s); trying again in %g s", state.id, error, wait)
+                yield Sleep(wait)
+
+    def _landed(self, state: RunState, events: list[Event]) -> Flowing[bool]:
+        """Whether the store holds exactly this write: the row at its version, each event (seq, type, time)."""
+        try:
+            log: RunLog = yield LoadLog(state.id, state.tenant)
+        except StoreError:
+            return False
+        stored = {event.seq: (event.type, event.at) for event in log.events}
+        return log.version == state.version and all(stored.get(e.seq) == (e.type, e.at) for e in events)
