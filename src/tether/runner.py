@@ -26,7 +26,7 @@ from tether.agent import Agent
 from tether.approvals import ApprovalRequest, Approver, Decision
 from tether.compat import check_compatible
 from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
-from tether.events import Event
+from tether.events import Event, Fact
 from tether.history import append_user_text, close_unanswered
 from tether.machine import MACHINE_VERSION, STATUS_VALUES
 from tether.models import (
@@ -346,17 +346,17 @@ class _RunnerBase:
         self._persist(state, engine.commit(state, step, now=self.clock()))
 
     def _record_start(self, state: RunState, action: engine.RunTool) -> None:
-        records = [*action.warnings, engine.tool_started(action, owner=self._lease(state).owner)]
+        records: list[Fact] = [*action.warnings, engine.tool_started(action, owner=self._lease(state).owner)]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
         self._record(state, records)
 
-    def _record(self, state: RunState, records: list[engine.Record]) -> None:
+    def _record(self, state: RunState, records: Sequence[Fact]) -> None:
         """Commit facts that need no transition (a tool's start, an operator's override)."""
         now = self.clock()
         produced = []
-        for kind, data in records:
-            event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+        for fact in records:
+            event = Event(state.next_seq, now, fact)
             state.apply(event)
             produced.append(event)
         state.version += 1
