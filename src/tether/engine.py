@@ -416,7 +416,6 @@ def _response_step(
         round(latency, 6),
         list(response.retry_waits) or None,  # the API asked to wait this long first
     )
-    discarded = replace(record, discarded=True)
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
@@ -425,13 +424,13 @@ def _response_step(
         if current >= ceiling:
             return Step(
                 "fail",
-                [discarded],
+                [replace(record, discarded=True)],
                 error=f"the response was cut off at max_tokens={current} inside a tool_use, "
                 f"even at the ceiling ({ceiling}); the incomplete call was not run",
             )
         raised = min(current * 2, ceiling)
         warning = Warned(f"tool_use cut off at max_tokens={current}; asking again with {raised}")
-        return Step("reinvoked", [replace(discarded, next_max_tokens=raised), warning])
+        return Step("reinvoked", [replace(record, discarded=True, next_max_tokens=raised), warning])
     if reason == "pause_turn":
         return Step("reinvoked", [record])
     if reason == "refusal":
@@ -441,7 +440,7 @@ def _response_step(
     if reason == CONTEXT_EXCEEDED:
         return Step(
             "fail",
-            [discarded],
+            [replace(record, discarded=True)],
             error="context window exceeded: the conversation no longer fits the model's context",
         )
     if has_tool_use and reason in ("tool_use", "end_turn", "stop_sequence"):
@@ -449,7 +448,7 @@ def _response_step(
     if reason == "tool_use":
         return Step(
             "fail",
-            [discarded],
+            [replace(record, discarded=True)],
             error="stop_reason was tool_use but the response holds no tool_use block",
         )
     if reason in DONE_STOP_REASONS:
@@ -458,7 +457,7 @@ def _response_step(
         return Step("answered", [record, Warned("the answer was cut off at max_tokens")])
     return Step(
         "fail",
-        [discarded],
+        [replace(record, discarded=True)],
         error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
     )
 

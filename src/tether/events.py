@@ -14,7 +14,7 @@ and databases written before this vocabulary load unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, dataclass_transform
 
 import pydantic
 
@@ -23,9 +23,20 @@ from tether.models import Usage
 
 Json: TypeAlias = dict[str, Any]
 """Free JSON: a spec, a tool's input, a message or content block, a final result."""
+_Cls = TypeVar("_Cls", bound=type)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def _frozen(cls: _Cls) -> _Cls:
+    """A dataclass the type checker holds frozen; at run time plain (with slots).
+
+    Frozen at run time, each field is set through ``object.__setattr__``: building a fact cost
+    five times as much, and the engine builds several facts and events per step, on the hot path.
+    """
+    return dataclass(slots=True)(cls)  # type: ignore[return-value]
+
+
+@_frozen
 class Allowed:
     """Who let a call run without asking anyone then (see ``tether.engine._verdict``), for the audit."""
 
@@ -39,7 +50,7 @@ class Allowed:
         return {"by": self.by, "reason": self.reason}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class RequestedCall:
     """One call shown to a person in an ``approval_requested``."""
 
@@ -67,7 +78,7 @@ class RequestedCall:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class RunStarted:
     """The run's spec and opening history (a continued conversation's earlier messages too)."""
 
@@ -81,7 +92,7 @@ class RunStarted:
         return {"spec": self.spec, "messages": self.messages, "created_at": self.created_at}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ModelResponded:
     """One model answer, with its usage, cost and latency."""
 
@@ -121,7 +132,7 @@ class ModelResponded:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ToolStarted:
     """An attempt of a call is about to run (committed before it does)."""
 
@@ -146,7 +157,7 @@ class ToolStarted:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ToolFinished:
     """A call's result, as the model gets it: from its tool, the cache, or a refusal."""
 
@@ -212,7 +223,7 @@ class ToolFinished:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class RetryScheduled:
     """An attempt failed and the tool's retry policy tries again at ``due_at``."""
 
@@ -240,7 +251,7 @@ class RetryScheduled:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ApprovalRequested:
     """The run parks until a person decides these calls."""
 
@@ -261,7 +272,7 @@ class ApprovalRequested:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ApprovalDecided:
     """A person's decision on one call."""
 
@@ -290,7 +301,7 @@ class ApprovalDecided:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ResultsReturned:
     """The batch's results went back to the model as one user message."""
 
@@ -301,7 +312,7 @@ class ResultsReturned:
         return {}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Transition:
     """The machine moved (``source`` None: it entered its initial state)."""
 
@@ -315,7 +326,7 @@ class Transition:
         return {"event": self.event, "source": self.source, "target": self.target}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Warned:
     """A warning: a ``warn`` rule matched, a limit is near, an attempt's thread runs on..."""
 
@@ -356,7 +367,7 @@ class Warned:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class BudgetExhausted:
     """A budget ran out: the model is asked for a final answer with tools disabled."""
 
@@ -371,7 +382,7 @@ class BudgetExhausted:
         return {"limit": self.limit, "used": self.used, "allowed": self.allowed, "prompt": self.prompt}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class RunFinished:
     """The run ended (``status`` done, failed or cancelled)."""
 
@@ -393,7 +404,7 @@ class RunFinished:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class CacheHit:
     """A cached result answered a call; the tool did not run (see :mod:`tether.cache`)."""
 
@@ -411,7 +422,7 @@ class CacheHit:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class CacheMiss:
     """A cached tool found nothing usable; written with its ``tool_started``."""
 
@@ -425,7 +436,7 @@ class CacheMiss:
         return {"call_id": self.call_id, "tool": self.tool, "key": self.key}
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class CallAbandoned:
     """An operator took the run over from the driver of a started call (``tether resume --force``).
 
@@ -488,7 +499,7 @@ _ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {kind: pydantic.TypeAdapter(cl
 """The one reader of stored payloads: a kind's JSON to its dataclass, checked field by field."""
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Event:
     """One fact, numbered within its run."""
 
