@@ -436,8 +436,8 @@ async def test_400_fails_the_run_with_history_intact(h: Harness, tools: dict[str
     assert loaded.messages == state.messages
     assert [m["role"] for m in loaded.messages] == ["user", "assistant", "user"]
     types = event_types(runner, result.run_id)
-    assert types.count(ev.MODEL_RESPONDED) == 1
-    assert types[-1] == ev.RUN_FINISHED
+    assert types.count(ev.ModelResponded.kind) == 1
+    assert types[-1] == ev.RunFinished.kind
 
 
 async def test_400_on_the_first_call_leaves_only_the_prompt(h: Harness) -> None:
@@ -511,7 +511,7 @@ async def test_tool_use_cut_off_at_max_tokens_is_not_run_and_asked_again_with_mo
     history = runner.load(result.run_id).messages
     assert "toolu_cut" not in repr(history)
     assert history[1]["content"][0]["id"] == call_id
-    assert ev.WARNING in event_types(runner, result.run_id)
+    assert ev.Warned.kind in event_types(runner, result.run_id)
 
 
 async def test_tool_use_cut_off_at_the_ceiling_fails(h: Harness, tools: dict[str, Tool], calls: Calls) -> None:

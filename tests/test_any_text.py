@@ -18,7 +18,7 @@ import pytest
 
 from support import Cli, tool_results, tool_use
 from tether import Agent, Runner, tool
-from tether.events import Event
+from tether.events import Event, RunStarted, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -54,13 +54,14 @@ def test_the_store_gives_back_exactly_what_it_was_given(db_url: str) -> None:
     try:
         tree = nasty_tree()
         first = RunRecord(id="run_1", status="thinking", version=1, tenant="t", spec=tree, summary=tree)
-        store.create_run(first, [Event(seq=0, type="warning", data=tree, at=1.0)])
+        facts = [RunStarted(tree, [tree]), RunStarted({"k": NASTY}, [])]
+        store.create_run(first, [Event(0, 1.0, facts[0])])
         second = RunRecord(id="run_1", status="done", version=2, tenant="t", spec=tree, summary={"s": NASTY})
-        store.append(second, 1, [Event(seq=1, type="warning", data={"k": NASTY}, at=2.0)])
+        store.append(second, 1, [Event(1, 2.0, facts[1])])
         loaded = store.load_run("run_1")
         assert (loaded.spec, loaded.summary) == (tree, {"s": NASTY})
-        assert [e.data for e in store.load_events("run_1")] == [tree, {"k": NASTY}]
-        assert [e.data for e in store.load_log("run_1").events] == [tree, {"k": NASTY}]
+        assert [e.fact for e in store.load_events("run_1")] == facts
+        assert [e.fact for e in store.load_log("run_1").events] == facts
         assert [r.summary for r in store.list_runs()] == [{"s": NASTY}]
         for index, text in enumerate(NASTY):
             store.cache_put(f"key{index}", "reader", text, expires_at=2e9)
@@ -73,9 +74,9 @@ def test_ordinary_text_is_stored_as_plain_json(db_url: str) -> None:
     """Only strings that need it are escaped: the rest stays readable (and queryable) JSON."""
     store = SQLStore(db_url)
     try:
-        data = {"text": "héllo 😀 \\u0000", "n": 1}
+        data = {"message": "héllo 😀 \\u0000"}
         first = RunRecord(id="run_1", status="done", version=1)
-        store.create_run(first, [Event(seq=0, type="warning", data=data, at=1.0)])
+        store.create_run(first, [Event(0, 1.0, Warned(data["message"]))])
         with store.engine.connect() as connection:
             (stored,) = connection.exec_driver_sql("SELECT data FROM tether_event").one()
         assert (json.loads(stored) if isinstance(stored, str) else stored) == data

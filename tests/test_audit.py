@@ -20,7 +20,7 @@ from support import CliResult, run_tether, tool_use, tool_use_turn
 from tether import Agent, ApprovalVerdict, Approve, Deny, Policy, RetryPolicy, Rule, Runner, RunResult, tool
 from tether.audit import AuditEntry, entries, parse_since, query, select
 from tether.errors import ConfigError, RunNotFound
-from tether.events import Event
+from tether.events import Event, ToolFinished, Warned
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
@@ -286,8 +286,8 @@ def test_a_parked_call_is_awaiting_approval() -> None:
 
 def test_events_of_other_kinds_or_unknown_calls_are_ignored() -> None:
     log = [
-        Event(0, "warning", {"message": "run-level"}, 1.0),
-        Event(1, "tool_finished", {"call_id": "nobody", "content": "x", "is_error": False}, 2.0),
+        Event(0, 1.0, Warned("run-level")),
+        Event(1, 2.0, ToolFinished("nobody", "t", "x", False)),
     ]
     assert entries("run_x", log) == []
 

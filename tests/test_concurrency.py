@@ -195,31 +195,31 @@ def test_concurrent_decisions_exactly_one_applies(db_url: str, tmp_path: Path) -
 
 APPEND_STEPS = """
 import sys
-from tether.events import Event
+from tether.events import Event, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 url, run_id, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = SQLStore(url)
 for version in range(2, steps + 2):  # each step's one event says which version it made
     row = RunRecord(id=run_id, status="thinking", version=version, updated_at=float(version))
-    store.append(row, version - 1, [Event(version - 1, "warning", {"version": version})])
+    store.append(row, version - 1, [Event(version - 1, 0.0, Warned(str(version)))])
 store.close()
 """
 
 
 def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str) -> None:
     """Runner.load reads the version and the events at one instant: never a version behind them."""
-    from tether.events import Event
+    from tether.events import Event, Warned
     from tether.stores import RunRecord
 
     store = SQLStore(db_url)
     try:
-        store.create_run(RunRecord(id="run_busy", status="thinking", version=1), [Event(0, "warning", {"version": 1})])
+        store.create_run(RunRecord(id="run_busy", status="thinking", version=1), [Event(0, 0.0, Warned("1"))])
         writer = subprocess.Popen([sys.executable, "-c", APPEND_STEPS, db_url, "run_busy", "300"], env=clean_env())
         loads = 0
         while writer.poll() is None or loads == 0:
             log = store.load_log("run_busy")
-            assert log.events[-1].data["version"] == log.version
+            assert log.events[-1].data["message"] == str(log.version)
             assert [e.seq for e in log.events] == list(range(log.version))
             loads += 1
         assert writer.returncode == 0

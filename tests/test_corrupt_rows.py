@@ -15,7 +15,7 @@ import sqlalchemy as sa  # noqa: TID251 - the tests damage rows as an outside wr
 
 from support import Cli, tool_use
 from tether.errors import CorruptData
-from tether.events import Event
+from tether.events import Event, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 
@@ -33,7 +33,7 @@ def store(db_url: str) -> Iterator[SQLStore]:
         for run_id in ("run_bad", "run_good"):
             store.create_run(
                 RunRecord(id=run_id, status="done", version=1, summary={"steps": 1}, created_at=1.0),
-                [Event(seq=n, type="warning", data={"n": n}, at=1.0) for n in (0, 1)],
+                [Event(n, 1.0, Warned(f"n{n}")) for n in (0, 1)],
             )
         yield store
     finally:
@@ -64,7 +64,27 @@ def test_a_damaged_event_is_named(store: SQLStore, db_url: str, value: str) -> N
     for load in (store.load_events, store.load_log):
         with pytest.raises(CorruptData, match=r"run 'run_bad'.*event 1"):
             load("run_bad")
-    assert [e.data for e in store.load_events("run_good")] == [{"n": 0}, {"n": 1}]
+    assert [e.fact for e in store.load_events("run_good")] == [Warned("n0"), Warned("n1")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "problem"),
+    [
+        ("tool_exploded", '{"call_id": "c1"}', "unknown type 'tool_exploded'"),
+        ("tool_started", '{"call_id": "c1", "tool": "t"}', "not a valid tool_started event (attempt: Field required)"),
+        ("transition", '{"event": "start", "source": null, "target": [1]}', "target: Input should be a valid string"),
+        ("approval_requested", '{"calls": [{"tool": "t", "input": {}}]}', "calls.0.call_id: Field required"),
+    ],
+    ids=["unknown-type", "missing-field", "wrong-type", "nested"],
+)
+def test_an_event_that_is_no_fact_is_named(store: SQLStore, kind: str, data: str, problem: str) -> None:
+    damage(store, f"UPDATE tether_event SET type = '{kind}', data = '{data}' WHERE run_id = 'run_bad' AND seq = 1")
+    for load in (store.load_events, store.load_log):
+        with pytest.raises(CorruptData, match=r"run 'run_bad'.*event 1") as caught:
+            load("run_bad")
+        assert problem in str(caught.value)
+        assert caught.value.run_id == "run_bad"
+    assert [e.fact for e in store.load_events("run_good")] == [Warned("n0"), Warned("n1")]
 
 
 SCRIPT = [

@@ -35,7 +35,7 @@ from diagram_reading import (
     recorded_counts,
 )
 from support import mermaid_parse_errors
-from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, tool
+from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, events, tool
 from tether import diagram as dg
 from tether.agent import Agent
 from tether.events import Event
@@ -153,25 +153,25 @@ def test_sequence_renderer_escapes_what_mermaid_would_read_as_syntax() -> None:
     ]
 
 
-def ev(seq: int, kind: str, **data: object) -> Event:
-    return Event(seq, kind, dict(data), at=100.0)
+def ev(seq: int, fact: events.Fact) -> Event:
+    return Event(seq, 100.0, fact)
 
 
 def test_timeline_reads_every_kind_of_event() -> None:
-    events = [
-        ev(0, "run_started", spec={}, messages=[{"role": "user", "content": "hello\nthere"}]),
-        ev(1, "transition", event="start", source=None, target="thinking"),
-        ev(2, "model_responded", content=[{"type": "tool_use", "id": "c1", "name": "a-b", "input": {"q": 1}}]),
-        ev(3, "tool_started", call_id="c1", tool="a-b", attempt=1),
-        ev(4, "retry_scheduled", call_id="c1", tool="a-b", attempt=1, due_at=102.5, error="Error: flaky"),
-        ev(5, "tool_finished", call_id="c1", tool="a-b", content="Error: broke", is_error=True, attempt=2),
-        ev(6, "approval_requested", calls=[{"call_id": "c2", "tool": "a_b", "input": {}, "reason": "risky"}]),
-        ev(7, "approval_decided", call_id="c2", tool="a_b", approved=False, actor="ann", reason="no", input=None),
-        ev(8, "warning", message="cut off"),
-        ev(9, "model_responded", content=[], stop_reason="max_tokens", discarded=True),
-        ev(10, "run_finished", status="failed", error="max_steps limit reached", output=None, result=None),
+    log = [
+        ev(0, events.RunStarted({}, [{"role": "user", "content": "hello\nthere"}])),
+        ev(1, events.Transition("start", None, "thinking")),
+        ev(2, events.ModelResponded([{"type": "tool_use", "id": "c1", "name": "a-b", "input": {"q": 1}}], "tool_use")),
+        ev(3, events.ToolStarted("c1", "a-b", 1)),
+        ev(4, events.RetryScheduled("c1", "a-b", 1, 0.1, "OSError", 102.5, "Error: flaky", "retryable")),
+        ev(5, events.ToolFinished("c1", "a-b", "Error: broke", True, attempt=2)),
+        ev(6, events.ApprovalRequested([events.RequestedCall("c2", "a_b", {}, "risky")])),
+        ev(7, events.ApprovalDecided("c2", "a_b", False, "ann", "no", None, "f", False)),
+        ev(8, events.Warned("cut off")),
+        ev(9, events.ModelResponded([], "max_tokens", discarded=True)),
+        ev(10, events.RunFinished("failed", "max_steps limit reached", None, None, False)),
     ]
-    line = dg.timeline(events)
+    line = dg.timeline(log)
     assert [p.label for p in line.participants] == ["User", "Model", "a-b", "a_b", "Approver"]
     assert [p.id for p in line.participants][2:4] == ["tool_a_b", "tool_a_b_2"]  # distinct ids
     assert line.steps == [
@@ -290,15 +290,15 @@ def test_agent_tools_are_annotated() -> None:
 
 
 def test_events_from_another_machine_are_refused() -> None:
-    events = [ev(0, "transition", event="start", source=None, target="sleeping")]
+    log = [ev(0, events.Transition("start", None, "sleeping"))]
     with pytest.raises(dg.DiagramError, match="no state 'sleeping'"):
-        dg.to_mermaid(events=events)
-    events = [
-        ev(0, "transition", event="start", source=None, target="thinking"),
-        ev(1, "transition", event="decided", source="thinking", target="done"),
+        dg.to_mermaid(events=log)
+    log = [
+        ev(0, events.Transition("start", None, "thinking")),
+        ev(1, events.Transition("decided", "thinking", "done")),
     ]
     with pytest.raises(dg.DiagramError, match="no transition thinking -> done on 'decided'"):
-        dg.to_dot(events=events)
+        dg.to_dot(events=log)
 
 
 # A real run -------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import pytest
 
 from support import tool_use
 from tether import Agent, Approve, RetryPolicy, tool
-from tether import events as ev
 from tether.approvals import Decision
 from tether.engine import CallModel, Step, cancellation, start_events
 from tether.errors import ModelError, StaleRun, StoreError
@@ -162,7 +161,7 @@ class World:
         return [
             (e.data["event"], status_name(e.data["source"]), status_name(e.data["target"]))
             for e in self.persisted
-            if e.type == ev.TRANSITION and e.data["source"] is not None
+            if e.type == "transition" and e.data["source"] is not None
         ]
 
 
@@ -280,7 +279,7 @@ def test_a_tool_start_is_persisted_before_the_attempt_and_names_the_driver() -> 
     attempt = next(i for i, effect in enumerate(world.effects) if isinstance(effect, Attempt))
     first_write = next(effect for effect in world.effects if isinstance(effect, Persist))
     assert world.effects.index(first_write) < attempt
-    started = [e for e in first_write.events if e.type == ev.TOOL_STARTED]
+    started = [e for e in first_write.events if e.type == "tool_started"]
     assert [e.data["owner"] for e in started] == ["test-driver"]
 
 

@@ -143,14 +143,14 @@ def test_force_takes_the_run_from_a_live_holder_and_the_log_remembers(other_proc
     store = MemoryStore()
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool(ran)])
     run_id = started_then_died(Runner(agent, store))
-    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.TOOL_STARTED]
+    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.ToolStarted.kind]
     holder = f"{HOST}:{other_process.pid}:live"
     held_by(store, run_id, holder, expires_in=60)
     runner = Runner(agent, store, approver=DecideLater())
 
     parked = runner.drive(run_id, force=True)
     assert parked.status == "awaiting_approval"
-    [abandoned] = [e.data for e in store.load_events(run_id) if e.type == ev.CALL_ABANDONED]
+    [abandoned] = [e.data for e in store.load_events(run_id) if e.type == ev.CallAbandoned.kind]
     assert (abandoned["call_id"], abandoned["owner"]) == ("toolu_1", started["owner"])
     assert store.claim_run(run_id, holder, now=time.time(), ttl=30).owner == holder  # released: free again
     store.release_run(run_id, holder)
@@ -205,7 +205,7 @@ def test_a_long_tool_keeps_the_lease_renewed() -> None:
     runner = Runner(Agent(model=ScriptedModel(script), tools=[slow]), store, lease_ttl=0.2)
     run_id = runner.create("Be slow.").id
     assert runner.drive(run_id).status == "done"
-    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.TOOL_STARTED]
+    [started] = [e.data for e in store.load_events(run_id) if e.type == ev.ToolStarted.kind]
     assert len(seen) > 3
     assert set(seen) == {started["owner"]}  # nobody else could take it while the tool ran
     assert store.claim_run(run_id, "other:1:o", now=time.time(), ttl=1).owner == "other:1:o"  # released at the end
@@ -228,7 +228,7 @@ def test_a_cancel_from_elsewhere_stops_the_drive_cleanly() -> None:
     with pytest.raises(StaleRun, match=r"changed by another process while this one drove it \(it is now cancelled\)"):
         runner.drive(run_id)
     assert elsewhere == ["cancelled"]
-    assert store.load_events(run_id)[-1].type == ev.RUN_FINISHED  # the cancel; the tool's result was not written
+    assert store.load_events(run_id)[-1].type == ev.RunFinished.kind  # the cancel; the tool's result was not written
     assert store.claim_run(run_id, "next:1:n", now=time.time(), ttl=1).owner == "next:1:n"  # released
 
 

@@ -92,15 +92,15 @@ def console(*, terminal: bool) -> tuple[Console, io.StringIO]:
     return Console(file=out, force_terminal=terminal, width=100, color_system="standard" if terminal else None), out
 
 
-def event(kind: str) -> Event:
-    return Event(seq=1, type=kind, data={})
+def event(fact: ev.Fact) -> Event:
+    return Event(1, 0.0, fact)
 
 
 def test_live_view_does_nothing_off_a_terminal() -> None:
     plain, out = console(terminal=False)
     view = LiveView(plain)
     view.on_action(RunState(id="r", status="thinking"), CallModel(request=None))  # type: ignore[arg-type]
-    view(RunState(id="r"), event(ev.MODEL_RESPONDED))
+    view(RunState(id="r"), event(ev.ModelResponded([], "end_turn")))
     view.stop()
     assert not view.enabled
     assert out.getvalue() == ""
@@ -113,9 +113,9 @@ def test_live_view_spins_from_an_action_until_the_next_commit() -> None:
     try:
         view.on_action(state, CallModel(request=None))  # type: ignore[arg-type]
         assert "thinking · step 3 · calling the model…" in ANSI.sub("", out.getvalue())
-        view(state, event(ev.TOOL_STARTED))  # part of the tool's activity: keeps spinning
+        view(state, event(ev.ToolStarted("c1", "t", 1)))  # part of the tool's activity: keeps spinning
         assert view.active
-        view(state, event(ev.MODEL_RESPONDED))
+        view(state, event(ev.ModelResponded([], "end_turn")))
         assert not view.active
         assert out.getvalue().rfind(HIDE_CURSOR) < out.getvalue().rfind(SHOW_CURSOR)
     finally:
@@ -136,7 +136,7 @@ def test_live_view_shows_streamed_text_under_the_spinner_until_the_commit() -> N
         screen = ANSI.sub("", out.getvalue())
         assert "thinking · step 1 · calling the model…\nStreaming is shown" in screen
         assert "too early" not in screen
-        view(state, event(ev.MODEL_RESPONDED))
+        view(state, event(ev.ModelResponded([], "end_turn")))
         assert not view.active
         drawn = len(out.getvalue())
         view.on_text(" late")  # after the commit: ignored

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from support import clean_env, libpq_dsn
 from tether import Agent, ModelError, Runner
 from tether.errors import StoreError
-from tether.events import Event
+from tether.events import Event, RunStarted
 from tether.stores import SCHEMA_VERSION, RunRecord
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import MIGRATIONS, SQLStore
@@ -94,7 +95,9 @@ def version_one_runs() -> list[tuple[RunRecord, list[Event]]]:
         spec = {k: v for k, v in record.spec.items() if k != "schema_version"}
         summary = {k: v for k, v in record.summary.items() if k != "retryable"}
         events = memory.load_events(run_id)
-        events[0] = Event(0, events[0].type, {**events[0].data, "spec": spec}, events[0].at)
+        started = events[0].fact
+        assert isinstance(started, RunStarted)
+        events[0] = Event(0, events[0].at, replace(started, spec=spec))
         runs.append((RunRecord(**{**record.__dict__, "spec": spec, "summary": summary}), events))
     return runs
 

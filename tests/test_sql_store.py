@@ -20,7 +20,7 @@ import pytest
 from support import PgSchema, fresh_pg_schema, libpq_dsn
 from tether import Agent, Limits, Runner, tool
 from tether.errors import ConfigError, StaleRun, StoreError, TetherError
-from tether.events import Event
+from tether.events import Event, Warned
 from tether.models import ModelRequest
 from tether.stores import RunRecord, open_store
 from tether.stores.sql import SQLStore
@@ -42,8 +42,8 @@ def record(version: int, run_id: str = "run_1", **changes: Any) -> RunRecord:
     return RunRecord(**values)
 
 
-def event(seq: int, **data: Any) -> Event:
-    return Event(seq=seq, type="warning", data=data or {"n": seq}, at=float(seq))
+def event(seq: int, message: str | None = None) -> Event:
+    return Event(seq, float(seq), Warned(f"n{seq}" if message is None else message))
 
 
 @pytest.fixture
@@ -279,7 +279,7 @@ def test_concurrent_appends_with_the_same_version_one_wins(
                 stores[i].append(
                     record(version + 1, summary={"writer": i}),
                     version,
-                    [event(seq, writer=i), event(seq + 1000, writer=i)],
+                    [event(seq, f"writer {i}"), event(seq + 1000, f"writer {i}")],
                 )
 
             assert race(append) == ["ok", "stale"]
@@ -287,7 +287,7 @@ def test_concurrent_appends_with_the_same_version_one_wins(
             assert loaded.version == version + 1
             winner = loaded.summary["writer"]
             log = first.load_events("run_1")
-            assert {e.data["writer"] for e in log if e.seq in {seq, seq + 1000}} == {winner}
+            assert {e.data["message"] for e in log if e.seq in {seq, seq + 1000}} == {f"writer {winner}"}
         assert len(first.load_events("run_1")) == 1 + 2 * rounds
     finally:
         first.close()
@@ -331,7 +331,7 @@ def test_postgres_uses_jsonb_for_content(pg_url: str) -> None:
 def test_postgres_stores_json_queryable_as_jsonb(pg_schema: PgSchema) -> None:
     store = SQLStore(pg_schema.url)
     try:
-        store.create_run(record(1, summary={"usage": {"input_tokens": 7}}), [event(0, k="v")])
+        store.create_run(record(1, summary={"usage": {"input_tokens": 7}}), [event(0)])
         with store.engine.connect() as connection:
             tokens = connection.exec_driver_sql(
                 "SELECT summary -> 'usage' ->> 'input_tokens' FROM tether_run"
@@ -376,8 +376,8 @@ def test_postgres_password_is_not_shown_in_errors() -> None:
 
 
 def test_json_text_in_sqlite_is_plain_json(sqlite_store: SQLStore, db_path: Path) -> None:
-    sqlite_store.create_run(record(1), [event(0, text="héllo")])
+    sqlite_store.create_run(record(1), [event(0, "héllo")])
     with raw_sqlite(db_path) as connection:
         (data,) = connection.execute("SELECT data FROM tether_event").fetchone()
-    assert json.loads(data) == {"text": "héllo"}
+    assert json.loads(data) == {"message": "héllo"}
 

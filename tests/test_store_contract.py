@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
-from tether.events import Event
+from tether.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import RunLease, RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
@@ -58,8 +58,8 @@ def record(run_id: str = "run_1", version: int = 1, **changes: Any) -> RunRecord
     return RunRecord(**values)
 
 
-def events(*seqs: int, kind: str = "warning") -> list[Event]:
-    return [Event(seq=s, type=kind, data={"n": s}, at=1_700_000_000.5 + s) for s in seqs]
+def events(*seqs: int) -> list[Event]:
+    return [Event(s, 1_700_000_000.5 + s, Warned(f"n{s}")) for s in seqs]
 
 
 def canonical(value: Any) -> str:
@@ -70,7 +70,7 @@ def canonical(value: Any) -> str:
 # Creating and loading -----------------------------------------------------------------
 def test_create_then_load_returns_the_row_and_events(store: Store) -> None:
     row = record(tenant="acme")
-    first = [Event(0, "run_started", {"spec": {"x": 1}, "messages": []}, 1.5), *events(1)]
+    first = [Event(0, 1.5, RunStarted({"x": 1}, [])), *events(1)]
     store.create_run(row, first)
 
     assert store.load_run("run_1") == row
@@ -170,7 +170,7 @@ def test_events_come_back_ordered_by_seq(store: Store) -> None:
 
 def test_not_json_data_raises_store_error_and_writes_nothing(store: Store) -> None:
     store.create_run(record(version=1), events(0))
-    bad = [Event(1, "warning", {"value": object()}, 0.0)]
+    bad = [Event(1, 0.0, RunStarted({"value": object()}, []))]
     with pytest.raises(StoreError):
         store.append(record(version=2), 1, bad)
     with pytest.raises(StoreError):
@@ -198,17 +198,21 @@ ROUND_TRIP: dict[str, Any] = {
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": [1.5, None]}},
     ],
 }
+TEXT = ROUND_TRIP["unicode"]
 
 
 def test_json_content_round_trips_exactly(store: Store) -> None:
     row = record(spec={"tools": ROUND_TRIP}, summary={"usage": ROUND_TRIP, "output": "ü"})
-    log = [Event(0, "run_started", ROUND_TRIP, 1_700_000_000.123456)]
+    log = [Event(0, 1_700_000_000.123456, RunStarted(ROUND_TRIP, [ROUND_TRIP]))]
     store.create_run(row, log)
-    store.append(record(version=2, summary=ROUND_TRIP), 1, [Event(1, "warning", ROUND_TRIP, 2.5)])
+    store.append(record(version=2, summary=ROUND_TRIP), 1, [Event(1, 2.5, ToolStarted("c", "t", 1, owner=TEXT))])
 
     loaded_log = store.load_events("run_1")
-    assert [e.data for e in loaded_log] == [ROUND_TRIP, ROUND_TRIP]
-    assert all(canonical(e.data) == canonical(ROUND_TRIP) for e in loaded_log)
+    assert loaded_log == [*log, Event(1, 2.5, ToolStarted("c", "t", 1, owner=TEXT))]
+    started = loaded_log[0].fact
+    assert isinstance(started, RunStarted)
+    assert canonical(started.spec) == canonical(ROUND_TRIP)
+    assert canonical(started.messages) == canonical([ROUND_TRIP])
     assert [e.at for e in loaded_log] == [1_700_000_000.123456, 2.5]
     loaded = store.load_run("run_1")
     assert canonical(loaded.spec) == canonical({"tools": ROUND_TRIP})
@@ -217,17 +221,17 @@ def test_json_content_round_trips_exactly(store: Store) -> None:
 
 
 def test_changing_written_or_loaded_objects_does_not_change_the_store(store: Store) -> None:
-    data: dict[str, Any] = {"messages": [{"role": "user", "content": ["hi"]}]}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ["hi"]}]
     summary: dict[str, Any] = {"usage": {"input_tokens": 1}}
-    store.create_run(record(summary=summary), [Event(0, "run_started", data, 0.0)])
-    data["messages"][0]["content"].append("later")
+    store.create_run(record(summary=summary), [Event(0, 0.0, RunStarted({}, messages))])
+    messages[0]["content"].append("later")
     summary["usage"]["input_tokens"] = 99
 
     loaded = store.load_events("run_1")
     loaded[0].data["messages"].clear()
     store.load_run("run_1").summary["usage"].clear()
 
-    assert store.load_events("run_1")[0].data == {"messages": [{"role": "user", "content": ["hi"]}]}
+    assert store.load_events("run_1")[0].fact == RunStarted({}, [{"role": "user", "content": ["hi"]}])
     assert store.load_run("run_1").summary == {"usage": {"input_tokens": 1}}
 
 

@@ -304,7 +304,7 @@ async def test_the_runner_streams_only_when_someone_listens_and_commits_the_same
     assert "".join(pieces) == "Reading both.Both files hold their contents."
     # Nothing is recorded per delta: the streamed run committed what the plain run committed.
     assert [kind for kind, _ in results[True]] == [kind for kind, _ in results[False]]
-    responded = {k: [d["content"] for t, d in v if t == ev.MODEL_RESPONDED] for k, v in results.items()}
+    responded = {k: [d["content"] for t, d in v if t == ev.ModelResponded.kind] for k, v in results.items()}
     assert responded[True] == responded[False]
 
 
@@ -357,7 +357,7 @@ async def test_a_failure_mid_stream_fails_the_run_resumably_like_a_529(
     )
     state = runner.load(failed.run_id)
     assert len(state.messages) == 1  # history intact: nothing of the broken turn
-    assert ev.MODEL_RESPONDED not in [e.type for e in runner.store.load_events(failed.run_id)]
+    assert ev.ModelResponded.kind not in [e.type for e in runner.store.load_events(failed.run_id)]
 
     api.reply(ANSWER)
     resumed = await drive(runner, failed.run_id)
@@ -397,7 +397,7 @@ async def test_a_tool_use_cut_mid_json_by_max_tokens_is_discarded_and_asked_agai
 
     assert result.status == "done", result.error
     assert [r["max_tokens"] for r in api.requests] == [1000, 2000, 2000]
-    finished = [e.data for e in runner.store.load_events(result.run_id) if e.type == ev.TOOL_FINISHED]
+    finished = [e.data for e in runner.store.load_events(result.run_id) if e.type == ev.ToolFinished.kind]
     assert [(f["call_id"], f["content"]) for f in finished] == [("toolu_ok", "wrote 40 characters to a.txt")]
 
 

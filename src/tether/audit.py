@@ -23,10 +23,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tether import events as ev
 from tether.durations import parse_ago
 from tether.errors import RunNotFound
-from tether.events import Event
+from tether.events import (
+    Allowed,
+    ApprovalDecided,
+    ApprovalRequested,
+    CacheHit,
+    CacheMiss,
+    CallAbandoned,
+    Event,
+    Fact,
+    ModelResponded,
+    RequestedCall,
+    RetryScheduled,
+    ToolFinished,
+    ToolStarted,
+    Warned,
+)
 from tether.stores import RunRecord, Store
 
 DEFAULT_RUN_LIMIT = 1_000_000
@@ -89,164 +103,166 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
     approved_for_run: dict[str, str] = {}
     """Tool name -> the call whose approval covered the rest of the run (the first one)."""
     for event in events:
-        data = event.data
-        if event.type == ev.MODEL_RESPONDED:
-            if data.get("discarded"):
-                continue  # an incomplete call that was never run nor shown
-            for block in data.get("content") or []:
-                if block.get("type") == "tool_use" and block.get("id") not in calls:
-                    calls[block["id"]] = AuditEntry(
-                        run_id, block["id"], str(block.get("name")), block.get("input"), event.at, last_at=event.at
-                    )
-            continue
-        if event.type == ev.APPROVAL_REQUESTED:
-            for item in data.get("calls") or []:
-                entry = calls.get(item.get("call_id"))
-                if entry is not None:
-                    _ask(entry, event, item, escalation=bool(data.get("escalation")))
-            continue
-        entry = calls.get(data.get("call_id", ""))
+        fact, at = event.fact, event.at
+        match fact:
+            case ModelResponded(discarded=False, content=content):  # a discarded call was never run nor shown
+                for block in content:
+                    if block.get("type") == "tool_use" and block.get("id") not in calls:
+                        calls[block["id"]] = AuditEntry(
+                            run_id, block["id"], str(block.get("name")), block.get("input"), at, last_at=at
+                        )
+            case ApprovalRequested(calls=asked, escalation=escalation):
+                for item in asked:
+                    if item.call_id in calls:
+                        _ask(calls[item.call_id], at, item, escalation=escalation)
+        entry = calls.get(_call_of(fact) or "")
         if entry is None:
             continue
-        entry.last_at = max(entry.last_at, event.at)
-        if event.type == ev.APPROVAL_DECIDED and data.get("approved") and data.get("remember_for_run"):
+        entry.last_at = max(entry.last_at, at)
+        if isinstance(fact, ApprovalDecided) and fact.approved and fact.remember_for_run:
             approved_for_run.setdefault(entry.tool, entry.call_id)
-        if entry.decision is None and _lets_through(event):
+        passed, allowed = _let_through(fact)
+        if entry.decision is None and passed:
             covering = calls.get(approved_for_run.get(entry.tool, ""))
-            entry.decision = _allowed(event, covering)
-        _FOLDS.get(event.type, _ignore)(entry, event)
+            entry.decision = _allowed(allowed, at, covering)
+        _fold(entry, fact, at)
     return list(calls.values())
 
 
-def _lets_through(event: Event) -> bool:
-    """An event that shows a call passed the gate: its start, a cache hit, or a final tool's result."""
-    if event.type == ev.TOOL_FINISHED:
-        return not event.data.get("is_error")
-    return event.type in (ev.TOOL_STARTED, ev.CACHE_HIT)
+def _call_of(fact: Fact) -> str | None:
+    """The call a fact is about, if it is about one call (an approval request is about several)."""
+    match fact:
+        case (
+            ToolStarted(call_id=call_id)
+            | ToolFinished(call_id=call_id)
+            | RetryScheduled(call_id=call_id)
+            | ApprovalDecided(call_id=call_id)
+            | CacheHit(call_id=call_id)
+            | CacheMiss(call_id=call_id)
+            | CallAbandoned(call_id=call_id)
+            | Warned(call_id=call_id)
+        ):
+            return call_id
+    return None
 
 
-def _allowed(event: Event, covering: AuditEntry | None) -> dict[str, Any]:
+def _let_through(fact: Fact) -> tuple[bool, Allowed | None]:
+    """Whether a fact shows its call passed the gate (its start, a cache hit, a final tool's result), and who let it."""
+    match fact:
+        case ToolStarted(allowed=allowed) | CacheHit(allowed=allowed) | ToolFinished(is_error=False, allowed=allowed):
+            return True, allowed
+    return False, None
+
+
+def _allowed(allowed: Allowed | None, at: float, covering: AuditEntry | None) -> dict[str, Any]:
     """Who let a call through unasked, as the engine recorded it (``allowed``) with its start.
 
     A call let through by an approval for the rest of the run is that approval's, given by
     ``covering`` (the call it was given on).
     """
-    allowed = event.data.get("allowed")
-    if not isinstance(allowed, dict):  # a log from before the engine recorded it
-        return {"verdict": "allowed", "by": "policy", "at": event.at, "reason": "no approval required"}
-    reason = str(allowed.get("reason") or "")
+    if allowed is None:  # a log from before the engine recorded it
+        return {"verdict": "allowed", "by": "policy", "at": at, "reason": "no approval required"}
     earlier = covering.decision if covering is not None else None
-    if allowed.get("by") == "approved_for_run" and covering is not None and earlier is not None:
-        return {**earlier, "reason": reason, "edited_input": None, "for_run_call": covering.call_id}
-    return {"verdict": "allowed", "by": allowed.get("by"), "at": event.at, "reason": reason}
+    if allowed.by == "approved_for_run" and covering is not None and earlier is not None:
+        return {**earlier, "reason": allowed.reason, "edited_input": None, "for_run_call": covering.call_id}
+    return {"verdict": "allowed", "by": allowed.by, "at": at, "reason": allowed.reason}
 
 
-def _ignore(entry: AuditEntry, event: Event) -> None:
-    """Events that say nothing about a call's audit (a cache miss is followed by its start)."""
+def _fold(entry: AuditEntry, fact: Fact, at: float) -> None:
+    """What a fact about one call adds to its entry (a cache miss adds nothing: its start follows)."""
+    match fact:
+        case ApprovalDecided():
+            _decided(entry, fact, at)
+        case ToolStarted():
+            entry.attempts += 1
+            entry.status = "running"
+            if entry.started_at is None:
+                entry.started_at = at
+        case RetryScheduled():
+            _retried(entry, fact, at)
+        case CacheHit():
+            entry.cached = True
+        case ToolFinished():
+            _finished(entry, fact, at)
+        case Warned(message=message):
+            entry.warnings.append(message)
 
 
-def _ask(entry: AuditEntry, event: Event, item: dict[str, Any], *, escalation: bool) -> None:
-    entry.last_at = max(entry.last_at, event.at)
+def _ask(entry: AuditEntry, at: float, item: RequestedCall, *, escalation: bool) -> None:
+    entry.last_at = max(entry.last_at, at)
     entry.status = "awaiting_approval"
-    asked: dict[str, Any] = {"requested_at": event.at, "reason": item.get("reason", ""), "escalation": escalation}
-    if "last_error" in item:  # an escalation after the retries ran out
-        asked["last_error"] = item["last_error"]
+    asked: dict[str, Any] = {"requested_at": at, "reason": item.reason, "escalation": escalation}
+    if item.last_error is not None:  # an escalation after the retries ran out
+        asked["last_error"] = item.last_error
     entry.approvals.append(asked)
     entry.decision = {
         "verdict": "pending",
         "by": None,
         "at": None,
         "reason": None,
-        "asked_because": item.get("reason", ""),
+        "asked_because": item.reason,
     }
 
 
-def _decided(entry: AuditEntry, event: Event) -> None:
-    data = event.data
-    approved = bool(data.get("approved"))
+def _decided(entry: AuditEntry, fact: ApprovalDecided, at: float) -> None:
     asked: dict[str, Any] = entry.approvals[-1] if entry.approvals else {"requested_at": None, "reason": ""}
     answer: dict[str, Any] = {
-        "decided_at": event.at,
-        "by": data.get("actor"),
-        "approved": approved,
-        "why": data.get("reason") or "",
-        "edited_input": data.get("input"),
+        "decided_at": at,
+        "by": fact.actor,
+        "approved": fact.approved,
+        "why": fact.reason,
+        "edited_input": fact.input,
     }
     asked.update(answer)
     entry.decision = {
-        "verdict": "approved" if approved else "denied",
-        "by": data.get("actor"),
-        "at": event.at,
-        "reason": data.get("reason") or "",
+        "verdict": "approved" if fact.approved else "denied",
+        "by": fact.actor,
+        "at": at,
+        "reason": fact.reason,
         "asked_because": asked.get("reason", ""),
-        "edited_input": data.get("input"),
+        "edited_input": fact.input,
     }
-    entry.status = "not_run" if approved else "denied"
+    entry.status = "not_run" if fact.approved else "denied"
 
 
-def _started(entry: AuditEntry, event: Event) -> None:
-    entry.attempts += 1
-    entry.status = "running"
-    if entry.started_at is None:
-        entry.started_at = event.at
-
-
-def _retried(entry: AuditEntry, event: Event) -> None:
-    data = event.data
+def _retried(entry: AuditEntry, fact: RetryScheduled, at: float) -> None:
     entry.retries.append(
         {
-            "attempt": data.get("attempt"),
-            "at": event.at,
-            "error": data.get("error"),
-            "error_type": data.get("error_type"),
-            "error_class": data.get("error_class"),
-            "due_at": data.get("due_at"),
+            "attempt": fact.attempt,
+            "at": at,
+            "error": fact.error,
+            "error_type": fact.error_type,
+            "error_class": fact.error_class,
+            "due_at": fact.due_at,
         }
     )
-    entry.error_type = data.get("error_type", entry.error_type)
+    entry.error_type = fact.error_type
     entry.status = "running"
-    _add_duration(entry, data)
+    _add_duration(entry, fact.duration)
 
 
-def _cache_hit(entry: AuditEntry, event: Event) -> None:
-    entry.cached = True
-
-
-def _finished(entry: AuditEntry, event: Event) -> None:
-    data = event.data
-    entry.finished_at = event.at
-    _add_duration(entry, data)
-    entry.truncated_from = data.get("truncated_from")
-    if data.get("denied_by") == "policy":
-        entry.decision = {"verdict": "denied", "by": "policy", "at": event.at, "reason": data.get("reason", "")}
-    if not data.get("is_error"):
+def _finished(entry: AuditEntry, fact: ToolFinished, at: float) -> None:
+    entry.finished_at = at
+    _add_duration(entry, fact.duration)
+    entry.truncated_from = fact.truncated_from
+    if fact.denied_by == "policy":
+        entry.decision = {"verdict": "denied", "by": "policy", "at": at, "reason": fact.reason or ""}
+    whole = fact.full_content if fact.full_content is not None else fact.content
+    if not fact.is_error:
         entry.status = "ok"
-        entry.result = data.get("full_content", data.get("content"))
+        entry.result = whole
         return
-    entry.error = data.get("full_content", data.get("content"))
-    entry.error_type = data.get("error_type", entry.error_type)
-    entry.error_class = data.get("error_class")
+    entry.error = whole
+    if fact.error_type is not None:
+        entry.error_type = fact.error_type
+    entry.error_class = fact.error_class
     denied = entry.decision is not None and entry.decision["verdict"] == "denied"
     entry.status = "denied" if denied else "error"
 
 
-def _warned(entry: AuditEntry, event: Event) -> None:
-    entry.warnings.append(str(event.data.get("message", "")))
-
-
-def _add_duration(entry: AuditEntry, data: dict[str, Any]) -> None:
-    if isinstance(data.get("duration"), int | float):
-        entry.duration = round((entry.duration or 0.0) + float(data["duration"]), 6)
-
-
-_FOLDS = {
-    ev.APPROVAL_DECIDED: _decided,
-    ev.TOOL_STARTED: _started,
-    ev.RETRY_SCHEDULED: _retried,
-    ev.CACHE_HIT: _cache_hit,
-    ev.TOOL_FINISHED: _finished,
-    ev.WARNING: _warned,
-}
+def _add_duration(entry: AuditEntry, duration: float | None) -> None:
+    if duration is not None:
+        entry.duration = round((entry.duration or 0.0) + duration, 6)
 
 
 def select(found: Iterable[AuditEntry], *, tool: str | None = None, since: float | None = None) -> list[AuditEntry]:

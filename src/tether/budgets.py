@@ -14,8 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from tether import events as ev
 from tether.agent import Agent
+from tether.events import Warned
 from tether.models import Usage
 from tether.state import RunState
 
@@ -55,12 +55,12 @@ class Reading:
         """``max_cost_usd: 0.4213 of 0.5``."""
         return f"{self.limit}: {self.used:g} of {self.allowed:g}"
 
-    def warning(self) -> tuple[str, dict[str, Any]]:
+    def warning(self) -> Warned:
         """The ``warning`` event recorded when this limit crosses the warn threshold."""
         if self.hard:
             message = f"limit {self.fraction:.0%} reached: {self.describe()} (the run fails at the limit)"
-            return ev.WARNING, {"message": message, "limit": self.limit}
-        return ev.WARNING, {"message": f"budget {self.fraction:.0%} spent: {self.describe()}", "budget": self.limit}
+            return Warned(message, limit=self.limit)
+        return Warned(f"budget {self.fraction:.0%} spent: {self.describe()}", budget=self.limit)
 
 
 def spent(
@@ -122,7 +122,7 @@ def reached(agent: Agent, state: RunState, *, now: float, only: Collection[str] 
     )
 
 
-def new_warnings(agent: Agent, state: RunState, *, now: float, **pending: Any) -> list[tuple[str, dict[str, Any]]]:
+def new_warnings(agent: Agent, state: RunState, *, now: float, **pending: Any) -> list[Warned]:
     """Warnings for limits that cross the warn threshold with ``pending`` spending, once each."""
     budget = agent.limits.budget
     warn_at = budget.warn_at if budget is not None else DEFAULT_WARN_AT
@@ -133,10 +133,10 @@ def new_warnings(agent: Agent, state: RunState, *, now: float, **pending: Any) -
     ]
 
 
-def unknown_cost_warning(agent: Agent, state: RunState, model: str) -> list[tuple[str, dict[str, Any]]]:
+def unknown_cost_warning(agent: Agent, state: RunState, model: str) -> list[Warned]:
     """A warning (once per run) that a response has no price while a cost budget counts."""
     budget = agent.limits.budget
     if budget is None or not budget.counts_cost or COST_UNKNOWN in state.budget_warned:
         return []
     message = f"the cost of a response from {model!r} is unknown (no price): the cost budget counts only priced calls"
-    return [(ev.WARNING, {"message": message, "budget": COST_UNKNOWN})]
+    return [Warned(message, budget=COST_UNKNOWN)]

@@ -22,7 +22,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from tether import events as ev
+from tether.events import CacheHit, CacheMiss
 
 if TYPE_CHECKING:
     from tether.engine import RunTool
@@ -45,14 +45,14 @@ def key_for(action: RunTool, *, tenant: str | None = None) -> str:
     return cache_key(action.tool.name, action.arguments.model_dump(mode="json"), tenant=tenant)
 
 
-def miss_record(action: RunTool, key: str) -> tuple[str, dict[str, Any]]:
+def miss_record(action: RunTool, key: str) -> CacheMiss:
     """The fact written with the tool's start when the cache had nothing usable."""
-    return ev.CACHE_MISS, {"call_id": action.call.call_id, "tool": action.tool.name, "key": key}
+    return CacheMiss(action.call.call_id, action.tool.name, key)
 
 
-def hit_record(action: RunTool, key: str) -> tuple[str, dict[str, Any]]:
-    """The fact written, in place of a start, when a cached value answers the call."""
-    return ev.CACHE_HIT, {"call_id": action.call.call_id, "tool": action.tool.name, "key": key}
+def hit_record(action: RunTool, key: str) -> CacheHit:
+    """The fact written, in place of a start, when a cached value answers the call (with who let it through)."""
+    return CacheHit(action.call.call_id, action.tool.name, key, action.allowed)
 
 
 __all__ = ["cache_key", "canonical_json", "hit_record", "key_for", "miss_record"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from html import escape as html_escape
 from pathlib import Path
@@ -38,10 +38,22 @@ from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError, run_gra
 from statemachine.contrib.diagram.model import DiagramGraph, DiagramState
 from statemachine.contrib.diagram.renderers.mermaid import MermaidRenderer, MermaidRendererConfig
 
-from tether import events as ev
 from tether.agent import Agent
 from tether.errors import TetherError
-from tether.events import Event
+from tether.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Event,
+    Fact,
+    ModelResponded,
+    RetryScheduled,
+    RunFinished,
+    RunStarted,
+    ToolFinished,
+    ToolStarted,
+    Transition,
+    Warned,
+)
 from tether.history import text_of
 from tether.machine import AgentMachine
 from tether.runner import RunResult
@@ -203,16 +215,16 @@ def footprint(machine: MachineRef, graph: DiagramGraph, events: Sequence[Event])
     }
     run = Footprint()
     for event in events:
-        if event.type != ev.TRANSITION:
+        if not isinstance(event.fact, Transition):
             continue
-        data = event.data
-        target = _state_id(ids, data.get("target"), graph, event)
+        moved = event.fact
+        target = _state_id(ids, moved.target, graph, event)
         run.visits[target] = run.visits.get(target, 0) + 1
         run.current = target
-        if data.get("source") is None:  # entering the initial state: no edge to count
+        if moved.source is None:  # entering the initial state: no edge to count
             continue
-        source = _state_id(ids, data["source"], graph, event)
-        name = str(data.get("event"))
+        source = _state_id(ids, moved.source, graph, event)
+        name = moved.event
         index = _transition_index(graph, source, target, names.get(name, name))
         if index is None:
             raise DiagramError(
@@ -223,7 +235,7 @@ def footprint(machine: MachineRef, graph: DiagramGraph, events: Sequence[Event])
     return run
 
 
-def _state_id(ids: dict[str, str], value: Any, graph: DiagramGraph, event: Event) -> str:
+def _state_id(ids: dict[str, str], value: str, graph: DiagramGraph, event: Event) -> str:
     if value not in ids:
         raise DiagramError(f"event #{event.seq}: {graph.name} has no state {value!r}; known: {', '.join(sorted(ids))}")
     return ids[value]
@@ -581,9 +593,7 @@ def timeline(events: Sequence[Event]) -> Timeline:
     """Fold a run's events into a timeline: prompt, responses, tool runs, approvals, the end."""
     folder = _TimelineFolder()
     for event in events:
-        handler = _TIMELINE_HANDLERS.get(event.type)
-        if handler is not None:  # transitions and results_returned add nothing to read here
-            handler(folder, event.data, event.at)
+        folder.add(event.fact, event.at)
     return folder.result()
 
 
@@ -611,21 +621,49 @@ class _TimelineFolder:
             participants.append(Participant(APPROVER, APPROVER))
         return Timeline(participants, self.steps)
 
-    def run_started(self, data: dict[str, Any], at: float) -> None:
-        messages = data.get("messages") or []
-        prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
-        if len(messages) > 1:
-            self.steps.append(Note((USER, MODEL), f"continues a conversation of {len(messages) - 1} earlier messages"))
-        self.steps.append(Message(USER, MODEL, preview(prompt) or "(no text)"))
+    def add(self, fact: Fact, at: float) -> None:
+        """The steps a fact adds; transitions, results_returned and the cache add nothing to read here."""
+        match fact:
+            case RunStarted(messages=messages):
+                prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+                if len(messages) > 1:
+                    earlier = f"continues a conversation of {len(messages) - 1} earlier messages"
+                    self.steps.append(Note((USER, MODEL), earlier))
+                self.steps.append(Message(USER, MODEL, preview(prompt) or "(no text)"))
+            case ModelResponded():
+                self.model_responded(fact)
+            case ToolStarted(call_id=call_id, tool=tool, attempt=attempt):
+                self.steps.append(Note((self.tool(tool),), f"runs {call_id} (attempt {attempt})"))
+            case ToolFinished(tool=tool, content=content, is_error=is_error):
+                kind: Arrow = "failed" if is_error else "reply"
+                self.steps.append(Message(self.tool(tool), MODEL, preview(content) or "(empty)", kind))
+            case RetryScheduled(tool=tool, attempt=attempt, due_at=due_at, error=error):
+                text = f"attempt {attempt} failed, retry in {max(0.0, due_at - at):.3g}s: {error}"
+                self.steps.append(Note((self.tool(tool),), preview(text)))
+            case ApprovalRequested(calls=calls):
+                for call in calls:
+                    why = f" ({call.reason})" if call.reason else ""
+                    request = f"approve {call.call_id}? {_json_preview(call.input)}{why}"
+                    self.steps.append(Message(self.tool(call.tool), APPROVER, preview(request)))
+            case ApprovalDecided():
+                self.approval_decided(fact)
+            case Warned(message=message):
+                self.steps.append(Note((MODEL,), preview(f"warning: {message}")))
+            case RunFinished(status=status, error=error, result=result):
+                text = f"run {status}"
+                if error:
+                    text += f": {error}"
+                elif result is not None:
+                    text += f", result {_json_preview(result)}"
+                self.steps.append(Note((USER, MODEL), preview(text)))
 
-    def model_responded(self, data: dict[str, Any], at: float) -> None:
-        content = data.get("content") or []
-        reason = data.get("stop_reason")
-        if data.get("discarded"):
+    def model_responded(self, fact: ModelResponded) -> None:
+        reason = fact.stop_reason
+        if fact.discarded:
             self.steps.append(Message(MODEL, USER, f"response discarded (stop_reason {reason})", "failed"))
             return
-        text = preview(text_of({"content": content}))
-        uses = [block for block in content if block.get("type") == "tool_use"]
+        text = preview(text_of({"content": fact.content}))
+        uses = [block for block in fact.content if block.get("type") == "tool_use"]
         if text or not uses:
             suffix = "" if reason in ("end_turn", "tool_use") else f" [{reason}]"
             self.steps.append(Message(MODEL, USER, (text or "(no text)") + suffix, "reply"))
@@ -633,60 +671,16 @@ class _TimelineFolder:
             call = f"{block.get('id')}: {block['name']}({_json_preview(block.get('input'))})"
             self.steps.append(Message(MODEL, self.tool(block["name"]), preview(call)))
 
-    def tool_started(self, data: dict[str, Any], at: float) -> None:
-        text = f"runs {data['call_id']} (attempt {data.get('attempt', 1)})"
-        self.steps.append(Note((self.tool(data["tool"]),), text))
-
-    def tool_finished(self, data: dict[str, Any], at: float) -> None:
-        kind: Arrow = "failed" if data.get("is_error") else "reply"
-        text = preview(str(data.get("content", ""))) or "(empty)"
-        self.steps.append(Message(self.tool(data["tool"]), MODEL, text, kind))
-
-    def retry_scheduled(self, data: dict[str, Any], at: float) -> None:
-        delay = max(0.0, float(data.get("due_at", at)) - at)
-        text = f"attempt {data.get('attempt')} failed, retry in {delay:.3g}s: {data.get('error', '')}"
-        self.steps.append(Note((self.tool(data["tool"]),), preview(text)))
-
-    def approval_requested(self, data: dict[str, Any], at: float) -> None:
-        for call in data.get("calls", []):
-            why = f" ({call['reason']})" if call.get("reason") else ""
-            request = f"approve {call['call_id']}? {_json_preview(call.get('input'))}{why}"
-            self.steps.append(Message(self.tool(call["tool"]), APPROVER, preview(request)))
-
-    def approval_decided(self, data: dict[str, Any], at: float) -> None:
-        who = data.get("actor") or "unknown"
-        if data.get("approved"):
-            edited = ", with edited input" if data.get("input") is not None else ""
-            text = f"{data['call_id']} approved by {who}{edited}"
-            self.steps.append(Message(APPROVER, self.tool(data["tool"]), preview(text), "reply"))
+    def approval_decided(self, fact: ApprovalDecided) -> None:
+        who = fact.actor or "unknown"
+        if fact.approved:
+            edited = ", with edited input" if fact.input is not None else ""
+            text = f"{fact.call_id} approved by {who}{edited}"
+            self.steps.append(Message(APPROVER, self.tool(fact.tool), preview(text), "reply"))
         else:
-            why = f": {data['reason']}" if data.get("reason") else ""
-            text = f"{data['call_id']} denied by {who}{why}"
-            self.steps.append(Message(APPROVER, self.tool(data["tool"]), preview(text), "failed"))
-
-    def warning(self, data: dict[str, Any], at: float) -> None:
-        self.steps.append(Note((MODEL,), preview(f"warning: {data.get('message', '')}")))
-
-    def run_finished(self, data: dict[str, Any], at: float) -> None:
-        text = f"run {data.get('status')}"
-        if data.get("error"):
-            text += f": {data['error']}"
-        elif data.get("result") is not None:
-            text += f", result {_json_preview(data['result'])}"
-        self.steps.append(Note((USER, MODEL), preview(text)))
-
-
-_TIMELINE_HANDLERS: dict[str, Callable[[_TimelineFolder, dict[str, Any], float], None]] = {
-    ev.RUN_STARTED: _TimelineFolder.run_started,
-    ev.MODEL_RESPONDED: _TimelineFolder.model_responded,
-    ev.TOOL_STARTED: _TimelineFolder.tool_started,
-    ev.TOOL_FINISHED: _TimelineFolder.tool_finished,
-    ev.RETRY_SCHEDULED: _TimelineFolder.retry_scheduled,
-    ev.APPROVAL_REQUESTED: _TimelineFolder.approval_requested,
-    ev.APPROVAL_DECIDED: _TimelineFolder.approval_decided,
-    ev.WARNING: _TimelineFolder.warning,
-    ev.RUN_FINISHED: _TimelineFolder.run_finished,
-}
+            why = f": {fact.reason}" if fact.reason else ""
+            text = f"{fact.call_id} denied by {who}{why}"
+            self.steps.append(Message(APPROVER, self.tool(fact.tool), preview(text), "failed"))
 
 
 def _json_preview(value: Any) -> str:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
 
 from tether import budgets
-from tether import events as ev
 from tether.agent import Agent
 from tether.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
 from tether.cache import hit_record
@@ -32,7 +31,25 @@ from tether.errors import (
     StaleFingerprint,
     UnknownCall,
 )
-from tether.events import Event
+from tether.events import (
+    Allowed,
+    ApprovalDecided,
+    ApprovalRequested,
+    BudgetExhausted,
+    CallAbandoned,
+    Event,
+    Fact,
+    ModelResponded,
+    RequestedCall,
+    ResultsReturned,
+    RetryScheduled,
+    RunFinished,
+    RunStarted,
+    ToolFinished,
+    ToolStarted,
+    Transition,
+    Warned,
+)
 from tether.history import check_pairing, text_of, tool_uses
 from tether.machine import bind
 from tether.models import ModelRequest, ModelResponse
@@ -45,8 +62,6 @@ from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, Unserializable
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 CONTEXT_EXCEEDED = "model_context_window_exceeded"
-Record = tuple[str, dict[str, Any]]
-"""One fact a step records: an event type and its data."""
 
 
 # Actions: what a driver must do next ---------------------------------------------------
@@ -68,12 +83,12 @@ class RunTool:
     edited: bool = False
     max_result_chars: int | None = None
     """The agent's cap on the result text the model sees (see :func:`truncate_result`)."""
-    warnings: tuple[Record, ...] = ()
+    warnings: tuple[Warned, ...] = ()
     """Policy ``warn`` and limit warnings, committed with the start so the log has them before the tool runs."""
-    execution_warnings: tuple[Record, ...] = ()
+    execution_warnings: tuple[Warned, ...] = ()
     """Those of ``warnings`` that count this attempt as a tool execution (limit warnings): a cache
     hit runs nothing, so it records only the others."""
-    allowed: dict[str, Any] | None = None
+    allowed: Allowed | None = None
     """Who let the call run without asking anyone now (see :func:`_verdict`), recorded with its
     start for the audit; None when a person decided this very call."""
 
@@ -108,7 +123,7 @@ class Step:
 
     trigger: str
     """The machine event to send (``tools_requested``, ``tool_finished``, ``fail``...)."""
-    records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    records: list[Fact] = field(default_factory=list)
     error: str | None = None
     """Why the run failed, when ``trigger`` is ``fail``."""
     retryable: bool = False
@@ -144,8 +159,7 @@ def next_action(
             if budget.on_limit == "fail":
                 return Commit(_failure(f"budget exceeded: {hit.describe()}"))
             prompt = budgets.FINAL_ANSWER_PROMPT.format(limit=hit.describe())
-            data = {"limit": hit.limit, "used": hit.used, "allowed": hit.allowed, "prompt": prompt}
-            return Commit(Step("reinvoked", [(ev.BUDGET_EXHAUSTED, data)]))
+            return Commit(Step("reinvoked", [BudgetExhausted(hit.limit, hit.used, hit.allowed, prompt)]))
     check_pairing(state.messages, run_id=state.id, start=_checked_prefix(state))
     state.pairing_checked = (state.messages, len(state.messages), state.messages[-1])  # a memo, not a decision
     request = ModelRequest(
@@ -220,8 +234,8 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
             return Commit(_failure(f"budget exceeded: {spent_up.describe()}"))
         message = f"Error: not run: the budget is used up ({spent_up.describe()})"
         return Commit(_result(call, message, True, budget_limit=spent_up.limit))
-    warnings: list[Record] = []
-    allowed: dict[str, Any] | None = None
+    warnings: list[Warned] = []
+    allowed: Allowed | None = None
     if decision is None or (in_doubt and decision.attempt < state.attempts.get(call.call_id, 0)):
         gate = _gate(state, agent, call, tool, arguments, can_ask=can_ask)
         if isinstance(gate, Step):
@@ -235,7 +249,7 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
             return Commit(_denied_by_policy(call, denial, []))
     if tool.final:
         data = arguments.model_dump(mode="json")
-        final = _result(call, "Final result recorded.", False, final_result=data, **_allowed_field(allowed))
+        final = _result(call, "Final result recorded.", False, final_result=data, allowed=allowed)
         return Commit(Step(final.trigger, [*warnings, *final.records]))
     max_tool_calls = agent.limits.max_tool_calls
     if max_tool_calls is not None and state.tool_calls >= max_tool_calls:
@@ -260,14 +274,9 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
     )
 
 
-def _allowed_field(allowed: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``allowed`` item of a start (or cache hit, or final result) record, when there is one."""
-    return {} if allowed is None else {"allowed": allowed}
-
-
 def _gate(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel, *, can_ask: bool
-) -> Step | tuple[list[Record], dict[str, Any]]:
+) -> Step | tuple[list[Warned], Allowed]:
     """A step parking the run (or denying the call), else what to record with its start: warnings, who allowed it.
 
     A ``deny`` rule always wins; a call in doubt after a crash is resolved by its
@@ -293,7 +302,7 @@ def _gate(
     return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
 
 
-def _denied_by_policy(call: PendingCall, reason: str, warnings: list[Record]) -> Step:
+def _denied_by_policy(call: PendingCall, reason: str, warnings: list[Warned]) -> Step:
     denied = _result(call, f"Error: the call was denied by policy: {reason}", True, denied_by="policy", reason=reason)
     return Step(denied.trigger, [*warnings, *denied.records])
 
@@ -310,36 +319,34 @@ def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, argume
 
 def _verdict(
     state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel
-) -> tuple[ApprovalVerdict, list[Record], dict[str, Any]]:
+) -> tuple[ApprovalVerdict, list[Warned], Allowed]:
     """The agent's policy, else the tool's setting, softened by an approval for the run.
 
-    Also says who would let the call run unasked: ``{"by": "policy"}`` (a rule or the tool's
-    approval callable), ``{"by": "approved_for_run"}`` (a person's earlier ``remember_for_run``),
-    or ``{"by": None}`` when the tool needs no approval; each with a ``reason``.
+    Also says who would let the call run unasked (see :class:`~tether.events.Allowed`).
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """
     decided = decide_call(agent.policy, tool, arguments, _context(state, agent, call, tool))
     verdict = decided.verdict
-    allowed: dict[str, Any] = {"by": None, "reason": "no approval needed"}
+    allowed = Allowed(None, "no approval needed")
     if decided.rule is not None or not isinstance(tool.approval, bool):
-        allowed = {"by": "policy", "reason": verdict.reason or f"the approval gate of {tool.name!r} allows it"}
+        allowed = Allowed("policy", verdict.reason or f"the approval gate of {tool.name!r} allows it")
     if verdict.verdict == "require_approval" and tool.name in state.approved_tools:
         verdict = ApprovalVerdict("allow", f"{tool.name} was approved for the rest of the run")
-        allowed = {"by": "approved_for_run", "reason": verdict.reason}
+        allowed = Allowed("approved_for_run", verdict.reason)
     if call.call_id in state.attempts:
         return verdict, [], allowed
-    warnings: list[Record] = []
-    for match in decided.warnings:
-        data = {"message": match.reason, "call_id": call.call_id, "tool": tool.name}
-        warnings.append((ev.WARNING, {**data, "rule": match.index, "rule_name": match.rule.name}))
+    warnings = [
+        Warned(match.reason, call_id=call.call_id, tool=tool.name, rule=match.index, rule_name=match.rule.name)
+        for match in decided.warnings
+    ]
     return verdict, warnings, allowed
 
 
-def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Record]) -> Step:
+def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Warned]) -> Step:
     """Park with every still-undecided gated call of the batch, to be decided together."""
-    records = list(warnings)
-    shown = [{"call_id": first.call_id, "tool": first.tool, "input": state.input_to_run(first), "reason": reason}]
+    records: list[Fact] = list(warnings)
+    shown = [_shown(first, state.input_to_run(first), reason)]
     for call in state.batch:
         if call.call_id in state.outcomes or call.call_id in state.decisions or call is first:
             continue
@@ -352,12 +359,14 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
             continue
         verdict, more, _ = _verdict(state, agent, call, tool, arguments)
         if verdict.verdict == "require_approval":
-            item = {"call_id": call.call_id, "tool": call.tool, "input": state.input_to_run(call)}
-            shown.append({**item, "reason": verdict.reason})
+            shown.append(_shown(call, state.input_to_run(call), verdict.reason))
             records.extend(more)  # decided now, so never gated (nor warned about) again
-    for item in shown:
-        item["fingerprint"] = fingerprint(item["input"])
-    return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, {"calls": shown})])
+    return Step("approval_needed", [*records, ApprovalRequested(shown)])
+
+
+def _shown(call: PendingCall, to_run: Any, reason: str, last_error: str | None = None) -> RequestedCall:
+    """A call as a person is asked about it: what would run, bound to its fingerprint."""
+    return RequestedCall(call.call_id, call.tool, to_run, reason, fingerprint(to_run), last_error)
 
 
 def interrupted_message(why: str) -> str:
@@ -370,8 +379,7 @@ def interrupted_message(why: str) -> str:
 
 
 def _result(call: PendingCall, content: str, is_error: bool, **extra: Any) -> Step:
-    data = {"call_id": call.call_id, "tool": call.tool, "content": content, "is_error": is_error, **extra}
-    return Step("tool_finished", [(ev.TOOL_FINISHED, data)])
+    return Step("tool_finished", [ToolFinished(call.call_id, call.tool, content, is_error, **extra)])
 
 
 def _failure(message: str) -> Step:
@@ -387,7 +395,7 @@ def on_model_response(
     cost = round(price.cost(response.usage), 8) if price is not None else None
     step = _response_step(state, agent, response, latency=latency, cost=cost)
     if state.final_answer_requested and step.trigger == "tools_requested":
-        discarded = [(kind, {**data, "discarded": True}) for kind, data in step.records]
+        discarded = [replace(f, discarded=True) if isinstance(f, ModelResponded) else f for f in step.records]
         return Step("fail", discarded, error="the budget is used up and the model still asked for tools")
     step.records += budgets.new_warnings(agent, state, now=now, usage=response.usage, cost=cost or 0.0, model_calls=1)
     if cost is None:
@@ -398,17 +406,16 @@ def on_model_response(
 def _response_step(
     state: RunState, agent: Agent, response: ModelResponse, *, latency: float, cost: float | None
 ) -> Step:
-    record: dict[str, Any] = {
-        "content": response.content,
-        "stop_reason": response.stop_reason,
-        "usage": response.usage.to_dict(),
-        "cost_usd": cost,
-        "model": response.model,
-        "id": response.id,
-        "latency": round(latency, 6),
-    }
-    if response.retry_waits:
-        record["retry_waits"] = list(response.retry_waits)  # the API asked to wait this long first
+    record = ModelResponded(
+        response.content,
+        response.stop_reason,
+        response.usage,
+        cost,
+        response.model,
+        response.id,
+        round(latency, 6),
+        list(response.retry_waits) or None,  # the API asked to wait this long first
+    )
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
@@ -417,42 +424,40 @@ def _response_step(
         if current >= ceiling:
             return Step(
                 "fail",
-                [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+                [replace(record, discarded=True)],
                 error=f"the response was cut off at max_tokens={current} inside a tool_use, "
                 f"even at the ceiling ({ceiling}); the incomplete call was not run",
             )
         raised = min(current * 2, ceiling)
-        record.update(discarded=True, next_max_tokens=raised)
-        warning = {"message": f"tool_use cut off at max_tokens={current}; asking again with {raised}"}
-        return Step("reinvoked", [(ev.MODEL_RESPONDED, record), (ev.WARNING, warning)])
+        warning = Warned(f"tool_use cut off at max_tokens={current}; asking again with {raised}")
+        return Step("reinvoked", [replace(record, discarded=True, next_max_tokens=raised), warning])
     if reason == "pause_turn":
-        return Step("reinvoked", [(ev.MODEL_RESPONDED, record)])
+        return Step("reinvoked", [record])
     if reason == "refusal":
         details = json.dumps(response.stop_details) if response.stop_details else ""
         why = text_of({"content": response.content}) or details
-        return Step("fail", [(ev.MODEL_RESPONDED, record)], error=f"the model refused: {why or 'no reason given'}")
+        return Step("fail", [record], error=f"the model refused: {why or 'no reason given'}")
     if reason == CONTEXT_EXCEEDED:
         return Step(
             "fail",
-            [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+            [replace(record, discarded=True)],
             error="context window exceeded: the conversation no longer fits the model's context",
         )
     if has_tool_use and reason in ("tool_use", "end_turn", "stop_sequence"):
-        return Step("tools_requested", [(ev.MODEL_RESPONDED, record)])
+        return Step("tools_requested", [record])
     if reason == "tool_use":
         return Step(
             "fail",
-            [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+            [replace(record, discarded=True)],
             error="stop_reason was tool_use but the response holds no tool_use block",
         )
     if reason in DONE_STOP_REASONS:
-        return Step("answered", [(ev.MODEL_RESPONDED, record)])
+        return Step("answered", [record])
     if reason == "max_tokens":
-        warning = {"message": "the answer was cut off at max_tokens"}
-        return Step("answered", [(ev.MODEL_RESPONDED, record), (ev.WARNING, warning)])
+        return Step("answered", [record, Warned("the answer was cut off at max_tokens")])
     return Step(
         "fail",
-        [(ev.MODEL_RESPONDED, {**record, "discarded": True})],
+        [replace(record, discarded=True)],
         error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
     )
 
@@ -462,11 +467,11 @@ def on_model_error(error: ModelError) -> Step:
 
     A transient failure (rate limit, overload, 5xx, network) leaves the run resumable.
     """
-    records: list[Record] = []
+    records: list[Fact] = []
     if error.retry_waits:
         waits = ", ".join(f"{wait:g}s" for wait in error.retry_waits)
         message = f"the model API was retried {len(error.retry_waits)} time(s), waiting {waits}, before the call failed"
-        records.append((ev.WARNING, {"message": message, "retry_waits": list(error.retry_waits)}))
+        records.append(Warned(message, retry_waits=list(error.retry_waits)))
     if error.retryable:
         message = f"model call failed: {error} (transient: resume the run to try again)"
         return Step("fail", records, error=message, retryable=True)
@@ -475,29 +480,22 @@ def on_model_error(error: ModelError) -> Step:
 
 def retry_after_failure() -> Step:
     """Move a run that failed transiently back to thinking (on resume, never in the same drive)."""
-    return Step("retried", [(ev.WARNING, {"message": "retrying after a transient model failure"})])
+    return Step("retried", [Warned("retrying after a transient model failure")])
 
 
-def tool_started(action: RunTool, *, owner: str) -> tuple[str, dict[str, Any]]:
+def tool_started(action: RunTool, *, owner: str) -> ToolStarted:
     """The record written (and committed) before the tool runs, naming the driver running it (for people)."""
-    data = {
-        "call_id": action.call.call_id,
-        "tool": action.tool.name,
-        "attempt": action.attempt,
-        "owner": owner,
-        **_allowed_field(action.allowed),
-    }
-    return ev.TOOL_STARTED, data
+    return ToolStarted(action.call.call_id, action.tool.name, action.attempt, owner, allowed=action.allowed)
 
 
-def abandon_in_flight(state: RunState, *, by: str, reason: str) -> list[Record]:
+def abandon_in_flight(state: RunState, *, by: str, reason: str) -> list[CallAbandoned]:
     """Records declaring every call now in flight abandoned by its driver (an operator's override).
 
     From then on each is in doubt, resolved like any call a crash interrupted; written
     without a transition, like a tool's start.
     """
     return [
-        (ev.CALL_ABANDONED, {"call_id": call_id, "owner": started.owner, "by": by, "reason": reason})
+        CallAbandoned(call_id, started.owner, by, reason)
         for call_id, started in state.in_flight.items()
         if not started.abandoned
     ]
@@ -515,9 +513,8 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
     reaches the model exactly as a fresh one would (same cap, same reviewer note).
     """
     step = _success(action, content, cached=True)
-    kind, hit = hit_record(action, key)
     warnings = [w for w in action.warnings if w not in action.execution_warnings]  # no start: warn here
-    step.records[:0] = [*warnings, (kind, {**hit, **_allowed_field(action.allowed)})]
+    step.records[:0] = [*warnings, hit_record(action, key)]
     return step
 
 
@@ -548,13 +545,8 @@ def on_tool_error(
     driver's random source for the policy's jitter.
     """
     tool, call, policy = action.tool, action.call, action.tool.retry
-    facts = {
-        "call_id": call.call_id,
-        "tool": tool.name,
-        "attempt": action.attempt,
-        "duration": round(duration, 6),
-        "error_type": _raised_type(error),
-    }
+    took, error_type = round(duration, 6), _raised_type(error)
+    facts: dict[str, Any] = {"attempt": action.attempt, "duration": took, "error_type": error_type}
     limit = action.max_result_chars
     if isinstance(error, ModelRetry):
         shown, full = f"Error: {_capped(str(error), limit)}", f"Error: {error}"
@@ -564,50 +556,39 @@ def on_tool_error(
     full_message = _describe_tool_error(tool, error, error_class, str(error))
     decision = policy.decide(error, action.attempt, rng=rng)
     lingering = isinstance(error, ToolTimeout) and error.still_running
-    records: list[Record] = [_abandoned_thread(action)] if lingering else []
+    records: list[Fact] = [_abandoned_thread(action)] if lingering else []
     in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
     if decision.retry_in is not None and not in_doubt:
         due = now + decision.retry_in
-        data = {**facts, "due_at": due, "error": message, "error_class": error_class}
-        return Step("retry_scheduled", [*records, (ev.RETRY_SCHEDULED, data)])
+        retry = RetryScheduled(call.call_id, tool.name, action.attempt, took, error_type, due, message, error_class)
+        return Step("retry_scheduled", [*records, retry])
     suffix = ""
     if in_doubt:
         suffix += "; it may still complete, so it was not run again automatically (the tool is not idempotent)"
     if action.attempt > 1:
         suffix += f" (after {action.attempt} attempts)"
     message, full_message = message + suffix, full_message + suffix
-    extra: dict[str, Any] = {"in_doubt": True} if in_doubt else {}
-    extra.update(_full_content(message, full_message))
-    finished = (
-        ev.TOOL_FINISHED,
-        {**facts, "content": message, "is_error": True, "error_class": error_class, **extra},
+    finished = ToolFinished(
+        call.call_id, tool.name, message, True, **facts, error_class=error_class, in_doubt=in_doubt,
+        **_full_content(message, full_message),
     )
     if decision.otherwise == "fail":
         return Step("fail", [*records, finished], error=f"{message}; the tool's retry policy fails the run")
     if decision.otherwise == "escalate":
         reason = f"it failed {action.attempt} time(s), last: {message}. Try again?"
         to_run = action.arguments.model_dump(mode="json") if action.edited else call.input  # shown: what would run
-        item = {
-            "call_id": call.call_id,
-            "tool": call.tool,
-            "input": to_run,
-            "reason": reason,
-            "fingerprint": fingerprint(to_run),
-            "last_error": message,
-        }
-        data = {"calls": [item], "escalation": True, "duration": facts["duration"]}
-        return Step("approval_needed", [*records, (ev.APPROVAL_REQUESTED, data)])
+        asked = ApprovalRequested([_shown(call, to_run, reason, last_error=message)], escalation=True, duration=took)
+        return Step("approval_needed", [*records, asked])
     return Step("tool_finished", [*records, finished])
 
 
-def _abandoned_thread(action: RunTool) -> Record:
+def _abandoned_thread(action: RunTool) -> Warned:
     """The warning that a timed-out sync attempt's thread runs on (Python cannot stop one)."""
     message = (
         f"tool {action.tool.name!r} call {action.call.call_id}: a thread of it is still running after its "
         "timeout (Python cannot stop a thread); no attempt of this call starts in this process until it ends"
     )
-    data = {"message": message, "call_id": action.call.call_id, "tool": action.tool.name, "abandoned_thread": True}
-    return ev.WARNING, data
+    return Warned(message, call_id=action.call.call_id, tool=action.tool.name, abandoned_thread=True)
 
 
 def _describe_tool_error(tool: Tool, error: BaseException, error_class: str, text: str) -> str:
@@ -699,24 +680,17 @@ def on_decision(
         edited_input = check_edit(agent, request, edited_input)
     elif approved:
         edited_input = state.edited_inputs.get(call_id)  # approving what was shown: an earlier edit stands
-    data = {
-        "call_id": call_id,
-        "tool": call.tool,
-        "approved": approved,
-        "actor": decision.actor,
-        "reason": reason,
-        "input": edited_input,
-        "fingerprint": shown,
-        "remember_for_run": remember_for_run,
-    }
-    records: list[Record] = [(ev.APPROVAL_DECIDED, data)]
+    decided = ApprovalDecided(
+        call_id, call.tool, approved, decision.actor, reason, edited_input, shown, remember_for_run
+    )
+    records: list[Fact] = [decided]
     if remember_for_run:
         for other in state.pending_approvals():
             if other.call_id == call_id or other.tool != call.tool or other.call_id in state.in_flight:
                 continue  # a call in doubt after a crash is still asked about on its own
-            sibling = {"call_id": other.call_id, "input": None, "fingerprint": pending_call(state, other).fingerprint}
+            shown_other = pending_call(state, other).fingerprint
             why = f"{call.tool} approved for the run with {call_id}"
-            records.append((ev.APPROVAL_DECIDED, {**data, **sibling, "reason": why}))
+            records.append(replace(decided, call_id=other.call_id, reason=why, input=None, fingerprint=shown_other))
     return Step("decided", records)
 
 
@@ -745,40 +719,33 @@ def commit(state: RunState, step: Step, *, now: float) -> list[Event]:
     """
     produced: list[Event] = []
 
-    def record(kind: str, data: dict[str, Any]) -> None:
-        event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+    def record(fact: Fact) -> None:
+        event = Event(state.next_seq, now, fact)
         state.apply(event)
         produced.append(event)
 
-    for kind, data in step.records:
-        record(kind, data)
+    for fact in step.records:
+        record(fact)
     source = state.status
     bind(state).send(step.trigger)
     target = state.status
+    assert target is not None  # a bound machine is always in some state
     if source == RunStatus.executing_tool and target in (RunStatus.thinking, RunStatus.done):
-        record(ev.RESULTS_RETURNED, {})
-    record(ev.TRANSITION, {"event": step.trigger, "source": source, "target": target})
+        record(ResultsReturned())
+    record(Transition(step.trigger, source, target))
     if target in ENDED:
-        record(
-            ev.RUN_FINISHED,
-            {
-                "status": target,
-                "error": step.error,
-                "output": state.output,
-                "result": state.result,
-                "retryable": step.retryable,
-            },
-        )
+        record(RunFinished(target, step.error, state.output, state.result, step.retryable))
     state.version += 1
     return produced
 
 
 def start_events(state: RunState, *, spec: dict[str, Any], messages: list[dict[str, Any]], now: float) -> list[Event]:
     """The first events of a run: its spec and opening history, and entry into thinking."""
-    produced = [Event(0, ev.RUN_STARTED, {"spec": spec, "messages": messages, "created_at": now}, now)]
+    produced = [Event(0, now, RunStarted(spec, messages, now))]
     state.apply(produced[0])
     bind(state)  # enters the initial state, setting status
-    entered = Event(1, ev.TRANSITION, {"event": "start", "source": None, "target": state.status}, now)
+    assert state.status is not None
+    entered = Event(1, now, Transition("start", None, state.status))
     state.apply(entered)
     produced.append(entered)
     state.version = 1

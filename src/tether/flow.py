@@ -44,7 +44,7 @@ from tether.agent import Agent
 from tether.approvals import Decision, PendingApproval, pending_of
 from tether.compat import check_compatible
 from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
-from tether.events import Event
+from tether.events import Event, Fact
 from tether.models import ModelResponse
 from tether.state import RunState
 from tether.status import AWAITING, RunStatus
@@ -358,7 +358,7 @@ class Flow:
 
     def _run_tool(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
         """Commit the attempt's start, run it, commit its outcome, and keep a fresh result in the cache."""
-        records = [*action.warnings, engine.tool_started(action, owner=self.owner)]
+        records: list[Fact] = [*action.warnings, engine.tool_started(action, owner=self.owner)]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
         yield from self._record(state, records)
@@ -416,12 +416,12 @@ class Flow:
                 transient=error.transient,
             ) from error
 
-    def _record(self, state: RunState, records: Sequence[engine.Record]) -> Flowing[None]:
+    def _record(self, state: RunState, records: Sequence[Fact]) -> Flowing[None]:
         """Commit facts that need no transition (a tool's start, an operator's override)."""
         now = self.clock()
         produced = []
-        for kind, data in records:
-            event = Event(seq=state.next_seq, type=kind, data=data, at=now)
+        for fact in records:
+            event = Event(state.next_seq, now, fact)
             state.apply(event)
             produced.append(event)
         state.version += 1

@@ -44,9 +44,8 @@ from typing import Any, Final, Literal, get_args
 
 import pydantic
 
-from tether import events as ev
 from tether.errors import ConfigError
-from tether.events import Event
+from tether.events import Event, Warned
 from tether.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
 from tether.tools import Tool
 
@@ -402,11 +401,9 @@ def log_warnings(run_id: str, events: Sequence[Event]) -> None:
     structured log handlers.
     """
     for event in events:
-        data = event.data
-        if event.type != ev.WARNING or "rule" not in data:
-            continue
-        fields = {key: data.get(key) for key in ("call_id", "tool", "rule", "rule_name")}
-        POLICY_LOG.warning(
-            "run %s, call %s (%s): %s", run_id, data.get("call_id"), data.get("tool"), data.get("message"),
-            extra={"run_id": run_id, **fields},
-        )
+        match event.fact:
+            case Warned(rule=int(rule), message=message, call_id=call_id, tool=tool, rule_name=rule_name):
+                fields = {"call_id": call_id, "tool": tool, "rule": rule, "rule_name": rule_name}
+                POLICY_LOG.warning(
+                    "run %s, call %s (%s): %s", run_id, call_id, tool, message, extra={"run_id": run_id, **fields}
+                )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether import events as ev
-from tether.events import Event
+from tether.events import Event, Fact
 from tether.history import Message, append_user_text, text_of, tool_result_block, tool_uses
 from tether.models import Usage
 from tether.status import RunStatus
@@ -171,9 +171,7 @@ class RunState:
     # Folding ---------------------------------------------------------------------
     def apply(self, event: Event) -> None:
         """Fold one event into the state."""
-        handler = _HANDLERS.get(event.type)
-        if handler is not None:
-            handler(self, event.data)
+        _fold(self, event.fact)
         self.next_seq = event.seq + 1
         self.updated_at = event.at or self.updated_at
 
@@ -187,24 +185,66 @@ class RunState:
         return state
 
 
-def _run_started(state: RunState, data: dict[str, Any]) -> None:
-    state.spec = dict(data["spec"])
-    state.messages = [dict(m) for m in data["messages"]]
-    state.created_at = float(data.get("created_at", 0.0))
+def _fold(state: RunState, fact: Fact) -> None:
+    match fact:
+        case ev.Transition(source=source, target=target):
+            state.status = target
+            if source == RunStatus.failed:  # retried: the earlier failure no longer stands
+                state.error, state.can_retry = None, False
+        case ev.ModelResponded():
+            _model_responded(state, fact)
+        case ev.ToolStarted(call_id=call_id, attempt=attempt, owner=owner):
+            state.attempts[call_id] = attempt
+            state.in_flight[call_id] = InFlightCall(owner)
+            state.retry_due.pop(call_id, None)
+        case ev.ToolFinished():
+            _tool_finished(state, fact)
+        case ev.ResultsReturned():
+            _results_returned(state)
+        case ev.RunStarted(spec=spec, messages=messages, created_at=created_at):
+            state.spec = dict(spec)
+            state.messages = [dict(m) for m in messages]
+            state.created_at = created_at
+        case ev.RetryScheduled(call_id=call_id, duration=duration, due_at=due_at):
+            state.tool_seconds += duration
+            state.in_flight.pop(call_id, None)
+            state.tool_calls += 1
+            state.retry_due[call_id] = due_at
+        case ev.ApprovalRequested():
+            _approval_requested(state, fact)
+        case ev.ApprovalDecided():
+            _approval_decided(state, fact)
+        case ev.Warned(budget=budget, limit=limit):
+            if budget:
+                state.budget_warned.add(budget)
+            if limit:  # a hard cap of Limits (see tether.budgets.Reading.key)
+                state.budget_warned.add(f"limits.{limit}")
+        case ev.CallAbandoned(call_id=call_id):
+            started = state.in_flight.get(call_id)
+            if started is not None:
+                state.in_flight[call_id] = InFlightCall(started.owner, abandoned=True)
+        case ev.BudgetExhausted(prompt=prompt):
+            append_user_text(state.messages, prompt)
+            state.final_answer_requested = True
+        case ev.RunFinished(error=error, retryable=retryable):
+            state.error, state.can_retry = error, retryable
+        case ev.CacheHit() | ev.CacheMiss():
+            pass  # the audit's; the result that follows a hit is folded as any other
 
 
-def _model_responded(state: RunState, data: dict[str, Any]) -> None:
+def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
     state.steps += 1
-    state.model_seconds += float(data.get("latency") or 0.0)
-    state.usage = state.usage + Usage.from_dict(data.get("usage"))
-    if data.get("cost_usd") is None:
+    state.model_seconds += fact.latency
+    state.usage = state.usage + fact.usage
+    if fact.cost_usd is None:
         state.cost_unknown = True
     else:
-        state.cost_usd += float(data["cost_usd"])
-    if data.get("discarded"):
-        state.max_tokens = data.get("next_max_tokens", state.max_tokens)
+        state.cost_usd += fact.cost_usd
+    if fact.discarded:
+        if fact.next_max_tokens is not None:
+            state.max_tokens = fact.next_max_tokens
         return
-    content = list(data["content"])
+    content = list(fact.content)
     if not content and not state.continuing_turn:
         state.continuing_turn = False
         return  # an empty turn (e.g. a bare refusal) is not valid history: nothing to keep
@@ -213,7 +253,7 @@ def _model_responded(state: RunState, data: dict[str, Any]) -> None:
         state.messages[-1] = {"role": "assistant", "content": [*previous, *content]}
     else:
         state.messages.append({"role": "assistant", "content": content})
-    state.continuing_turn = data.get("stop_reason") == "pause_turn"
+    state.continuing_turn = fact.stop_reason == "pause_turn"
     calls = tool_uses(state.messages[-1])
     if calls and not state.continuing_turn:
         state.batch = [PendingCall(b["id"], b["name"], b.get("input")) for b in calls]
@@ -221,108 +261,48 @@ def _model_responded(state: RunState, data: dict[str, Any]) -> None:
         state.approval_reasons, state.attempts, state.retry_due = {}, {}, {}
         state.edited_inputs = {}
         state.in_flight = {}
-    if data.get("stop_reason") in ("end_turn", "stop_sequence", "max_tokens"):
+    if fact.stop_reason in ("end_turn", "stop_sequence", "max_tokens"):
         state.output = text_of(state.messages[-1])
 
 
-def _tool_started(state: RunState, data: dict[str, Any]) -> None:
-    state.attempts[data["call_id"]] = int(data["attempt"])
-    state.in_flight[data["call_id"]] = InFlightCall(str(data.get("owner", "")))
-    state.retry_due.pop(data["call_id"], None)
-
-
-def _call_abandoned(state: RunState, data: dict[str, Any]) -> None:
-    started = state.in_flight.get(data["call_id"])
-    if started is not None:
-        state.in_flight[data["call_id"]] = InFlightCall(started.owner, abandoned=True)
-
-
-def _tool_finished(state: RunState, data: dict[str, Any]) -> None:
-    call_id = data["call_id"]
-    state.tool_seconds += float(data.get("duration") or 0.0)
-    state.outcomes[call_id] = ToolOutcome(data["content"], bool(data.get("is_error")))
-    if state.in_flight.pop(call_id, None) is not None:
+def _tool_finished(state: RunState, fact: ev.ToolFinished) -> None:
+    state.tool_seconds += fact.duration or 0.0
+    state.outcomes[fact.call_id] = ToolOutcome(fact.content, fact.is_error)
+    if state.in_flight.pop(fact.call_id, None) is not None:
         state.tool_calls += 1
-    if "final_result" in data:
-        state.result = data["final_result"]
+    if fact.final_result is not None:
+        state.result = fact.final_result
         state.has_final_result = True
 
 
-def _retry_scheduled(state: RunState, data: dict[str, Any]) -> None:
-    state.tool_seconds += float(data.get("duration") or 0.0)
-    state.in_flight.pop(data["call_id"], None)
-    state.tool_calls += 1
-    state.retry_due[data["call_id"]] = float(data["due_at"])
-
-
-def _approval_requested(state: RunState, data: dict[str, Any]) -> None:
-    state.tool_seconds += float(data.get("duration") or 0.0)  # an escalation's failed attempt
-    state.awaiting = [item["call_id"] for item in data["calls"]]
+def _approval_requested(state: RunState, fact: ev.ApprovalRequested) -> None:
+    state.tool_seconds += fact.duration or 0.0  # an escalation's failed attempt
+    state.awaiting = [item.call_id for item in fact.calls]
     for call_id in state.awaiting:
         state.decisions.pop(call_id, None)  # a call asked about again needs a new decision
-        if data.get("escalation") and state.in_flight.pop(call_id, None) is not None:
+        if fact.escalation and state.in_flight.pop(call_id, None) is not None:
             state.tool_calls += 1  # the failed attempt that led to the escalation ran
-    state.approval_reasons.update({item["call_id"]: item.get("reason", "") for item in data["calls"]})
+    state.approval_reasons.update({item.call_id: item.reason for item in fact.calls})
 
 
-def _approval_decided(state: RunState, data: dict[str, Any]) -> None:
-    state.decisions[data["call_id"]] = Decision(
-        approved=bool(data["approved"]),
-        actor=str(data.get("actor") or "unknown"),
-        reason=str(data.get("reason") or ""),
-        input=data.get("input"),
-        attempt=state.attempts.get(data["call_id"], 0),
+def _approval_decided(state: RunState, fact: ev.ApprovalDecided) -> None:
+    state.decisions[fact.call_id] = Decision(
+        approved=fact.approved,
+        actor=fact.actor or "unknown",
+        reason=fact.reason,
+        input=fact.input,
+        attempt=state.attempts.get(fact.call_id, 0),
     )
-    if data.get("approved") and data.get("input") is not None:
-        state.edited_inputs[data["call_id"]] = data["input"]
-    if data.get("approved") and data.get("remember_for_run"):
-        state.approved_tools.add(str(data["tool"]))
+    if fact.approved and fact.input is not None:
+        state.edited_inputs[fact.call_id] = fact.input
+    if fact.approved and fact.remember_for_run:
+        state.approved_tools.add(fact.tool)
 
 
-def _results_returned(state: RunState, data: dict[str, Any]) -> None:
+def _results_returned(state: RunState) -> None:
     blocks = [
         tool_result_block(c.call_id, state.outcomes[c.call_id].content, is_error=state.outcomes[c.call_id].is_error)
         for c in state.batch
     ]
     state.messages.append({"role": "user", "content": blocks})
     state.batch, state.awaiting = [], []
-
-
-def _transition(state: RunState, data: dict[str, Any]) -> None:
-    state.status = data["target"]
-    if data.get("source") == RunStatus.failed:  # retried: the earlier failure no longer stands
-        state.error, state.can_retry = None, False
-
-
-def _warning(state: RunState, data: dict[str, Any]) -> None:
-    if data.get("budget"):
-        state.budget_warned.add(str(data["budget"]))
-    if data.get("limit"):  # a hard cap of Limits (see tether.budgets.Reading.key)
-        state.budget_warned.add(f"limits.{data['limit']}")
-
-
-def _budget_exhausted(state: RunState, data: dict[str, Any]) -> None:
-    append_user_text(state.messages, str(data["prompt"]))
-    state.final_answer_requested = True
-
-
-def _run_finished(state: RunState, data: dict[str, Any]) -> None:
-    state.error = data.get("error")
-    state.can_retry = bool(data.get("retryable"))
-
-
-_HANDLERS = {
-    ev.RUN_STARTED: _run_started,
-    ev.MODEL_RESPONDED: _model_responded,
-    ev.TOOL_STARTED: _tool_started,
-    ev.CALL_ABANDONED: _call_abandoned,
-    ev.TOOL_FINISHED: _tool_finished,
-    ev.RETRY_SCHEDULED: _retry_scheduled,
-    ev.APPROVAL_REQUESTED: _approval_requested,
-    ev.APPROVAL_DECIDED: _approval_decided,
-    ev.RESULTS_RETURNED: _results_returned,
-    ev.TRANSITION: _transition,
-    ev.RUN_FINISHED: _run_finished,
-    ev.WARNING: _warning,
-    ev.BUDGET_EXHAUSTED: _budget_exhausted,
-}

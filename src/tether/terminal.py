@@ -25,12 +25,22 @@ from rich.table import Table
 from rich.text import Text
 
 from tether import engine
-from tether import events as ev
 from tether.agent import Agent
 from tether.approvals import Approve, Decision, Deny, PendingApproval
 from tether.audit import AuditEntry
 from tether.errors import DeniedByPolicy, InvalidEditedInput
-from tether.events import Event
+from tether.events import (
+    ApprovalRequested,
+    CacheMiss,
+    Event,
+    ModelResponded,
+    RetryScheduled,
+    RunFinished,
+    ToolFinished,
+    ToolStarted,
+    Transition,
+    Warned,
+)
 from tether.flow import Activity
 from tether.runner import RunResult
 from tether.state import RunState
@@ -95,30 +105,26 @@ class ProgressPrinter:
 
     def __call__(self, state: RunState, event: Event) -> None:
         """Print ``event`` of ``state``'s run."""
-        data = event.data
-        if event.type == ev.MODEL_RESPONDED and not data.get("discarded"):
-            for block in data.get("content", []):
-                if block.get("type") == "text" and block.get("text"):
-                    self.console.print(Text("model  ", style="magenta") + Text(_preview(block["text"])))
-                elif block.get("type") == "tool_use":
-                    arguments = _preview(json.dumps(block.get("input"), ensure_ascii=False), 100)
-                    self.console.print(Text("call   ", style="blue") + Text(f"{printable(block['name'])} {arguments}"))
-        elif event.type == ev.TOOL_FINISHED:
-            style = "red" if data.get("is_error") else "green"
-            self.console.print(
-                Text("result ", style=style)
-                + Text(f"{printable(str(data.get('tool')))}: {_preview(str(data.get('content')))}")
-            )
-        elif event.type == ev.RETRY_SCHEDULED:
-            self.console.print(
-                Text("retry  ", style="yellow")
-                + Text(f"{printable(data['tool'])} attempt {data['attempt']} failed: {_preview(data['error'])}")
-            )
-        elif event.type == ev.WARNING:
-            self.console.print(Text("warn   ", style="yellow") + Text(printable(str(data.get("message")))))
-        elif event.type == ev.TRANSITION and data.get("source") is not None:
-            transition = f"state  {status_name(data['source'])} → {status_name(data['target'])}"
-            self.console.print(Text(transition, style="dim"))
+        match event.fact:
+            case ModelResponded(discarded=False, content=content):
+                for block in content:  # content blocks are the API's free JSON
+                    if block.get("type") == "text" and block.get("text"):
+                        self.console.print(Text("model  ", style="magenta") + Text(_preview(block["text"])))
+                    elif block.get("type") == "tool_use":
+                        arguments = _preview(json.dumps(block.get("input"), ensure_ascii=False), 100)
+                        call = f"{printable(block['name'])} {arguments}"
+                        self.console.print(Text("call   ", style="blue") + Text(call))
+            case ToolFinished(tool=tool, content=content, is_error=is_error):
+                style = "red" if is_error else "green"
+                self.console.print(Text("result ", style=style) + Text(f"{printable(tool)}: {_preview(content)}"))
+            case RetryScheduled(tool=tool, attempt=attempt, error=error):
+                failed = f"{printable(tool)} attempt {attempt} failed: {_preview(error)}"
+                self.console.print(Text("retry  ", style="yellow") + Text(failed))
+            case Warned(message=message):
+                self.console.print(Text("warn   ", style="yellow") + Text(printable(message)))
+            case Transition(source=str(source), target=target):
+                transition = f"state  {status_name(source)} → {status_name(target)}"
+                self.console.print(Text(transition, style="dim"))
 
 
 STREAM_TAIL_CHARS = 4000
@@ -195,7 +201,7 @@ class LiveView:
 
     def __call__(self, state: RunState, event: Event) -> None:
         """A commit ends the activity; a tool's recorded start is part of it."""
-        if event.type not in (ev.TOOL_STARTED, ev.CACHE_MISS):  # a miss is written with the start
+        if not isinstance(event.fact, ToolStarted | CacheMiss):  # a miss is written with the start
             self.stop()
 
     def stop(self) -> None:
@@ -448,9 +454,6 @@ def _print_record(console: Console, heading: Text, fields: Sequence[tuple[str, T
 
 _MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
 """Event fields not repeated in the detail column: too long, or shown in their own columns."""
-_STATUS_FIELDS = {ev.TRANSITION: ("source", "target"), ev.RUN_FINISHED: ("status",)}
-"""Event fields holding a persisted status, shown as the status's id."""
-_TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
 def render_events(console: Console, events: Sequence[Event]) -> None:
@@ -486,31 +489,32 @@ def _print_event(console: Console, event: Event) -> None:
 
 def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
     """What an event says besides its measures; a tool's result whole, or its start only."""
-    data = event.data
-    detail = {k: v for k, v in data.items() if k not in _MEASURES}
-    if "content" in data and event.type == ev.TOOL_FINISHED:
-        content = str(data["content"])
-        detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
-    for key in _STATUS_FIELDS.get(event.type, ()):
-        if isinstance(detail.get(key), str):
-            detail[key] = status_name(detail[key])
+    detail = {k: v for k, v in event.data.items() if k not in _MEASURES}  # every stored field, generically
+    match event.fact:
+        case ToolFinished(content=content):
+            detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
+        case Transition(source=source, target=target):  # statuses shown as their ids
+            detail["source"] = None if source is None else status_name(source)
+            detail["target"] = status_name(target)
+        case RunFinished(status=status):
+            detail["status"] = status_name(status)
     return detail
 
 
 def _measures(event: Event) -> tuple[str, str, str, str]:
     """An event's tokens in/out/cache write/read, cost in $, model and tool seconds ("": none)."""
-    data = event.data
-    tokens = ""
-    if event.type == ev.MODEL_RESPONDED:
-        usage = data.get("usage") or {}
-        tokens = "/".join(str(usage.get(kind) or 0) for kind in _TOKEN_KINDS)
-    cost = data.get("cost_usd")
-    priced = f"{cost:.6f}" if isinstance(cost, int | float) else ("?" if event.type == ev.MODEL_RESPONDED else "")
-    return tokens, priced, _seconds(data.get("latency")), _seconds(data.get("duration"))
+    match event.fact:
+        case ModelResponded(usage=usage, cost_usd=cost, latency=latency):
+            counts = (usage.input_tokens, usage.output_tokens, usage.cache_creation_input_tokens)
+            tokens = "/".join(str(count) for count in (*counts, usage.cache_read_input_tokens))
+            return tokens, "?" if cost is None else f"{cost:.6f}", _seconds(latency), ""
+        case ToolFinished(duration=duration) | RetryScheduled(duration=duration) | ApprovalRequested(duration=duration):
+            return "", "", "", _seconds(duration)
+    return "", "", "", ""
 
 
-def _seconds(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, int | float) else ""
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None:

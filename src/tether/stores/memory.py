@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.errors import RunNotFound, StaleRun, StoreError
-from tether.events import Event
+from tether.events import Event, decode
 from tether.status import WAITING_RETRY_STATUS
 from tether.stores import (
     DUE_KEY,
@@ -29,8 +29,8 @@ class _StoredEvent:
     data: str
     at: float
 
-    def load(self) -> Event:
-        return Event(seq=self.seq, type=self.type, data=json.loads(self.data), at=self.at)
+    def load(self, run_id: str) -> Event:
+        return decode(run_id, self.seq, self.type, json.loads(self.data), self.at)
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class MemoryStore:
             if stored is None or (tenant is not None and stored.record.tenant != tenant):
                 raise RunNotFound(run_id)
             log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
-        return [e.load() for e in log]
+        return [e.load(run_id) for e in log]
 
     def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
         """The log and the row's version, read under one lock."""
@@ -185,7 +185,7 @@ class MemoryStore:
             if stored is None or (tenant is not None and stored.record.tenant != tenant):
                 raise RunNotFound(run_id)
             log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
-        return RunLog(stored.record.version, stored.record.tenant, [e.load() for e in log])
+        return RunLog(stored.record.version, stored.record.tenant, [e.load(run_id) for e in log])
 
     def delete_runs(
         self,

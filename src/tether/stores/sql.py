@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
-from tether.events import Event
+from tether.events import Event, decode
 from tether.redact import MASK, scrub
 from tether.status import WAITING_RETRY_STATUS, RunStatus
 from tether.stores import (
@@ -676,7 +676,7 @@ def _event(run_id: str, row: Any) -> Event:
     problem = _problem(row["data"], f"event {row['seq']}", absent=True)
     if problem:
         raise CorruptData(run_id, problem)
-    return Event(seq=row["seq"], type=row["type"], data=row["data"], at=row["at"])
+    return decode(run_id, row["seq"], row["type"], row["data"], row["at"])
 
 
 def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
