@@ -206,7 +206,7 @@ def test_gc_never_deletes_a_run_resumed_while_it_chooses(pg_schema: PgSchema) ->
             (time.time(), failed.run_id),
         )
         resuming.execute(
-            "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', '{}', 0)",
+            "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', %s, 0)",
             (failed.run_id, logged),
         )
         collector = threading.Thread(target=gc)
