@@ -207,7 +207,7 @@ def test_gc_never_deletes_a_run_resumed_while_it_chooses(pg_schema: PgSchema) ->
         )
         resuming.execute(
             "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', %s, 0)",
-            (failed.run_id, logged),
+            (failed.run_id, logged, '{"message": "resumed"}'),
         )
         collector = threading.Thread(target=gc)
         collector.start()
