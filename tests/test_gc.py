@@ -229,8 +229,8 @@ def test_gc_never_deletes_a_run_resumed_while_it_chooses(pg_schema: PgSchema) ->
             (time.time(), failed.run_id),
         )
         resuming.execute(
-            "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', '{}', 0)",
-            (failed.run_id, logged),
+            "INSERT INTO tether_event (run_id, seq, type, data, at) VALUES (%s, %s, 'warning', %s, 0)",
+            (failed.run_id, logged, '{"message": "resumed"}'),
         )
         collector = threading.Thread(target=gc)
         collector.start()
