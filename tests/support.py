@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,6 +44,56 @@ DEMO_PROMPT = r"run_python toolu_demo_run[^\n]*: approve[^\n]*> "
 def demo_db_url(workspace: Path) -> str:
     """The database the demo keeps in its workspace (``tether-demo`` in the cwd by default)."""
     return f"sqlite:///{workspace / 'tether.db'}"
+
+
+# A tools module with visible side effects ----------------------------------------------
+EFFECT_TOOLS = textwrap.dedent(
+    '''
+    """Tools for the session and lifecycle tests; each run leaves a line in effects.log."""
+
+    import time
+    from pathlib import Path
+
+    from tether import tool
+
+    HERE = Path(__file__).parent
+
+
+    def _effect(line: str) -> None:
+        with (HERE / "effects.log").open("a", encoding="utf-8") as log:
+            log.write(line + "\\n")
+
+
+    @tool(approval=True)
+    def delete(path: str) -> str:
+        """Delete a file (pretend: the call is only logged)."""
+        _effect(f"delete {path}")
+        return f"deleted {path}"
+
+
+    @tool(approval=True)
+    def send(to: str, body: str) -> str:
+        """Send a message."""
+        _effect(f"send {to}")
+        return f"sent to {to}"
+
+
+    @tool
+    def wait_for(flag: str) -> str:
+        """Wait (at most 60 s) until a file named ``flag`` exists beside this module."""
+        _effect(f"waiting for {flag}")
+        deadline = time.monotonic() + 60
+        while not (HERE / flag).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _effect(f"wait_for {flag}")
+        return f"{flag} is there"
+
+
+    TOOLS = [delete, send, wait_for]
+    '''
+)
+"""A tools module (``mytools.py``) whose tools log to ``effects.log`` beside it: ``delete`` and
+``send`` are gated; ``wait_for`` holds its call open until a flag file appears beside it."""
 
 
 # Scripted model replies (ScriptedModel / FakeMessagesAPI shapes) -------------------------

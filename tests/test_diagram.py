@@ -235,7 +235,7 @@ def test_dot_renders_with_graphviz_to_an_svg_holding_every_state_and_edge() -> N
     completed = subprocess.run(["dot", "-Tsvg"], input=dg.to_dot().encode(), capture_output=True, check=True)
     nodes, edges = svg_titles(completed.stdout)
     assert set(nodes) == STATE_IDS | {"__initial_0"}
-    assert len(edges) == 17 + 1  # every transition, and the initial arrow
+    assert len(edges) == 18 + 1  # every transition, and the initial arrow
     assert "thinking->executing_tool" in edges
     without_ports = Counter(re.sub(r":[nsew]+\b", "", edge) for edge in edges)  # a self-loop's title names its ports
     assert without_ports["executing_tool->executing_tool"] == 2  # tool_finished and retry_scheduled

@@ -5,6 +5,7 @@ counts their event logs record)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -178,11 +179,22 @@ def test_run_overlay_with_the_agents_tools(workdir: Path, run_id: str) -> None:
     assert "        lookup: runs directly\n" in text
 
 
-def test_run_overlay_without_its_tools_module_still_draws(workdir: Path, run_id: str) -> None:
-    (workdir / "mytools.py").unlink()
+def test_run_overlay_draws_the_tools_the_run_recorded_without_importing_them(workdir: Path, run_id: str) -> None:
+    (workdir / "mytools.py").write_text("raise SystemExit(3)\n", encoding="utf-8")  # never imported
     done = run_tether(workdir, "diagram", "--run", run_id, "--format", "dot", "--db", "sqlite:///runs.db")
     assert done.returncode == 0, done.stderr
-    assert "tools not shown" in done.stderr
+    assert done.stderr == ""
+    assert f"Answered {X}1" in done.stdout
+    assert "<b>send_email</b>: needs approval" in done.stdout
+    assert "<b>lookup</b>: runs directly" in done.stdout
+
+
+def test_run_overlay_of_a_run_that_recorded_no_tool_settings_draws_without_them(workdir: Path, run_id: str) -> None:
+    with sqlite3.connect(workdir / "runs.db") as db:  # as an older tether wrote it
+        db.execute("UPDATE tether_run SET spec = json_remove(spec, '$.tool_settings') WHERE id = ?", (run_id,))
+    done = run_tether(workdir, "diagram", "--run", run_id, "--format", "dot", "--db", "sqlite:///runs.db")
+    assert done.returncode == 0, done.stderr
+    assert "tools not shown: the run did not record them" in done.stderr
     assert f"Answered {X}1" in done.stdout
     assert "__tools" not in done.stdout
 

@@ -242,6 +242,8 @@ ROWS = [
         model=[asks(("a", "delete"))], setup_steps=2),
     Row(("retried", "failed", "thinking"), drive, [LoadRun, *COMMIT, *MODEL_STEP, CheckLease],
         model=[ModelError("overloaded", retryable=True), ANSWER], setup_steps=1),
+    Row(("cancel", "failed", "cancelled"), commit(cancellation("stop")), COMMIT,
+        model=[ModelError("overloaded", retryable=True)], setup_steps=1),
 ]
 
 

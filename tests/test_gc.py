@@ -53,6 +53,29 @@ def test_gc_deletes_old_finished_runs_only(tmp_path: Path) -> None:
     assert old_done not in remaining
 
 
+def test_gc_deletes_old_parked_runs_only_when_asked(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    long_ago = time.time() - 40 * 86400
+    gated = {"content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
+             "stop_reason": "tool_use"}
+    old_parked = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store, clock=lambda: long_ago).run("a")
+    new_parked = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store).run("b")
+    store.close()
+    assert (old_parked.status, new_parked.status) == ("awaiting_approval", "awaiting_approval")
+
+    kept = cli(tmp_path, "gc", "--older-than", "30d", "--json")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(kept.stdout)["deleted"] == 0
+    assert json.loads(kept.stdout)["include_parked"] is False
+
+    gone = cli(tmp_path, "gc", "--older-than", "30d", "--include-parked")
+    assert gone.returncode == 0, gone.stderr
+    assert "deleted 1 run(s) (cancelled, done, failed; transient failures kept; parked runs too)" in gone.stdout
+    store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    assert [r.id for r in store.list_runs()] == [new_parked.run_id]
+    store.close()
+
+
 def test_gc_rejects_a_bad_age(tmp_path: Path) -> None:
     result = cli(tmp_path, "gc", "--older-than", "soon")
     assert result.returncode == 2

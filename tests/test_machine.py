@@ -66,6 +66,11 @@ def _retried(guards: Guards) -> str | None:
     return "thinking" if guards[3] else None
 
 
+def _cancelled_after_failure(guards: Guards) -> str | None:
+    """A transient failure has not ended the run: it can still be cancelled for good."""
+    return "cancelled" if guards[3] else None
+
+
 # The whole table: a (state, event) pair missing here must be refused by the machine.
 LEGAL: dict[tuple[str, str], Target] = {
     ("thinking", "tools_requested"): "executingTool",
@@ -82,6 +87,7 @@ LEGAL: dict[tuple[str, str], Target] = {
     ("awaitingApproval", "fail"): "failed",
     ("awaitingApproval", "cancel"): "cancelled",
     ("failed", "retried"): _retried,
+    ("failed", "cancel"): _cancelled_after_failure,
 }
 
 

@@ -375,6 +375,32 @@ def test_delete_runs_keeps_transient_failures_unless_asked(store: Store) -> None
     assert store.list_runs() == []
 
 
+def test_delete_runs_removes_old_parked_runs_only_when_asked(store: Store) -> None:
+    """Parked: awaiting a decision, waiting for a retry, or left mid-step by a driver that stopped."""
+    for run_id, status, updated, summary in [
+        ("old_awaiting", "awaitingApproval", 1.0, {}),
+        ("old_waiting_retry", "executingTool", 1.0, {"next_due_at": 5.0}),
+        ("old_interrupted_tool", "executingTool", 1.0, {}),
+        ("old_interrupted_thinking", "thinking", 1.0, {}),
+        ("old_failed_transiently", "failed", 1.0, {"retryable": True}),
+        ("new_awaiting", "awaitingApproval", 3.0, {}),
+        ("old_done", "done", 1.0, {}),
+    ]:
+        store.create_run(record(run_id, status=status, summary=summary, updated_at=updated), events(0, 1))
+
+    store.create_run(record("old_driven", status="executingTool", updated_at=1.0), events(0, 1))
+    store.claim_run("old_driven", "host:1:live", now=1.5, ttl=0.5)  # renewed until the cutoff: driven since
+    store.claim_run("old_interrupted_tool", "host:2:gone", now=0.5, ttl=1.0)  # expired before it
+
+    assert store.delete_runs(finished_before=2.0, statuses={"cancelled"}) == 0  # by default never
+    deleted = store.delete_runs(finished_before=2.0, statuses={"cancelled"}, include_parked=True)
+
+    assert deleted == 4
+    assert {r.id for r in store.list_runs()} == {"old_failed_transiently", "new_awaiting", "old_done", "old_driven"}
+    with pytest.raises(RunNotFound):
+        store.load_events("old_awaiting")
+
+
 @pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])
 def test_delete_runs_refuses_unfinished_statuses(store: Store, statuses: set[str]) -> None:
     store.create_run(record("parked", status="awaitingApproval", updated_at=1.0), events(0))

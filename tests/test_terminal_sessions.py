@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,55 +35,11 @@ from support import (
     tool_use_turn,
     transcript,
 )
+from support import EFFECT_TOOLS as TOOLS_MODULE
 from tether.testing import FakeMessagesAPI
 
 pytestmark = pytest.mark.slow  # real pseudo-terminals
 
-TOOLS_MODULE = textwrap.dedent(
-    '''
-    """Tools for the terminal session tests; each run leaves a line in effects.log."""
-
-    import time
-    from pathlib import Path
-
-    from tether import tool
-
-    HERE = Path(__file__).parent
-
-
-    def _effect(line: str) -> None:
-        with (HERE / "effects.log").open("a", encoding="utf-8") as log:
-            log.write(line + "\\n")
-
-
-    @tool(approval=True)
-    def delete(path: str) -> str:
-        """Delete a file (pretend: the call is only logged)."""
-        _effect(f"delete {path}")
-        return f"deleted {path}"
-
-
-    @tool(approval=True)
-    def send(to: str, body: str) -> str:
-        """Send a message."""
-        _effect(f"send {to}")
-        return f"sent to {to}"
-
-
-    @tool
-    def wait_for(flag: str) -> str:
-        """Wait (at most 60 s) until a file named ``flag`` exists beside this module."""
-        _effect(f"waiting for {flag}")
-        deadline = time.monotonic() + 60
-        while not (HERE / flag).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _effect(f"wait_for {flag}")
-        return f"{flag} is there"
-
-
-    TOOLS = [delete, send, wait_for]
-    '''
-)
 LONG_BODY = "Hello Bob, " + "this line goes on and on " * 12 + "END-OF-BODY"
 LONG_ANSWER = "Cleaned up as asked: " + "every word of this answer must reach the screen " * 5 + "THE-END"
 BOX = re.compile(r"[│╭╮╰╯─]")

@@ -3,9 +3,10 @@
 Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
 3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
 e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
-the run's lease; ``resume --force`` takes it over), 130 interrupted (Ctrl-C while the model or a
-tool ran: the run resumes from its last committed step). ``--json`` prints exactly one JSON object
-on stdout and nothing else.
+the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
+model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
+its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
+and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,22 +34,35 @@ from rich.text import Text
 from tether import durations
 from tether.agent import Agent
 from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
-from tether.errors import ApprovalError, ConfigError, CorruptData, RunBusy, RunNotFound, StaleRun, TetherError
+from tether.errors import (
+    ApprovalError,
+    ConfigError,
+    CorruptData,
+    RunBusy,
+    RunEnded,
+    RunNotFound,
+    StaleRun,
+    TetherError,
+)
 from tether.events import Event
-from tether.loader import DEMO_MODEL, agent_from_spec, normalise_model_spec, policy_change
+from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
+from tether.models import ModelAdapter
 from tether.policies import Budget
 from tether.pricing import PRICE_FORM, parse_price
 from tether.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.state import RunState
 from tether.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
-from tether.stores import RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
 
 if TYPE_CHECKING:
     from tether.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
 EXIT_BUSY = 5
+EXIT_SIGNAL_BASE = 128
+"""Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {
     RunStatus.done.shown: EXIT_DONE,
     RunStatus.awaiting_approval.shown: EXIT_AWAITING,
@@ -137,7 +154,6 @@ def _parser() -> argparse.ArgumentParser:
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
     _add_decision(approve)
     approve.add_argument("--input", help="edited input as JSON (validated against the tool's schema)")
-    approve.add_argument("--by", default=None, help="who decided (default $USER)")
     approve.add_argument(
         "--for-run", action="store_true", help="also approve this tool's later calls in this run"
     )
@@ -145,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     deny = with_db(commands.add_parser("deny", help="deny a pending tool call"))
     _add_decision(deny)
     deny.add_argument("--reason", default="", help="why (the model sees it)")
-    deny.add_argument("--by", default=None, help="who decided (default $USER)")
+
+    _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
     show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
     show.add_argument("run_id", help=RUN_ID_HELP)
@@ -250,8 +267,19 @@ class _Session:
         self.run_id = state.id
 
     def interrupted(self) -> None:
-        """Ctrl-C while work ran: take the spinner down, then say how to go on."""
+        """Ctrl-C (or SIGTERM, SIGHUP) while work ran: take the spinner down, then say how to go on.
+
+        With ``--json`` the run's object is printed as it stands (read back from the store), so
+        a script still gets one JSON object; none if no run was created yet.
+        """
         self.close()
+        if self.json and self.run_id is not None:
+            try:
+                state = Runner(_reader(), self.store).load(self.run_id)
+            except TetherError:  # the store cannot say: the hint below still names the run
+                pass
+            else:
+                print(json.dumps(result_of(state).to_dict(), ensure_ascii=False))
         hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
 
@@ -263,7 +291,8 @@ class _Session:
     def close(self) -> None:
         """Clear a spinner left by an error, so the message and the cursor show."""
         if self.live is not None:
-            self.live.stop()
+            with suppress(OSError):  # the terminal is gone (SIGHUP): nothing left to clear
+                self.live.stop()
 
     def finish(self, result: RunResult) -> int:
         if self.json:
@@ -312,29 +341,52 @@ class _Session:
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
-    spec = {
-        "tools": list(args.tools),
-        "model": normalise_model_spec(args.model),
-        "system": args.system,
-        "cwd": os.getcwd(),
-        "max_steps": args.max_steps,
-        "budget": _budget(args),
-        **({"policy": str(Path(args.policy).resolve())} if args.policy else {}),
-    }
-    if args.price:
+    """Start a run; with ``--continue``, its agent is the earlier run's but for what the flags set."""
+    given = _run_flags(args)
+    if args.continue_from is not None:
+        spec = continued_spec(session.store.load_run(args.continue_from).spec, given)
+    else:
+        budget = given.get("budget") or {}
+        fresh = {"budget": Budget(**budget).to_dict() if set(budget) - {"on_limit"} else None}
+        spec = {"tools": [], "cwd": os.getcwd(), **given, **fresh}
+    spec.setdefault("model", normalise_model_spec(None))
+    if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
-        spec["prices"] = {model: price.to_dict() for model, price in prices.items()}
+        spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
     agent = agent_from_spec(spec)
-    if args.max_steps is None:
-        spec["max_steps"] = agent.limits.max_steps
     runner = session.runner(args, agent)
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
 
 
-def _agent_for(session: _Session, run_id: str) -> Agent:
-    """The run's agent, warning (on stderr) when its rule file changed since it started."""
+def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``tether run``'s flags set, in a run spec's terms (a flag not given sets nothing).
+
+    ``budget`` holds only the limits given (and ``on_limit``), so a continued run can keep
+    the others; given tools come with the directory they are loaded from.
+    """
+    budget = {
+        "max_cost_usd": args.max_cost,
+        "max_total_tokens": args.max_tokens,
+        "max_tool_calls": args.max_tool_calls,
+        "max_seconds": args.max_seconds,
+        "on_limit": args.on_limit,
+    }
+    flags = {
+        "tools": list(args.tools) or None,
+        "cwd": os.getcwd() if args.tools else None,
+        "model": normalise_model_spec(args.model) if args.model else None,
+        "system": args.system,
+        "max_steps": args.max_steps,
+        "policy": str(Path(args.policy).resolve()) if args.policy else None,
+        "budget": {k: v for k, v in budget.items() if v is not None} or None,
+    }
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
+    """The run's agent (importing its tools module), warning on stderr when its rule file changed since it started."""
     spec = session.store.load_run(run_id).spec
-    agent = agent_from_spec(spec)
+    agent = agent_from_spec(spec, model=model)
     changed = policy_change(run_id, spec, agent)
     if changed is not None:
         session.err.print(Text.assemble(("warning:", "yellow"), " ", changed))
@@ -347,7 +399,9 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(_agent_for(session, args.run_id), session.store)
+    """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone)."""
+    agent = _agent_for(session, args.run_id, model=_NoModel()) if args.command == "approve" else _reader()
+    runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
         edited = None if args.input is None else _edited_input(args.input)
@@ -395,8 +449,31 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _add_cancel(cancel: argparse.ArgumentParser) -> None:
+    """``tether cancel``'s arguments."""
+    cancel.add_argument("run_id", help=RUN_ID_HELP)
+    cancel.add_argument("--reason", default="", help="why (kept as the run's error: cancelled: REASON)")
+    cancel.add_argument("--json", action="store_true", help="print the run's JSON object")
+
+
+def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
+    """End a run that has not ended (parked, interrupted, waiting for a retry, failed transiently).
+
+    Imports no tools and loads no model, so a run whose tools module is gone can still be
+    stopped. An ended run is a usage error (exit 2): there is nothing to cancel.
+    """
+    runner = Runner(_reader(), session.store)
+    before = result_of(runner.load(args.run_id)).status
+    result = runner.cancel(args.run_id, args.reason)
+    if session.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        session.out.print(Text(f"cancelled run {args.run_id} (it was {before})"))
+    return EXIT_DONE
+
+
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(Agent(model=_NoModel()), session.store)
+    runner = Runner(_reader(), session.store)
     state = runner.load(args.run_id)
     events = session.store.load_events(args.run_id)
     result = result_of(state)
@@ -508,23 +585,25 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
         raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
-    events, agent = None, None
-    if args.run is not None:
+    events, tools = None, None
+    if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
         events = session.store.load_events(args.run)
-        try:
-            agent = agent_from_spec(record.spec, model=_NoModel())
-        except TetherError as error:  # the tools module may not import here: draw without them
-            session.err.print(f"[yellow]note:[/] tools not shown: {escape(str(error))}")
+        settings = record.spec.get("tool_settings")
+        if isinstance(settings, dict):
+            tools = [diagram.ToolNote.recorded(name, dict(s)) for name, s in settings.items()]
+        elif args.kind == "graph":
+            session.err.print("[yellow]note:[/] tools not shown: the run did not record them (an older tether)")
+    drawn = diagram.build(events=events, tools=tools)
     if args.kind == "sequence":
         output: str | bytes = diagram.to_sequence(events or [])
     elif args.format == "mermaid":
-        output = diagram.to_mermaid(events=events, agent=agent)
+        output = diagram.render_mermaid(drawn)
     elif args.format == "dot":
-        output = diagram.to_dot(events=events, agent=agent)
+        output = diagram.render_dot(drawn)
     else:
         try:
-            output = diagram.render(events=events, agent=agent, format=args.format)
+            output = diagram.graphviz(diagram.render_dot(drawn), args.format)
         except GraphvizError as error:
             session.err.print(f"[red]error:[/] {escape(str(error))}")
             return EXIT_FAILED
@@ -544,12 +623,13 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _add_decision(decide: argparse.ArgumentParser) -> None:
-    """What ``approve`` and ``deny`` share: the call, and the arguments the person saw."""
+    """What ``approve`` and ``deny`` share: the call, the arguments the person saw, and who decided."""
     decide.add_argument("run_id", help=RUN_ID_HELP)
     decide.add_argument("call_id", help="the tool call's id (see `tether pending`)")
     decide.add_argument(
         "--fingerprint", help="refuse unless the call's arguments are those shown (see `tether pending`)"
     )
+    decide.add_argument("--by", default=None, help="who decided (default $USER)")
 
 
 def _add_max_wait(sub: argparse.ArgumentParser) -> None:
@@ -573,19 +653,6 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
         return value
 
     return parse
-
-
-def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The Budget the run flags ask for, in its stored form (None when no flag sets a limit)."""
-    limits = {
-        "max_cost_usd": args.max_cost,
-        "max_total_tokens": args.max_tokens,
-        "max_tool_calls": args.max_tool_calls,
-        "max_seconds": args.max_seconds,
-    }
-    if all(value is None for value in limits.values()):
-        return None
-    return Budget(**{k: v for k, v in limits.items() if v is not None}, on_limit=args.on_limit).to_dict()
 
 
 def _seconds(text: str) -> float:
@@ -621,8 +688,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     budget.add_argument(
         "--on-limit",
         choices=["final_answer", "fail"],
-        default="final_answer",
-        help="what a budget limit does (default: %(default)s)",
+        help="what a budget limit does (default: final_answer)",
     )
     budget.add_argument(
         "--price",
@@ -634,7 +700,11 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
-        "--continue", dest="continue_from", metavar="RUN_ID", help="continue an earlier run's conversation"
+        "--continue",
+        dest="continue_from",
+        metavar="RUN_ID",
+        help="continue an earlier run's conversation, with its tools, model, system prompt, policy and limits "
+        "(each flag given replaces what it sets)",
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(run)
@@ -658,39 +728,57 @@ def _add_gc(gc: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also delete runs that failed transiently (by default kept: `tether resume` may still finish them)",
     )
+    gc.add_argument(
+        "--include-parked",
+        action="store_true",
+        help="also delete runs that have not ended (awaiting approval, waiting for a retry, interrupted), "
+        "except those a process drove since the cutoff",
+    )
     gc.add_argument("--json", action="store_true", help='print one object {"deleted": N, ...}')
 
 
 def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
-    """Delete old finished runs; never parked or running ones, nor resumable transient failures.
+    """Delete old finished runs; parked or running ones and resumable transient failures only if asked.
 
     Only final statuses can be chosen; a run that failed transiently is kept unless
-    ``--include-retryable`` says otherwise. Expired tool-cache entries go too (they are never
-    read again, whatever their age). ``--dry-run`` lists the runs instead; a person at a
-    terminal is asked first (a cron job, with stdin not a terminal, is not).
+    ``--include-retryable``, a run that has not ended unless ``--include-parked``. Expired
+    tool-cache entries go too (they are never read again, whatever their age). ``--dry-run``
+    lists the runs instead; a person at a terminal is asked first (a cron job, with stdin not a
+    terminal, is not).
     """
     cutoff = durations.parse_ago(args.older_than, now=time.time(), option="--older-than")
     statuses = {stored_status(name).value for name in args.status or ENDED_SHOWN}
-    retryable = args.include_retryable
+    retryable, parked = args.include_retryable, args.include_parked
     kept = "" if retryable or RunStatus.failed not in statuses else "; transient failures kept"
     before = _cutoff_text(cutoff, args.older_than)
-    what = f"finished run(s) ({', '.join(sorted(statuses))}{kept}) last updated before {before}"
-    report: dict[str, Any] = {"before": cutoff, "statuses": sorted(statuses), "include_retryable": retryable}
+    kinds = ", ".join(sorted(statuses)) + kept + ("; parked runs too" if parked else "")
+    what = f"{'run(s)' if parked else 'finished run(s)'} ({kinds}) last updated before {before}"
+    report: dict[str, Any] = {
+        "before": cutoff,
+        "statuses": sorted(statuses),
+        "include_retryable": retryable,
+        "include_parked": parked,
+    }
     if args.dry_run or (sys.stdin.isatty() and not args.yes):
         from tether.audit import DEFAULT_RUN_LIMIT
 
+        listed = sorted(statuses | (PARKED_STATUSES if parked else set()))
         doomed = [
             record
-            for status in sorted(statuses)
+            for status in listed
             for record in session.store.list_runs(status=status, limit=DEFAULT_RUN_LIMIT)
-            if deletable(record, finished_before=cutoff, statuses=statuses, include_retryable=retryable)
+            if deletable(
+                record, finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
+            )
         ]
         if args.dry_run:
             return _gc_dry_run(session, doomed, what, report)
         if doomed and not _confirm(session, f"delete {len(doomed)} {what}?"):
             session.err.print("nothing deleted")
             return EXIT_FAILED
-    deleted = session.store.delete_runs(finished_before=cutoff, statuses=statuses, include_retryable=retryable)
+    deleted = session.store.delete_runs(
+        finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
+    )
     expired = session.store.cache_purge(time.time())
     if session.json:
         print(json.dumps({"deleted": deleted, **report, "cache_deleted": expired}))
@@ -734,6 +822,7 @@ COMMANDS = {
     "resume": _cmd_resume,
     "approve": _cmd_decide,
     "deny": _cmd_decide,
+    "cancel": _cmd_cancel,
     "show": _cmd_show,
     "runs": _cmd_runs,
     "gc": _cmd_gc,
@@ -749,6 +838,11 @@ class _NoModel:
 
     def complete(self, request: Any) -> Any:
         raise ConfigError("this command does not call the model")
+
+
+def _reader() -> Agent:
+    """An agent for commands that read or stop runs: no tools imported, no model loaded."""
+    return Agent(model=_NoModel())
 
 
 def _print_error(label: str, error: Exception) -> None:
@@ -782,9 +876,52 @@ def _surrogates(text: str) -> bool:
     return False
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt, so both are handled alike."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While a command runs, SIGTERM and SIGHUP interrupt it as Ctrl-C does (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for name in STOP_SIGNALS:
+        signum = getattr(signal, name, None)  # no SIGHUP on Windows
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: keep ignoring it
+            previous[signum] = signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
     _printable_output()
+    with _stopped_by_signals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as interrupt:  # before the command started, or while it said so
+            return _interrupted_exit(interrupt)
+
+
+def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
+    signum = interrupt.signum if isinstance(interrupt, _Stopped) else signal.SIGINT
+    return EXIT_SIGNAL_BASE + signum
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     for name in IDENTIFIERS:  # bytes that are not UTF-8 arrive as lone surrogates, which no database takes
@@ -802,7 +939,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound, CorruptData) as error:
+    except (ConfigError, RunNotFound, RunEnded, CorruptData) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except RunBusy as error:
@@ -814,10 +951,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TetherError as error:
         _print_error("error", error)
         return EXIT_FAILED
-    except KeyboardInterrupt:  # the last committed step stands; an unfinished tool call is in doubt
+    except KeyboardInterrupt as interrupt:  # the last committed step stands; an unfinished tool call is in doubt
         if session is not None:
-            session.interrupted()
-        return EXIT_INTERRUPTED
+            with suppress(OSError):  # the terminal may be gone (SIGHUP)
+                session.interrupted()
+        return _interrupted_exit(interrupt)
     except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return EXIT_FAILED

@@ -264,16 +264,7 @@ def _tighter_bounds(old: Schema, new: Schema, where: str) -> list[str]:
 
 def check_compatible(run_id: str, spec: Mapping[str, Any], tools: Mapping[str, Tool]) -> None:
     """Raise :class:`IncompatibleRun` unless ``tools`` can continue the run ``spec`` describes."""
-    for key, current, what in (
-        ("machine_version", MACHINE_VERSION, "machine"),
-        ("schema_version", SCHEMA_VERSION, "schema"),
-    ):
-        version = int(spec.get(key, current))
-        if version > current:
-            raise IncompatibleRun(
-                f"run {run_id} was started by a newer tether ({what} version {version} > {current}); upgrade tether",
-                run_id=run_id,
-            )
+    check_versions(run_id, spec)
     problems = []
     for name, schema in sorted((spec.get("tool_schemas") or {}).items()):
         tool = tools.get(name)
@@ -285,3 +276,17 @@ def check_compatible(run_id: str, spec: Mapping[str, Any], tools: Mapping[str, T
         raise IncompatibleRun(
             f"run {run_id} cannot be resumed with the current tools: " + "; ".join(problems), run_id=run_id
         )
+
+
+def check_versions(run_id: str, spec: Mapping[str, Any]) -> None:
+    """Raise :class:`IncompatibleRun` if a newer tether (machine or store schema) started the run."""
+    for key, current, what in (
+        ("machine_version", MACHINE_VERSION, "machine"),
+        ("schema_version", SCHEMA_VERSION, "schema"),
+    ):
+        version = int(spec.get(key, current))
+        if version > current:
+            raise IncompatibleRun(
+                f"run {run_id} was started by a newer tether ({what} version {version} > {current}); upgrade tether",
+                run_id=run_id,
+            )

@@ -58,6 +58,7 @@ from tether.history import text_of
 from tether.machine import AgentMachine
 from tether.runner import RunResult
 from tether.state import RunState
+from tether.status import ENDED
 from tether.stores import RunRecord, Store
 from tether.tools import Tool
 
@@ -81,6 +82,8 @@ TOOLS_STATE = AgentMachine.executing_tool.id
 """The state the tools note is attached to (when the machine has it)."""
 DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.5"}
 """Room between states (the library's 0.3 packs edges through the labels of their neighbours)."""
+ENDED_IDS = frozenset(status.shown for status in ENDED)
+"""States where a drive stops (done, failed, cancelled), by id."""
 SELF_LOOP_SIDES = ("n", "s")
 """Where the self-loops of a state that has several are drawn, in turn (above, below)."""
 COUNT_MARK = "\N{MULTIPLICATION SIGN}"
@@ -115,12 +118,19 @@ class ToolNote:
     @classmethod
     def of(cls, tool: Tool) -> ToolNote:
         """Read the traits off a tool."""
-        approval: Literal["always", "per call"] | None = None
-        if tool.approval is True:
-            approval = "always"
-        elif tool.approval is not False:
-            approval = "per call"
-        return cls(tool.name, approval, tool.retry.max_attempts, tool.final, tool.timeout)
+        return cls.recorded(tool.name, tool.settings())
+
+    @classmethod
+    def recorded(cls, name: str, settings: dict[str, Any]) -> ToolNote:
+        """The traits from a tool's :meth:`~tether.tools.Tool.settings`, as a run records them."""
+        approval = settings.get("approval")
+        return cls(
+            name,
+            approval if approval in ("always", "per call") else None,
+            int(settings.get("max_attempts") or 1),
+            bool(settings.get("final")),
+            settings.get("timeout"),
+        )
 
     def traits(self) -> list[str]:
         """Plain words, one per trait (``runs directly`` when it has none)."""
@@ -169,13 +179,19 @@ class Diagram:
 
 # Building ----------------------------------------------------------------------------------
 def build(
-    machine: MachineRef = AgentMachine, *, events: Sequence[Event] | None = None, agent: Agent | None = None
+    machine: MachineRef = AgentMachine,
+    *,
+    events: Sequence[Event] | None = None,
+    agent: Agent | None = None,
+    tools: Sequence[ToolNote] | None = None,
 ) -> Diagram:
-    """Extract the machine's graph and adjust it for an agent and a run."""
+    """Extract the machine's graph and adjust it for an agent's tools (or ``tools``) and a run."""
     graph = extract(machine)
     diagram = Diagram(graph)
     if agent is not None:
-        diagram.tools = [ToolNote.of(tool) for tool in agent.tools]
+        tools = [ToolNote.of(tool) for tool in agent.tools]
+    if tools is not None:
+        diagram.tools = list(tools)
         ids = {state.id for state in _states(graph.states)}
         diagram.note_on = TOOLS_STATE if TOOLS_STATE in ids else None
     if events is not None:
@@ -305,11 +321,24 @@ def render_dot(diagram: Diagram) -> str:
     config = DotRendererConfig(state_active_fillcolor=ACTIVE_FILL, state_active_penwidth=3, graph_attrs=DOT_SPACING)
     dot = DotRenderer(config).render(diagram.graph)
     _spread_self_loops(dot)
+    _unrank_moves_between_ends(dot)
     if diagram.run is not None:
         _style_run(dot, diagram.graph, diagram.run)
     if diagram.tools:
         _add_tools_note(dot, diagram)
     return _stable_names(dot.to_string())
+
+
+def _unrank_moves_between_ends(dot: pydot.Dot) -> None:
+    """A move from one end of a run to another (failed → cancelled) does not rank the states.
+
+    Ranked, it pulls Cancelled beside Failed and Graphviz routes other edges through labels;
+    unranked, the layout is the main flow's and the edge finds its way around it.
+    """
+    for part in _graphs(dot):
+        for edge in part.get_edge_list():
+            if {_name(str(edge.get_source())), _name(str(edge.get_destination()))} <= ENDED_IDS:
+                edge.set("constraint", "false")
 
 
 def _spread_self_loops(dot: pydot.Dot) -> None:

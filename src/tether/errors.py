@@ -7,6 +7,7 @@ The tree::
     ├── ModelError               the model call failed (API status, message, retryable?)
     ├── RunError                 about one run (.run_id)
     │   ├── RunNotFound          no such run (or another tenant's)
+    │   ├── RunEnded             the run has ended: nothing can change it (e.g. cancel it)
     │   ├── StaleRun             another process advanced the run first
     │   │   └── RunBusy          another process holds the run's lease (it drives the run)
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
@@ -117,6 +118,14 @@ class RunNotFound(RunError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} not found", run_id=run_id)
+
+
+class RunEnded(RunError):
+    """The run is done, cancelled, or failed for good: an action that needs it going cannot apply."""
+
+    def __init__(self, run_id: str, status: str, action: str) -> None:
+        super().__init__(f"run {run_id} has already ended ({status}): nothing to {action}", run_id=run_id)
+        self.status = status
 
 
 class StaleRun(RunError):

@@ -6,11 +6,14 @@ started from, so ``resume``, ``approve`` and ``deny`` in another process need no
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tether.agent import Agent
@@ -24,6 +27,8 @@ from tether.tools import Tool, tools_by_name
 SCRIPTED_PREFIX = "scripted:"
 ENV_PREFIX = "TETHER_"
 """Only these environment settings are stored with a run: never credentials."""
+PRIVATE_PREFIX = "_tether_tools_"
+"""Start of the names tools modules loaded from a run's directory get in ``sys.modules``."""
 DEMO_MODEL = "scripted-demo"
 """The demo's offline model: scripted replies that read the real tool results."""
 
@@ -31,19 +36,17 @@ DEMO_MODEL = "scripted-demo"
 def load_tools(specs: Sequence[str], *, cwd: str | None = None) -> list[Tool]:
     """Import ``module:attr`` specs; ``attr`` is a tool or a list of tools.
 
-    ``cwd`` (default: the current directory) goes on ``sys.path`` first, so a tools
-    module next to the user's files is importable.
+    The module is looked for in ``cwd`` (default: the current directory) first, then among
+    installed modules (see :func:`import_tools_module`).
     """
-    base = str(Path(cwd or os.getcwd()).resolve())
-    if base not in sys.path:
-        sys.path.insert(0, base)
+    base = Path(cwd or os.getcwd()).resolve()
     found: list[Tool] = []
     for spec in specs:
         module_name, _, attribute = spec.partition(":")
         if not module_name or not attribute:
             raise ConfigError(f"--tools {spec!r}: expected MODULE:ATTR, e.g. mytools:TOOLS")
         try:
-            module = importlib.import_module(module_name)
+            module = import_tools_module(module_name, base)
         except Exception as error:
             raise ConfigError(f"--tools {spec!r}: cannot import {module_name!r}: {error}") from error
         try:
@@ -56,6 +59,40 @@ def load_tools(specs: Sequence[str], *, cwd: str | None = None) -> list[Tool]:
                 raise ConfigError(f"--tools {spec!r}: {item!r} is not a tool (decorate it with @tool)")
             found.append(item)
     return found
+
+
+def import_tools_module(name: str, base: Path) -> ModuleType:
+    """The module ``name`` (dotted or not) as the run's directory ``base`` holds it, else an installed one.
+
+    A run's spec names its directory and module, and whoever can write the database writes
+    the spec: loading must not let a file there stand in for any other module (a ``yaml.py``
+    beside the tools module must not run when a YAML policy is read). So the module's file
+    (``NAME.py`` or ``NAME/__init__.py`` for the first part of a dotted name) is loaded by its
+    path under a private name, whatever standard or installed module it is named like, and
+    ``base`` goes at the *end* of ``sys.path``: the tools module's own helper modules import,
+    but nothing installed is ever shadowed.
+    """
+    if str(base) not in sys.path:
+        sys.path.append(str(base))
+    top, _, rest = name.partition(".")
+    package = base / top / "__init__.py"
+    file = package if package.is_file() else base / f"{top}.py"
+    if not top.isidentifier() or not file.is_file():
+        return importlib.import_module(name)
+    private = f"{PRIVATE_PREFIX}{hashlib.sha256(str(file).encode()).hexdigest()[:12]}_{top}"
+    if private not in sys.modules:
+        locations = [str(file.parent)] if file == package else None
+        found = importlib.util.spec_from_file_location(private, file, submodule_search_locations=locations)
+        if found is None or found.loader is None:  # pragma: no cover - a .py file always has a loader
+            raise ImportError(f"cannot load {file}")
+        module = importlib.util.module_from_spec(found)
+        sys.modules[private] = module  # before running it, as an import would (dataclasses, pydantic)
+        try:
+            found.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[private]
+            raise
+    return importlib.import_module(f"{private}.{rest}") if rest else sys.modules[private]
 
 
 def load_model(spec: str) -> ModelAdapter:
@@ -124,6 +161,22 @@ def agent_from_spec(
         },
         policy=policy,
     )
+
+
+CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget", "prices")
+"""What a run continuing another keeps from the earlier run's spec, unless set anew."""
+
+
+def continued_spec(earlier: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The spec of a run that continues ``earlier``: what ``given`` sets, the rest as ``earlier`` had it.
+
+    Tools go with the directory they are loaded from (``given`` tools bring their own
+    ``cwd``). A budget merges limit by limit: setting one keeps the others.
+    """
+    spec = {key: earlier[key] for key in CONTINUED if earlier.get(key) is not None}
+    for key, value in given.items():
+        spec[key] = {**(spec.get(key) or {}), **value} if key == "budget" else value
+    return spec
 
 
 def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None:

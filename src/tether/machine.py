@@ -64,8 +64,13 @@ class AgentMachine(StateMachine):
     """A limit was hit or an unrecoverable error happened."""
     retried = failed.to(thinking, cond="can_retry")
     """A later drive tries again after a transient model failure (429/529/5xx, network)."""
-    cancel = thinking.to(cancelled) | executing_tool.to(cancelled) | awaiting_approval.to(cancelled)
-    """Someone stopped the run."""
+    cancel = (
+        thinking.to(cancelled)
+        | executing_tool.to(cancelled)
+        | awaiting_approval.to(cancelled)
+        | failed.to(cancelled, cond="can_retry")
+    )
+    """Someone stopped the run (a transient failure too: resuming it would try again)."""
 
 
 def bind(run_state: Any) -> AgentMachine:

@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 
 from tether import engine, leases, rules
 from tether.agent import Agent
-from tether.approvals import Approver, Decision, PendingApproval, pending_of
+from tether.approvals import Approver, Decision, Deny, PendingApproval, pending_of
+from tether.compat import check_versions
+from tether.errors import RunEnded
 from tether.events import Event
 from tether.flow import (
     Activity,
@@ -57,7 +59,7 @@ from tether.models import (
     Usage,
 )
 from tether.state import RunState
-from tether.status import INITIAL, WAITING_RETRY, RunStatus, status_name
+from tether.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.stores import SCHEMA_VERSION, RunRecord, Store
 from tether.stores.memory import MemoryStore
 
@@ -136,7 +138,8 @@ def result_of(state: RunState) -> RunResult:
         next_due_at=due,
         model_seconds=round(state.model_seconds, 6),
         tool_seconds=round(state.tool_seconds, 6),
-        pending_approvals=[pending.item() for pending in pending_of(state)],
+        # a run cancelled or failed at its gate waits for no one
+        pending_approvals=[pending.item() for pending in pending_of(state)] if state.status == AWAITING else [],
     )
 
 
@@ -276,6 +279,7 @@ class _RunnerBase:
             "machine_version": MACHINE_VERSION,
             "schema_version": SCHEMA_VERSION,
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
+            "tool_settings": {tool.name: tool.settings() for tool in self.agent.tools},
         }
         if continue_from is not None:
             parent = self.load(continue_from, tenant=tenant)
@@ -315,13 +319,26 @@ class _RunnerBase:
         :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
         """
         decisions = self._flow()
-        state = self._complete(decisions.load(run_id, tenant))
+        if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
+            state = self.load(run_id, tenant=tenant)
+            check_versions(state.id, state.spec)
+        else:
+            state = self._complete(decisions.load(run_id, tenant))
         self._complete(decisions.decide(state, call_id, decision, fingerprint))
         return result_of(state)
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
-        """Stop a run that has not finished."""
+        """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
+
+        Needs neither the run's tools nor its model. A tool another process is running is not
+        stopped: that driver finds the run changed when it records the result, and stops.
+
+        Raises:
+            RunEnded: the run is done, cancelled, or failed for good.
+        """
         state = self.load(run_id, tenant=tenant)
+        if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
+            raise RunEnded(state.id, result_of(state).status, "cancel")
         self._complete(self._flow().commit(state, engine.cancellation(reason)))
         return result_of(state)
 

@@ -105,6 +105,16 @@ class Tool:
             "input_schema": self.input_schema(),
         }
 
+    def settings(self) -> dict[str, Any]:
+        """The settings that shape a run's path, as JSON (a run records them: see ``tether diagram --run``)."""
+        approval = "never" if self.approval is False else "always" if self.approval is True else "per call"
+        return {
+            "approval": approval,
+            "max_attempts": self.retry.max_attempts,
+            "final": self.final,
+            "timeout": self.timeout,
+        }
+
     def input_schema(self) -> dict[str, Any]:
         """JSON schema of the input, as the model sees it (a fresh copy each call)."""
         schema = _SCHEMAS.get(self.input_model)

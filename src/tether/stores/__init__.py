@@ -117,14 +117,18 @@ class Store(Protocol):
         statuses: Collection[str],
         tenant: str | None = None,
         include_retryable: bool = False,
+        include_parked: bool = False,
     ) -> int:
         """Delete finished runs (and their events) last updated before a Unix time; return how many.
 
         Only final statuses may be given (see :func:`check_deletable`): a parked or running
-        run is never deleted, nor, unless ``include_retryable``, a run that failed
-        transiently (``summary["retryable"]``): resuming it may still finish it. The
-        conditions hold at the moment of deletion, even if another process resumes a run
-        meanwhile. A deleted run's lease goes with it.
+        run is never deleted unless ``include_parked`` (then every run that has not ended,
+        :data:`PARKED_STATUSES`, goes too: awaiting a decision, waiting for a retry, or left
+        mid-step; but not one whose lease lasts until the cutoff or later: a driver held it
+        since), nor, unless ``include_retryable``, a run that failed transiently
+        (``summary["retryable"]``): resuming it may still finish it. The conditions hold at
+        the moment of deletion, even if another process resumes a run meanwhile. A deleted
+        run's lease goes with it.
         """
         ...
 
@@ -171,13 +175,30 @@ class Store(Protocol):
         ...
 
 
+PARKED_STATUSES: frozenset[RunStatus] = frozenset(RunStatus) - ENDED
+"""Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
 DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
 
 
-def deletable(record: RunRecord, *, finished_before: float, statuses: Collection[str], include_retryable: bool) -> bool:
-    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says)."""
-    if record.status not in statuses or not record.updated_at < finished_before:
+def deletable(
+    record: RunRecord,
+    *,
+    finished_before: float,
+    statuses: Collection[str],
+    include_retryable: bool,
+    include_parked: bool = False,
+    lease: RunLease | None = None,
+) -> bool:
+    """Whether ``delete_runs`` may delete this run (as the SQL store's WHERE clause says).
+
+    A parked run whose ``lease`` expires at or after the cutoff was driven since: it stays.
+    """
+    if not record.updated_at < finished_before:
+        return False
+    if include_parked and record.status in PARKED_STATUSES:
+        return lease is None or lease.expires_at < finished_before
+    if record.status not in statuses:
         return False
     return include_retryable or not (record.status == RunStatus.failed and record.summary.get("retryable") is True)
 
@@ -218,6 +239,7 @@ def open_store(url: str | None) -> Store:
 
 __all__ = [
     "DUE_KEY",
+    "PARKED_STATUSES",
     "SCHEMA_VERSION",
     "RunLease",
     "RunLog",

@@ -194,8 +194,9 @@ class MemoryStore:
         statuses: Collection[str],
         tenant: str | None = None,
         include_retryable: bool = False,
+        include_parked: bool = False,
     ) -> int:
-        """Delete finished runs last updated before ``finished_before`` (see :meth:`Store.delete_runs`)."""
+        """Delete finished (or parked) runs last updated before ``finished_before`` (see :meth:`Store.delete_runs`)."""
         check_deletable(statuses)
         with self._lock:
             doomed = [
@@ -207,6 +208,8 @@ class MemoryStore:
                     finished_before=finished_before,
                     statuses=statuses,
                     include_retryable=include_retryable,
+                    include_parked=include_parked,
+                    lease=self._leases.get(run_id),
                 )
             ]
             for run_id in doomed:

@@ -28,6 +28,7 @@ from tether.redact import MASK, scrub
 from tether.status import WAITING_RETRY_STATUS, RunStatus
 from tether.stores import (
     DUE_KEY,
+    PARKED_STATUSES,
     SCHEMA_VERSION,
     RunLease,
     RunLog,
@@ -532,19 +533,24 @@ class SQLStore:
         statuses: Collection[str],
         tenant: str | None = None,
         include_retryable: bool = False,
+        include_parked: bool = False,
     ) -> int:
-        """Delete finished runs last updated before ``finished_before``, with their events.
+        """Delete finished (or, if asked, parked) runs last updated before ``finished_before``, with their events.
 
-        A failed run can still change (resuming a transient failure retries it), so the
-        rows are locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one
-        writer) and every DELETE repeats the conditions: a run another process resumed
-        meanwhile is left whole, never deleted, never stripped of its events (nor of its lease).
+        A failed or parked run can still change (resuming it moves it on), so the rows are
+        locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one writer) and
+        every DELETE repeats the conditions: a run another process resumed meanwhile is left
+        whole, never deleted, never stripped of its events (nor of its lease).
         """
         check_deletable(statuses)
-        doomed = _RUN.c.status.in_(sorted(statuses)) & (_RUN.c.updated_at < finished_before)
+        chosen = _RUN.c.status.in_(sorted(statuses))
         if not include_retryable:  # a transient failure may still be resumed: keep it
             retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
-            doomed &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
+            chosen &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
+        if include_parked:  # unless a driver held its lease since the cutoff
+            driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
+            chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
+        doomed = chosen & (_RUN.c.updated_at < finished_before)
         if tenant is not None:
             doomed &= _RUN.c.tenant == tenant
         deleted = 0
