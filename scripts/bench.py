@@ -122,6 +122,7 @@ def tether_agent(calls: int, *, gate_tool: bool = False, asynchronous: bool = Fa
     model.requests = _Discard()
     tools = [tether.tool(echo)]
     if asynchronous:
+
         async def aecho(i: int) -> str:
             """The trivial tool, async: it yields to the event loop once, as awaiting I/O would."""
             await asyncio.sleep(0)
@@ -223,8 +224,9 @@ class DurableFloor:
 
 
 # 1. Per-step overhead ---------------------------------------------------------------------------
-def section_overhead(plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None,
-                     peers: PeerVenv) -> list[dict[str, Any]]:
+def section_overhead(
+    plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None, peers: PeerVenv
+) -> list[dict[str, Any]]:
     from tether import Runner
     from tether.stores.memory import MemoryStore
 
@@ -294,9 +296,22 @@ def section_growth(plan: Plan, workdir: Path, peers: PeerVenv) -> list[dict[str,
     rows = []
     for system in ("tether-sqlite", "tether-memory"):
         log(f"growth {system} N={plan.growth_calls}")
-        command = [sys.executable, str(Path(__file__)), "--worker", "growth", "--system", system,
-                   "--calls", str(plan.growth_calls), "--early", str(plan.growth_early),
-                   "--late", str(plan.growth_late), "--dir", str(workdir)]
+        command = [
+            sys.executable,
+            str(Path(__file__)),
+            "--worker",
+            "growth",
+            "--system",
+            system,
+            "--calls",
+            str(plan.growth_calls),
+            "--early",
+            str(plan.growth_early),
+            "--late",
+            str(plan.growth_late),
+            "--dir",
+            str(workdir),
+        ]
         rows.append(run_worker(command, timeout=1200, system=system, n=plan.growth_calls))
     rows.extend(peers.growth(plan, workdir))
     return rows
@@ -326,8 +341,15 @@ def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path)
         before = rss_mib()
         reset_peak_rss()
         seconds, _ = timed(lambda: tether_run(runner, calls))
-        row = {"system": system, "status": "ok", "n": calls, "steps": steps_of(calls), "rss_before_mib": before,
-               "peak_rss_mib": peak_rss_mib(), "seconds": seconds}
+        row = {
+            "system": system,
+            "status": "ok",
+            "n": calls,
+            "steps": steps_of(calls),
+            "rss_before_mib": before,
+            "peak_rss_mib": peak_rss_mib(),
+            "seconds": seconds,
+        }
         row["traced_peak_mib"] = traced_peak_mib(lambda: tether_run(runner, calls))
         return row
 
@@ -380,8 +402,9 @@ def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path)
         raise RuntimeError(f"growth run ended {state.status}: {state.error}")
     reader.close()
     store.close()
-    row = growth_summary(system, wal, pay, db_path=str(path), early=early, late=late, calls=calls,
-                         rss_before=before_rss, seconds=seconds)
+    row = growth_summary(
+        system, wal, pay, db_path=str(path), early=early, late=late, calls=calls, rss_before=before_rss, seconds=seconds
+    )
     traced_store = SQLStore(f"sqlite:///{workdir / 'tether-traced.db'}")
     traced_store.list_runs(limit=1)
     traced = Runner(tether_agent(calls), traced_store)
@@ -391,8 +414,9 @@ def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path)
 
 
 # 3. Resume latency ------------------------------------------------------------------------------
-def section_resume(plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None,
-                   peers: PeerVenv) -> list[dict[str, Any]]:
+def section_resume(
+    plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None, peers: PeerVenv
+) -> list[dict[str, Any]]:
     rows = []
     targets = [("tether-sqlite", f"sqlite:///{workdir / 'tether-resume.db'}"), ("tether-postgres", pg_url)]
     for system, url in targets:
@@ -448,6 +472,7 @@ def tether_resume(system: str, url: str, history: int, repeats: int) -> dict[str
     two_calls = [timed(lambda r=run_id: decide_then_drive(r))[0] for run_id in batches[2]]
     cold = []
     for run_id in batches[3]:
+
         def cold_resume(r: str = run_id) -> None:
             fresh = open_sql_store(url)
             try:
@@ -529,16 +554,35 @@ def async_throughput(system: str, factory: Callable[[], Any], k: int, plan: Plan
         store.close()
     wall = statistics.median(walls)
     steps = k * steps_of(calls)
-    return {"system": system, "status": "ok", "k": k, "calls_per_run": calls, "steps": steps,
-            "seconds": wall, "steps_per_s": steps / wall}
+    return {
+        "system": system,
+        "status": "ok",
+        "k": k,
+        "calls_per_run": calls,
+        "steps": steps,
+        "seconds": wall,
+        "steps_per_s": steps / wall,
+    }
 
 
 def process_throughput(pg_url: str, p: int, plan: Plan) -> dict[str, Any]:
     """P processes, each driving its own runs on one PostgreSQL database, released together."""
-    command = [sys.executable, str(Path(__file__)), "--worker", "pg-proc", "--pg-url", pg_url,
-               "--runs", str(plan.process_runs), "--calls", str(plan.concurrency_calls)]
-    workers = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for _ in range(p)]
+    command = [
+        sys.executable,
+        str(Path(__file__)),
+        "--worker",
+        "pg-proc",
+        "--pg-url",
+        pg_url,
+        "--runs",
+        str(plan.process_runs),
+        "--calls",
+        str(plan.concurrency_calls),
+    ]
+    workers = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(p)
+    ]
     try:
         for worker in workers:  # wait until every worker imported, connected and warmed up
             assert worker.stdout is not None
@@ -563,8 +607,16 @@ def process_throughput(pg_url: str, p: int, plan: Plan) -> dict[str, Any]:
                 worker.wait()
     steps = sum(r["steps"] for r in results)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return {"system": "tether-postgres", "status": "ok", "p": p, "runs_per_process": plan.process_runs,
-            "calls_per_run": plan.concurrency_calls, "steps": steps, "seconds": wall, "steps_per_s": steps / wall}
+    return {
+        "system": "tether-postgres",
+        "status": "ok",
+        "p": p,
+        "runs_per_process": plan.process_runs,
+        "calls_per_run": plan.concurrency_calls,
+        "steps": steps,
+        "seconds": wall,
+        "steps_per_s": steps / wall,
+    }
 
 
 def worker_error(worker: subprocess.Popen[str]) -> str:
@@ -601,8 +653,11 @@ class PeerVenv:
         self.enabled = enabled and python.exists() and (python.parent.parent / ".peers-installed").exists()
         if enabled and not self.enabled and not why_not:
             setup_log = python.parent.parent / "setup.log"
-            lines = [line for line in (setup_log.read_text().splitlines() if setup_log.exists() else [])
-                     if line.strip() and not line.startswith("WARNING: Location")]
+            lines = [
+                line
+                for line in (setup_log.read_text().splitlines() if setup_log.exists() else [])
+                if line.strip() and not line.startswith("WARNING: Location")
+            ]
             if lines:
                 self.why_not = f"peer venv setup failed ({lines[-1][:200]}); see {setup_log}"
             else:
@@ -625,9 +680,22 @@ class PeerVenv:
         for system in PEERS:  # one process per system: one peer's failure leaves the others standing
             for calls in plan.sizes:
                 log(f"overhead {system} N={calls} (peer venv)")
-                found = self.call(["overhead", "--systems", system, "--sizes", str(calls),
-                                   "--repeats", str(plan.repeats[calls]), "--dir", str(workdir / "peers")],
-                                  timeout=3600, system=system, n=calls)
+                found = self.call(
+                    [
+                        "overhead",
+                        "--systems",
+                        system,
+                        "--sizes",
+                        str(calls),
+                        "--repeats",
+                        str(plan.repeats[calls]),
+                        "--dir",
+                        str(workdir / "peers"),
+                    ],
+                    timeout=3600,
+                    system=system,
+                    n=calls,
+                )
                 rows.extend(found if isinstance(found, list) else [found])
         return rows
 
@@ -638,21 +706,49 @@ class PeerVenv:
         rows = []
         for system in systems:
             log(f"growth {system} N={plan.growth_calls} (peer venv)")
-            rows.append(self.call(["growth", "--system", system, "--calls", str(plan.growth_calls),
-                                   "--early", str(plan.growth_early), "--late", str(plan.growth_late),
-                                   "--dir", str(workdir / "peers")], timeout=3600, system=system,
-                                  n=plan.growth_calls))
+            rows.append(
+                self.call(
+                    [
+                        "growth",
+                        "--system",
+                        system,
+                        "--calls",
+                        str(plan.growth_calls),
+                        "--early",
+                        str(plan.growth_early),
+                        "--late",
+                        str(plan.growth_late),
+                        "--dir",
+                        str(workdir / "peers"),
+                    ],
+                    timeout=3600,
+                    system=system,
+                    n=plan.growth_calls,
+                )
+            )
         return rows
 
     def resume(self, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
         if not self.enabled:
-            return [unavailable(self.why_not, system="langgraph-sqlite", history_steps=h + 1)
-                    for h in plan.resume_sizes]
+            return [
+                unavailable(self.why_not, system="langgraph-sqlite", history_steps=h + 1) for h in plan.resume_sizes
+            ]
         rows = []
         for history in plan.resume_sizes:
-            found = self.call(["resume", "--sizes", str(history), "--repeats", str(plan.resume_repeats),
-                               "--dir", str(workdir / "peers")], timeout=3600, system="langgraph-sqlite",
-                              history_steps=history + 1)
+            found = self.call(
+                [
+                    "resume",
+                    "--sizes",
+                    str(history),
+                    "--repeats",
+                    str(plan.resume_repeats),
+                    "--dir",
+                    str(workdir / "peers"),
+                ],
+                timeout=3600,
+                system="langgraph-sqlite",
+                history_steps=history + 1,
+            )
             rows.extend(found if isinstance(found, list) else [found])
         return rows
 
@@ -730,9 +826,11 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
     out = []
     meta = results["meta"]
     m = meta["machine"]
-    out.append(f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory']}, {m['os']}; Python {m['python']}, "
-               f"SQLite {m['sqlite']}, PostgreSQL {m['postgresql'] or 'unavailable'}; {meta['date']}; "
-               f"load average {meta['load_start']} -> {meta['load_end']}; mode {meta['mode']}")
+    out.append(
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory']}, {m['os']}; Python {m['python']}, "
+        f"SQLite {m['sqlite']}, PostgreSQL {m['postgresql'] or 'unavailable'}; {meta['date']}; "
+        f"load average {meta['load_start']} -> {meta['load_end']}; mode {meta['mode']}"
+    )
     if m.get("peers"):
         out.append("Peers: " + ", ".join(f"{k} {v}" for k, v in m["peers"]["packages"].items() if v))
     plan_sizes = meta["plan"]["sizes"]
@@ -754,40 +852,79 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
             cells.append(f"{big['ratio_a']:,.0f}x" if ok and big.get("ratio_a") else "-")
             cells.append(f"{big['ratio_b']:.{2 if big['ratio_b'] < 1 else 1}f}x" if ok and big.get("ratio_b") else "-")
             body.append(cells)
-        out.append(table(["system", *[f"N={n}" for n in plan_sizes], f"CPU N={largest}", f"/(a) N={largest}",
-                          f"/(b) N={largest}"], body))
+        out.append(
+            table(
+                [
+                    "system",
+                    *[f"N={n}" for n in plan_sizes],
+                    f"CPU N={largest}",
+                    f"/(a) N={largest}",
+                    f"/(b) N={largest}",
+                ],
+                body,
+            )
+        )
         out.extend(unavailable_notes(rows, "system"))
     if "growth" in results:
         g = meta["plan"]
         early, late = g["growth_early"], g["growth_late"]
-        out.append(f"\n### 2. Growth (one run of N={g['growth_calls']} tool calls; bytes per step averaged over "
-                   f"steps k..k+9)\n")
+        out.append(
+            f"\n### 2. Growth (one run of N={g['growth_calls']} tool calls; bytes per step averaged over "
+            f"steps k..k+9)\n"
+        )
         body = []
         for row in results["growth"]:
             if row["status"] != "ok":
                 continue
             has_db = "wal_bytes_per_step_early" in row
-            body.append([
-                row["system"],
-                fmt(row.get("wal_bytes_per_step_early"), 0) if has_db else "-",
-                fmt(row.get("wal_bytes_per_step_late"), 0) if has_db else "-",
-                f"{row['wal_growth_ratio']:.2f}x" if row.get("wal_growth_ratio") else "-",
-                f"{row['payload_bytes_per_step_early']:,.0f} -> {row['payload_bytes_per_step_late']:,.0f}"
-                if row.get("payload_bytes_per_step_late") is not None else "-",
-                f"{row['db_bytes'] / 2**20:.2f} MiB" if has_db else "-",
-                f"{row['peak_rss_mib'] - row['rss_before_mib']:.1f} / {row['traced_peak_mib']:.1f}",
-            ])
-        out.append(table(["system", f"WAL B/step @{early}", f"@{late}", "growth", "payload B/step",
-                          "DB size", "peak MiB (RSS Δ / heap)"], body))
+            body.append(
+                [
+                    row["system"],
+                    fmt(row.get("wal_bytes_per_step_early"), 0) if has_db else "-",
+                    fmt(row.get("wal_bytes_per_step_late"), 0) if has_db else "-",
+                    f"{row['wal_growth_ratio']:.2f}x" if row.get("wal_growth_ratio") else "-",
+                    f"{row['payload_bytes_per_step_early']:,.0f} -> {row['payload_bytes_per_step_late']:,.0f}"
+                    if row.get("payload_bytes_per_step_late") is not None
+                    else "-",
+                    f"{row['db_bytes'] / 2**20:.2f} MiB" if has_db else "-",
+                    f"{row['peak_rss_mib'] - row['rss_before_mib']:.1f} / {row['traced_peak_mib']:.1f}",
+                ]
+            )
+        out.append(
+            table(
+                [
+                    "system",
+                    f"WAL B/step @{early}",
+                    f"@{late}",
+                    "growth",
+                    "payload B/step",
+                    "DB size",
+                    "peak MiB (RSS Δ / heap)",
+                ],
+                body,
+            )
+        )
         out.extend(unavailable_notes(results["growth"], "system"))
     if "resume" in results:
-        out.append("\n### 3. Resume a parked run (load it, approve the pending call, drive it to done: "
-                   "2 more steps; median ms)\n")
-        body = [[r["system"], str(r["history_steps"]), fmt(r["load_ms"]), fmt(r["resume_ms"]),
-                 fmt(r.get("decide_then_drive_ms")), fmt(r["resume_cold_ms"])]
-                for r in results["resume"] if r["status"] == "ok"]
-        out.append(table(["system", "history steps", "load only", "resume", "decide() + drive()",
-                          "resume, new store"], body))
+        out.append(
+            "\n### 3. Resume a parked run (load it, approve the pending call, drive it to done: "
+            "2 more steps; median ms)\n"
+        )
+        body = [
+            [
+                r["system"],
+                str(r["history_steps"]),
+                fmt(r["load_ms"]),
+                fmt(r["resume_ms"]),
+                fmt(r.get("decide_then_drive_ms")),
+                fmt(r["resume_cold_ms"]),
+            ]
+            for r in results["resume"]
+            if r["status"] == "ok"
+        ]
+        out.append(
+            table(["system", "history steps", "load only", "resume", "decide() + drive()", "resume, new store"], body)
+        )
         out.extend(unavailable_notes(results["resume"], "system"))
     if "concurrency" in results:
         conc = results["concurrency"]
@@ -796,21 +933,35 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
         body = []
         for system in ("tether-memory", "tether-sqlite", "tether-postgres"):
             by_k = {r["k"]: r for r in conc["async"] if r["system"] == system}
-            body.append([f"{system}, async, one process"] + [
-                fmt(by_k[k]["steps_per_s"], 0) if k in by_k and by_k[k]["status"] == "ok" else "unavailable"
-                for k in ks])
+            body.append(
+                [f"{system}, async, one process"]
+                + [
+                    fmt(by_k[k]["steps_per_s"], 0) if k in by_k and by_k[k]["status"] == "ok" else "unavailable"
+                    for k in ks
+                ]
+            )
         out.append(table(["driver", *[f"K={k}" for k in ks]], body))
         ps = meta["plan"]["processes_p"]
         by_p = {r["p"]: r for r in conc["processes"]}
         out.append("")
-        out.append(table(["driver", *[f"P={p}" for p in ps]], [[
-            "tether-postgres, P processes"] + [
-            fmt(by_p[p]["steps_per_s"], 0) if p in by_p and by_p[p]["status"] == "ok" else "unavailable" for p in ps]]))
+        out.append(
+            table(
+                ["driver", *[f"P={p}" for p in ps]],
+                [
+                    ["tether-postgres, P processes"]
+                    + [
+                        fmt(by_p[p]["steps_per_s"], 0) if p in by_p and by_p[p]["status"] == "ok" else "unavailable"
+                        for p in ps
+                    ]
+                ],
+            )
+        )
         out.extend(unavailable_notes(conc["async"] + conc["processes"], "system"))
     if results.get("targets"):
         out.append("\n### Targets\n")
-        out.append(table(["target", "measured", "met"],
-                         [[t["target"], t["measured"], verdict(t)] for t in results["targets"]]))
+        out.append(
+            table(["target", "measured", "met"], [[t["target"], t["measured"], verdict(t)] for t in results["targets"]])
+        )
     return "\n".join(out)
 
 
@@ -857,28 +1008,44 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             best = min(peers, key=lambda r: r["ms_per_step"])
             ratio = best["ms_per_step"] / sqlite_row["ms_per_step"]
             mode = "sync" if best["system"].endswith("sync") else "async"
-            add(f"tether-on-SQLite >= 5x faster than LangGraph + SqliteSaver, N={n}",
-                f"{ratio:.1f}x (vs durability={mode})", ratio >= 5)
+            add(
+                f"tether-on-SQLite >= 5x faster than LangGraph + SqliteSaver, N={n}",
+                f"{ratio:.1f}x (vs durability={mode})",
+                ratio >= 5,
+            )
         elif sqlite_row:
             add(f"tether-on-SQLite >= 5x faster than LangGraph + SqliteSaver, N={n}", "peers not measured", None)
         memory = over.get(("tether-memory", n))
         if memory:
             measured = f"{memory['ms_per_step']:.3f} ms (CPU {memory['ms_per_step_cpu']:.3f} ms)"
             add(f"tether in memory <= 0.3 ms per step, N={n}", measured, memory["ms_per_step"] <= 0.3)
-    growth = next((r for r in results.get("growth", []) if r["system"] == "tether-sqlite" and r["status"] == "ok"),
-                  None)
+    growth = next(
+        (r for r in results.get("growth", []) if r["system"] == "tether-sqlite" and r["status"] == "ok"), None
+    )
     if growth and growth.get("wal_growth_ratio"):
-        add(f"bytes per step at step {plan['growth_late']} <= 1.2x step {plan['growth_early']} (tether, SQLite WAL)",
+        add(
+            f"bytes per step at step {plan['growth_late']} <= 1.2x step {plan['growth_early']} (tether, SQLite WAL)",
             f"{growth['wal_growth_ratio']:.2f}x (payload {growth['payload_growth_ratio']:.2f}x)",
-            growth["wal_growth_ratio"] <= 1.2 and growth["payload_growth_ratio"] <= 1.2, steps=plan["growth_late"])
+            growth["wal_growth_ratio"] <= 1.2 and growth["payload_growth_ratio"] <= 1.2,
+            steps=plan["growth_late"],
+        )
     biggest = plan["resume_sizes"][-1]
     for system in ("tether-sqlite", "tether-postgres"):
-        row = next((r for r in results.get("resume", []) if r["system"] == system and r["status"] == "ok"
-                    and r["history_steps"] == steps_of(biggest // 2)), None)
+        row = next(
+            (
+                r
+                for r in results.get("resume", [])
+                if r["system"] == system and r["status"] == "ok" and r["history_steps"] == steps_of(biggest // 2)
+            ),
+            None,
+        )
         if row:
-            add(f"resume of a {row['history_steps']}-step run <= 20 ms ({system}, warm store)",
-                f"{row['resume_ms']:.1f} ms (load only {row['load_ms']:.1f} ms)", row["resume_ms"] <= 20,
-                steps=row["history_steps"])
+            add(
+                f"resume of a {row['history_steps']}-step run <= 20 ms ({system}, warm store)",
+                f"{row['resume_ms']:.1f} ms (load only {row['load_ms']:.1f} ms)",
+                row["resume_ms"] <= 20,
+                steps=row["history_steps"],
+            )
     return found
 
 
@@ -942,18 +1109,20 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     if pg_error:
         log(pg_error)
     started = time.perf_counter()
-    results: dict[str, Any] = {"meta": {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "mode": "quick" if args.quick else "full",
-        "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "plan": plan.to_dict(),
-        "machine": machine(None if pg_error else args.pg_url, peers),
-        "notes": [
-            "ms per step = median wall time of one whole run / (2N+1) steps",
-            "all SQLite rows use WAL + synchronous=NORMAL (tether's settings)",
-            "ScriptedModel keeps no request log in the bench (a real adapter keeps none)",
-        ],
-    }}
+    results: dict[str, Any] = {
+        "meta": {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": "quick" if args.quick else "full",
+            "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "plan": plan.to_dict(),
+            "machine": machine(None if pg_error else args.pg_url, peers),
+            "notes": [
+                "ms per step = median wall time of one whole run / (2N+1) steps",
+                "all SQLite rows use WAL + synchronous=NORMAL (tether's settings)",
+                "ScriptedModel keeps no request log in the bench (a real adapter keeps none)",
+            ],
+        }
+    }
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     (workdir / "peers").mkdir()
     try:

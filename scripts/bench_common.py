@@ -191,8 +191,18 @@ def window_mean(per_step: list[int], at: int, width: int = 10) -> float | None:
     return sum(chunk) / len(chunk)
 
 
-def growth_summary(system: str, wal_per_step: list[int], payload_per_step: list[int], *, db_path: str,
-                   early: int, late: int, calls: int, rss_before: float, seconds: float) -> dict[str, Any]:
+def growth_summary(
+    system: str,
+    wal_per_step: list[int],
+    payload_per_step: list[int],
+    *,
+    db_path: str,
+    early: int,
+    late: int,
+    calls: int,
+    rss_before: float,
+    seconds: float,
+) -> dict[str, Any]:
     """Bytes per step near ``early`` and ``late`` (10-step windows), DB size and memory."""
     wal_early, wal_late = window_mean(wal_per_step, early), window_mean(wal_per_step, late)
     pay_early, pay_late = window_mean(payload_per_step, early), window_mean(payload_per_step, late)

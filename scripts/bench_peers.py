@@ -53,8 +53,15 @@ SYSTEMS = {
     "langgraph-sqlite-sync": "LangGraph + SqliteSaver (durability=sync)",
     "pydantic-ai": "Pydantic AI, FunctionModel, in memory",
 }
-PACKAGES = ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite", "langgraph-prebuilt",
-            "langchain-core", "pydantic-ai-slim", "pydantic")
+PACKAGES = (
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "langgraph-prebuilt",
+    "langchain-core",
+    "pydantic-ai-slim",
+    "pydantic",
+)
 
 
 def log(message: str) -> None:
@@ -89,7 +96,8 @@ def langgraph_parts() -> Any:
             turn = reply(index, self.calls, gate=self.gate)
             tool_calls = [
                 {"name": b["name"], "args": b["input"], "id": b["id"], "type": "tool_call"}
-                for b in turn["content"] if b["type"] == "tool_use"
+                for b in turn["content"]
+                if b["type"] == "tool_use"
             ]
             text = "".join(b.get("text", "") for b in turn["content"] if b["type"] == "text")
             message = AIMessage(content=text, tool_calls=tool_calls, id=turn["id"])
@@ -187,7 +195,8 @@ class PydanticAIRunner:
             turn = reply(counter[0], calls)
             counter[0] += 1
             parts = [
-                call_part(tool_name=b["name"], args=b["input"], tool_call_id=b["id"]) if b["type"] == "tool_use"
+                call_part(tool_name=b["name"], args=b["input"], tool_call_id=b["id"])
+                if b["type"] == "tool_use"
                 else text_part(b["text"])
                 for b in turn["content"]
             ]
@@ -252,8 +261,15 @@ def memory_only(system: str, calls: int, runner: Any) -> dict[str, Any]:
     before = rss_mib()
     reset_peak_rss()
     seconds, _ = timed(lambda: runner.run(calls))
-    row = {"system": system, "status": "ok", "n": calls, "steps": steps_of(calls), "rss_before_mib": before,
-           "peak_rss_mib": peak_rss_mib(), "seconds": seconds}
+    row = {
+        "system": system,
+        "status": "ok",
+        "n": calls,
+        "steps": steps_of(calls),
+        "rss_before_mib": before,
+        "peak_rss_mib": peak_rss_mib(),
+        "seconds": seconds,
+    }
     row["traced_peak_mib"] = traced_peak_mib(lambda: runner.run(calls))
     runner.close()
     return row
@@ -268,8 +284,10 @@ def langgraph_growth(calls: int, early: int, late: int, workdir: Path) -> dict[s
 
     def payload() -> int:
         total = 0
-        for table, columns in (("checkpoints", "LENGTH(checkpoint) + LENGTH(metadata)"),
-                               ("writes", "LENGTH(channel) + LENGTH(value)")):
+        for table, columns in (
+            ("checkpoints", "LENGTH(checkpoint) + LENGTH(metadata)"),
+            ("writes", "LENGTH(channel) + LENGTH(value)"),
+        ):
             size, top = reader.execute(
                 f"SELECT COALESCE(SUM({columns}), 0), MAX(rowid) FROM {table} WHERE rowid > ?",
                 (marks[table],),
@@ -293,13 +311,23 @@ def langgraph_growth(calls: int, early: int, late: int, workdir: Path) -> dict[s
     seconds = time.perf_counter() - started
     reader.close()
     connection.close()
-    row = growth_summary("langgraph-sqlite", wal, pay, db_path=path, early=early, late=late, calls=calls,
-                         rss_before=before_rss, seconds=seconds)
+    row = growth_summary(
+        "langgraph-sqlite",
+        wal,
+        pay,
+        db_path=path,
+        early=early,
+        late=late,
+        calls=calls,
+        rss_before=before_rss,
+        seconds=seconds,
+    )
     saver2, connection2 = sqlite_saver(str(workdir / "langgraph-traced.db"))
     traced_app = build(model_class(calls=calls), saver2)
     traced_cfg = {"recursion_limit": 2 * calls + 10, "configurable": {"thread_id": "traced"}}
     row["traced_peak_mib"] = traced_peak_mib(
-        lambda: traced_app.invoke({"messages": [human(PROMPT)]}, traced_cfg, durability="sync"))
+        lambda: traced_app.invoke({"messages": [human(PROMPT)]}, traced_cfg, durability="sync")
+    )
     connection2.close()
     return row
 
@@ -353,6 +381,7 @@ def langgraph_resume(history: int, repeats: int, workdir: Path) -> dict[str, Any
     warm = [timed(lambda t=t: resume_one(warm_app, t))[0] for t in threads[:repeats]]
     cold = []
     for thread in threads[repeats : 2 * repeats]:
+
         def cold_resume(t: str = thread) -> None:
             fresh_saver, fresh_connection = sqlite_saver(path)
             resume_one(build(model_class(calls=calls, gate=True, next_index=calls + 1), fresh_saver), t)

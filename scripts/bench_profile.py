@@ -67,8 +67,10 @@ def main() -> int:
         print(profiler.output_text(unicode=False, color=False))
     root = profiler.last_session.root_frame()
     steps = bench.steps_of(args.calls)
-    print(f"pyinstrument {pyinstrument.__version__}: tether on SQLite, one run of {args.calls} tool calls "
-          f"({steps} steps), {root.time / steps * 1000:.3f} ms per step under the profiler")
+    print(
+        f"pyinstrument {pyinstrument.__version__}: tether on SQLite, one run of {args.calls} tool calls "
+        f"({steps} steps), {root.time / steps * 1000:.3f} ms per step under the profiler"
+    )
     for label, (function, path) in PARTS.items():
         print(f"{label:42} {100 * inclusive_time(root, function, path) / root.time:5.1f} %")
     return 0

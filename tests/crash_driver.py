@@ -65,19 +65,36 @@ def fetch_price(item: str, tool_use_id: str) -> str:
 
 
 SCRIPT = [
-    {"content": [{"type": "text", "text": "Checking."},
-                 {"type": "tool_use", "id": "toolu_a", "name": "fetch_price", "input": {"item": "tea"}},
-                 {"type": "tool_use", "id": "toolu_b", "name": "send_email", "input": {"to": "ops@example.com"}}],
-     "stop_reason": "tool_use", "usage": {"input_tokens": 20, "output_tokens": 10}},
-    {"content": [{"type": "text", "text": "Done: tea costs 3.50 and ops were told."}],
-     "stop_reason": "end_turn", "usage": {"input_tokens": 30, "output_tokens": 8}},
+    {
+        "content": [
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_a", "name": "fetch_price", "input": {"item": "tea"}},
+            {"type": "tool_use", "id": "toolu_b", "name": "send_email", "input": {"to": "ops@example.com"}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 20, "output_tokens": 10},
+    },
+    {
+        "content": [{"type": "text", "text": "Done: tea costs 3.50 and ops were told."}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 30, "output_tokens": 8},
+    },
 ]
 
 
 def reply(request: ModelRequest) -> dict[str, object]:
     with (WORKDIR / "requests.jsonl").open("a") as log:
-        log.write(json.dumps({"model": request.model, "max_tokens": request.max_tokens,
-                              "messages": request.messages, "tools": request.tools}) + "\n")
+        log.write(
+            json.dumps(
+                {
+                    "model": request.model,
+                    "max_tokens": request.max_tokens,
+                    "messages": request.messages,
+                    "tools": request.tools,
+                }
+            )
+            + "\n"
+        )
     return SCRIPT[request.invocation]
 
 

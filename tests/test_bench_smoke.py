@@ -30,7 +30,12 @@ def run_quick_bench(cwd: Path, *options: str) -> tuple[subprocess.CompletedProce
         env["TETHER_BENCH_PG_URL"] = pg
     done = subprocess.run(
         [str(ROOT / "scripts" / "bench"), "--quick", *options, "--json-out", str(out)],
-        cwd=cwd, capture_output=True, text=True, timeout=540, env=env, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done, json.loads(out.read_text())
@@ -76,7 +81,11 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
 
     concurrency = results["concurrency"]
     assert {(row["system"], row["k"]) for row in concurrency["async"]} >= {
-        ("tether-memory", 1), ("tether-memory", 4), ("tether-sqlite", 1), ("tether-sqlite", 4)}
+        ("tether-memory", 1),
+        ("tether-memory", 4),
+        ("tether-sqlite", 1),
+        ("tether-sqlite", 4),
+    }
     assert {row["p"] for row in concurrency["processes"]} == {1, 2}
 
     assert {target["target"].split(" ")[0] for target in results["targets"]} >= {"tether-on-SQLite", "tether"}

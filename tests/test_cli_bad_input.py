@@ -37,7 +37,6 @@ def test_bad_input_to_any_command_is_a_usage_error_without_a_traceback(tmp_path:
         assert message in result.err, result
 
 
-
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
     """``tether show --json RUN | head -c 10``: the pipe closes mid-output; no BrokenPipeError traceback."""
     db = f"sqlite:///{tmp_path / 'runs.db'}"

@@ -36,8 +36,13 @@ PROCESSES = 4
 
 def race(mode: str, workdir: Path, db_url: str, run_ids: list[str]) -> list[str]:
     processes = [
-        subprocess.Popen([sys.executable, str(DRIVER), mode, str(workdir), db_url, run_id],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        subprocess.Popen(
+            [sys.executable, str(DRIVER), mode, str(workdir), db_url, run_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
         for run_id in run_ids
     ]
     while len(list(workdir.glob("ready-*"))) < len(processes):  # every one has loaded the run
@@ -151,8 +156,13 @@ store.close()
 def test_processes_claiming_one_lease_at_once_exactly_one_wins(db_url: str, tmp_path: Path) -> None:
     go = tmp_path / "go"
     processes = [
-        subprocess.Popen([sys.executable, "-c", CLAIM_ONCE, db_url, str(go)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=clean_env())
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIM_ONCE, db_url, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
         for _ in range(PROCESSES)
     ]
     while len(list(tmp_path.glob("go-ready-*"))) < PROCESSES:
@@ -177,8 +187,10 @@ def test_many_processes_many_runs_all_finish(db_url: str, tmp_path: Path) -> Non
 def test_concurrent_decisions_exactly_one_applies(db_url: str, tmp_path: Path) -> None:
     from tether.testing import ScriptedModel
 
-    gated = {"content": [{"type": "tool_use", "id": "toolu_pub", "name": "publish", "input": {"text": "hi"}}],
-             "stop_reason": "tool_use"}
+    gated = {
+        "content": [{"type": "tool_use", "id": "toolu_pub", "name": "publish", "input": {"text": "hi"}}],
+        "stop_reason": "tool_use",
+    }
     store = SQLStore(db_url)
     try:
         base = agent()

@@ -51,9 +51,7 @@ def tether(api: FakeMessagesAPI, cwd: Path, db: str, *args: str) -> CliResult:
     return Cli(cwd)(*args, "--json", "--db", db, env=fake_api_env(api))
 
 
-def test_continue_keeps_the_earlier_runs_agent_unless_a_flag_overrides_it(
-    api: FakeMessagesAPI, tmp_path: Path
-) -> None:
+def test_continue_keeps_the_earlier_runs_agent_unless_a_flag_overrides_it(api: FakeMessagesAPI, tmp_path: Path) -> None:
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()
     elsewhere.mkdir()

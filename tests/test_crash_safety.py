@@ -149,9 +149,7 @@ def test_an_approved_rerun_of_a_side_effect_is_recorded(crash: str, db_url: str,
 
 
 @pytest.mark.parametrize("crash", sorted(EMAIL_IN_DOUBT))
-def test_without_an_approver_the_model_is_told_the_call_was_not_rerun(
-    crash: str, db_url: str, tmp_path: Path
-) -> None:
+def test_without_an_approver_the_model_is_told_the_call_was_not_rerun(crash: str, db_url: str, tmp_path: Path) -> None:
     events = crash_and_resume(tmp_path, db_url, crash, "none")["events"]
     assert [e for e in events if e.type.startswith("approval_")] == []  # nobody to ask: not parked
     result = last_result(events, "toolu_b")

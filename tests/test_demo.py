@@ -158,8 +158,14 @@ def test_the_hints_the_demo_prints_work_when_copied_into_a_shell(
 ) -> None:
     env = clean_env(PATH=path)
     parked = subprocess.run(
-        [*started_as, "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=60, check=False,
+        [*started_as, "demo"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert parked.returncode == 3, parked
     hint = re.search(r"^Decide with (.+) or (.+), then (.+)$", parked.stdout, re.MULTILINE)
@@ -168,8 +174,14 @@ def test_the_hints_the_demo_prints_work_when_copied_into_a_shell(
 
     def shell(command: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=60, check=False,
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert "command not found" not in done.stderr
         return done

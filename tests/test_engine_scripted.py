@@ -210,9 +210,7 @@ def test_text_only_answer_is_done_with_output(kind: str) -> None:
     assert result.tool_calls == 0
     assert result.usage.input_tokens == 10
     assert len(h.model.requests) == 1
-    assert h.model.requests[0].messages == [
-        {"role": "user", "content": [{"type": "text", "text": PROMPT}]}
-    ]
+    assert h.model.requests[0].messages == [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}]
     assert h.model.requests[0].invocation == 0
     assert h.messages(result.run_id)[-1] == {
         "role": "assistant",
@@ -652,9 +650,7 @@ def test_an_approver_decides_inline(kind: str, ran: Calls) -> None:
 
 
 # Stop reasons ---------------------------------------------------------------------------------
-def test_max_tokens_inside_a_tool_use_is_discarded_and_reasked_with_more_tokens(
-    kind: str, ran: Calls
-) -> None:
+def test_max_tokens_inside_a_tool_use_is_discarded_and_reasked_with_more_tokens(kind: str, ran: Calls) -> None:
     cut = calls(tool_use("toolu_cut", "add", {"a": 1}), preface="Let me add.", stop_reason="max_tokens")
     h = Harness(
         kind,
@@ -668,11 +664,7 @@ def test_max_tokens_inside_a_tool_use_is_discarded_and_reasked_with_more_tokens(
     assert first.max_tokens == Limits().max_tokens
     assert second.max_tokens == 2 * first.max_tokens
     assert second.messages == first.messages  # the cut response is not in the history
-    assert all(
-        block.get("id") != "toolu_cut"
-        for message in h.messages(result.run_id)
-        for block in message["content"]
-    )
+    assert all(block.get("id") != "toolu_cut" for message in h.messages(result.run_id) for block in message["content"])
     assert "warning" in h.event_types(result.run_id)
     h.verify()
 

@@ -98,8 +98,10 @@ def reply(content: list[dict[str, Any]], stop_reason: str) -> ModelResponse:
 
 def asks(*calls: tuple[str, str]) -> ModelResponse:
     """The model asks for these (call id, tool) calls."""
-    return reply([tool_use(call_id, name, {"path" if name != "finish" else "answer": "x"}) for call_id, name in calls],
-                 "tool_use")
+    return reply(
+        [tool_use(call_id, name, {"path" if name != "finish" else "answer": "x"}) for call_id, name in calls],
+        "tool_use",
+    )
 
 
 ANSWER = reply([{"type": "text", "text": "done"}], "end_turn")
@@ -216,34 +218,99 @@ ROWS = [
     Row(("reinvoked", "thinking", "thinking"), step, MODEL_STEP, model=[reply([], "pause_turn")]),
     Row(("fail", "thinking", "failed"), step, MODEL_STEP, model=[ModelError("bad request")]),
     Row(("cancel", "thinking", "cancelled"), commit(cancellation("stop")), COMMIT),
-    Row(("tool_finished", "executing_tool", "done"), step, DECIDED_STEP, model=[asks(("a", "finish"))],
-        setup_steps=1),
-    Row(("tool_finished", "executing_tool", "executing_tool"), step, TOOL_STEP,
-        model=[asks(("a", "look"), ("b", "look"))], tools=["read"], setup_steps=1),
-    Row(("tool_finished", "executing_tool", "thinking"), step, TOOL_STEP, model=[asks(("a", "look"))],
-        tools=["read"], setup_steps=1),
-    Row(("retry_scheduled", "executing_tool", "executing_tool"), step, TOOL_STEP, model=[asks(("a", "flaky"))],
-        tools=[ValueError("flaky")], setup_steps=1),
-    Row(("approval_needed", "executing_tool", "awaiting_approval"), step, DECIDED_STEP,
-        model=[asks(("a", "delete"))], setup_steps=1),
-    Row(("fail", "executing_tool", "failed"), step, TOOL_STEP, model=[asks(("a", "brittle"))],
-        tools=[ValueError("broken")], setup_steps=1),
-    Row(("cancel", "executing_tool", "cancelled"), commit(cancellation("stop")), COMMIT,
-        model=[asks(("a", "look"))], setup_steps=1),
-    Row(("decided", "awaiting_approval", "awaiting_approval"), step, [CheckLease, Ask, *COMMIT],
-        model=[asks(("a", "delete"), ("b", "delete"))], decisions={"a": Approve()}, setup_steps=2),
-    Row(("decided", "awaiting_approval", "executing_tool"), step, [CheckLease, Ask, *COMMIT],
-        model=[asks(("a", "delete"))], decisions={"a": Approve()}, setup_steps=2),
+    Row(("tool_finished", "executing_tool", "done"), step, DECIDED_STEP, model=[asks(("a", "finish"))], setup_steps=1),
+    Row(
+        ("tool_finished", "executing_tool", "executing_tool"),
+        step,
+        TOOL_STEP,
+        model=[asks(("a", "look"), ("b", "look"))],
+        tools=["read"],
+        setup_steps=1,
+    ),
+    Row(
+        ("tool_finished", "executing_tool", "thinking"),
+        step,
+        TOOL_STEP,
+        model=[asks(("a", "look"))],
+        tools=["read"],
+        setup_steps=1,
+    ),
+    Row(
+        ("retry_scheduled", "executing_tool", "executing_tool"),
+        step,
+        TOOL_STEP,
+        model=[asks(("a", "flaky"))],
+        tools=[ValueError("flaky")],
+        setup_steps=1,
+    ),
+    Row(
+        ("approval_needed", "executing_tool", "awaiting_approval"),
+        step,
+        DECIDED_STEP,
+        model=[asks(("a", "delete"))],
+        setup_steps=1,
+    ),
+    Row(
+        ("fail", "executing_tool", "failed"),
+        step,
+        TOOL_STEP,
+        model=[asks(("a", "brittle"))],
+        tools=[ValueError("broken")],
+        setup_steps=1,
+    ),
+    Row(
+        ("cancel", "executing_tool", "cancelled"),
+        commit(cancellation("stop")),
+        COMMIT,
+        model=[asks(("a", "look"))],
+        setup_steps=1,
+    ),
+    Row(
+        ("decided", "awaiting_approval", "awaiting_approval"),
+        step,
+        [CheckLease, Ask, *COMMIT],
+        model=[asks(("a", "delete"), ("b", "delete"))],
+        decisions={"a": Approve()},
+        setup_steps=2,
+    ),
+    Row(
+        ("decided", "awaiting_approval", "executing_tool"),
+        step,
+        [CheckLease, Ask, *COMMIT],
+        model=[asks(("a", "delete"))],
+        decisions={"a": Approve()},
+        setup_steps=2,
+    ),
     # Nothing in the engine fails a parked run today; the machine allows it, so a caller's
     # failure step is committed as any other.
-    Row(("fail", "awaiting_approval", "failed"), commit(Step("fail", error="given up")), COMMIT,
-        model=[asks(("a", "delete"))], setup_steps=2),
-    Row(("cancel", "awaiting_approval", "cancelled"), commit(cancellation("stop")), COMMIT,
-        model=[asks(("a", "delete"))], setup_steps=2),
-    Row(("retried", "failed", "thinking"), drive, [LoadRun, *COMMIT, *MODEL_STEP, CheckLease],
-        model=[ModelError("overloaded", retryable=True), ANSWER], setup_steps=1),
-    Row(("cancel", "failed", "cancelled"), commit(cancellation("stop")), COMMIT,
-        model=[ModelError("overloaded", retryable=True)], setup_steps=1),
+    Row(
+        ("fail", "awaiting_approval", "failed"),
+        commit(Step("fail", error="given up")),
+        COMMIT,
+        model=[asks(("a", "delete"))],
+        setup_steps=2,
+    ),
+    Row(
+        ("cancel", "awaiting_approval", "cancelled"),
+        commit(cancellation("stop")),
+        COMMIT,
+        model=[asks(("a", "delete"))],
+        setup_steps=2,
+    ),
+    Row(
+        ("retried", "failed", "thinking"),
+        drive,
+        [LoadRun, *COMMIT, *MODEL_STEP, CheckLease],
+        model=[ModelError("overloaded", retryable=True), ANSWER],
+        setup_steps=1,
+    ),
+    Row(
+        ("cancel", "failed", "cancelled"),
+        commit(cancellation("stop")),
+        COMMIT,
+        model=[ModelError("overloaded", retryable=True)],
+        setup_steps=1,
+    ),
 ]
 
 

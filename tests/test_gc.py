@@ -31,8 +31,10 @@ def cli(tmp_path: Path, *args: str) -> CliResult:
 def test_gc_deletes_old_finished_runs_only(tmp_path: Path) -> None:
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     long_ago = [time.time() - 40 * 86400]
-    gated = {"content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
-             "stop_reason": "tool_use"}
+    gated = {
+        "content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
+        "stop_reason": "tool_use",
+    }
     done = {"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}
     old = Runner(Agent(model=ScriptedModel([done]), tools=[publish]), store, clock=lambda: long_ago[0])
     old_done = old.run("a").run_id
@@ -56,8 +58,10 @@ def test_gc_deletes_old_finished_runs_only(tmp_path: Path) -> None:
 def test_gc_deletes_old_parked_runs_only_when_asked(tmp_path: Path) -> None:
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     long_ago = time.time() - 40 * 86400
-    gated = {"content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
-             "stop_reason": "tool_use"}
+    gated = {
+        "content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
+        "stop_reason": "tool_use",
+    }
     old_parked = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store, clock=lambda: long_ago).run("a")
     new_parked = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store).run("b")
     store.close()
@@ -88,8 +92,10 @@ def finished_runs(tmp_path: Path, *, days_ago: float) -> list[str]:
     then = time.time() - days_ago * 86400
     done = {"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}
     ran = Runner(Agent(model=ScriptedModel([done])), store, clock=lambda: then).run("a").run_id
-    gated = {"content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
-             "stop_reason": "tool_use"}
+    gated = {
+        "content": [{"type": "tool_use", "id": "p1", "name": "publish", "input": {"text": "x"}}],
+        "stop_reason": "tool_use",
+    }
     runner = Runner(Agent(model=ScriptedModel([gated]), tools=[publish]), store, clock=lambda: then)
     cancelled = runner.cancel(runner.run("b").run_id).run_id
     store.close()

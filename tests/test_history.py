@@ -173,13 +173,7 @@ def test_check_pairing_rejects_a_result_not_preceded_by_an_assistant(
 
 # with_cache_breakpoints ----------------------------------------------------------------
 def _count_marks(messages: list[Message]) -> int:
-    return sum(
-        1
-        for m in messages
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if "cache_control" in b
-    )
+    return sum(1 for m in messages if isinstance(m["content"], list) for b in m["content"] if "cache_control" in b)
 
 
 def _marked(block: dict[str, Any]) -> dict[str, Any]:

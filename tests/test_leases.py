@@ -284,7 +284,11 @@ def test_a_live_driver_in_another_pid_namespace_is_never_taken_over(tmp_path: Pa
     command = ["run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db]
     driver = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tether", *command, "--json"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
     )
     try:
         wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")

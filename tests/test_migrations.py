@@ -73,8 +73,16 @@ def write_v1_database(db_url: str, runs: Sequence[tuple[RunRecord, list[Event]]]
         for record, events in runs:
             connection.execute(
                 f"INSERT INTO tether_run VALUES ({', '.join([mark] * 8)})",
-                (record.id, record.tenant, record.status, record.version, json.dumps(record.spec),
-                 json.dumps(record.summary), record.created_at, record.updated_at),
+                (
+                    record.id,
+                    record.tenant,
+                    record.status,
+                    record.version,
+                    json.dumps(record.spec),
+                    json.dumps(record.summary),
+                    record.created_at,
+                    record.updated_at,
+                ),
             )
             for event in events:
                 connection.execute(
@@ -86,8 +94,11 @@ def write_v1_database(db_url: str, runs: Sequence[tuple[RunRecord, list[Event]]]
 def version_one_runs() -> list[tuple[RunRecord, list[Event]]]:
     """Three real runs (done, failed for good, failed transiently) as a version 1 store held them."""
     memory = MemoryStore()
-    replies: list[Any] = [ANSWER, ModelError("bad request", status=400),
-                          ModelError("overloaded", status=529, retryable=True)]
+    replies: list[Any] = [
+        ANSWER,
+        ModelError("bad request", status=400),
+        ModelError("overloaded", status=529, retryable=True),
+    ]
     runs = []
     for reply in replies:
         run_id = Runner(Agent(model=ScriptedModel([reply])), memory).run("Say hello.").run_id
@@ -169,8 +180,13 @@ print("ok")
 def test_processes_opening_a_new_database_at_once_all_succeed(db_url: str, tmp_path: Path) -> None:
     go = tmp_path / "go"
     processes = [
-        subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, db_url, str(go)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=clean_env())
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT_ONCE, db_url, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
         for _ in range(4)
     ]
     go.touch()

@@ -155,8 +155,6 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-
-
 def test_a_deny_rule_gives_the_model_an_error_and_the_tool_never_runs(cli: Cli) -> None:
     done = cli.run([turn(("toolu_1", "refund", {"invoice": "I-1", "amount": 500})), answer()])
     assert done.returncode == 0, done

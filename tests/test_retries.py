@@ -28,8 +28,10 @@ from tether.tools import ModelRetry
 
 
 def use(call_id: str, name: str, arguments: dict[str, object] | None = None) -> dict[str, object]:
-    return {"content": [{"type": "tool_use", "id": call_id, "name": name, "input": arguments or {}}],
-            "stop_reason": "tool_use"}
+    return {
+        "content": [{"type": "tool_use", "id": call_id, "name": name, "input": arguments or {}}],
+        "stop_reason": "tool_use",
+    }
 
 
 def answer(text: str = "ok") -> dict[str, object]:
@@ -418,8 +420,13 @@ def test_classification_drives_the_default_retry_and_can_be_overridden() -> None
         seen.append("overridden")
         raise http_status_error(403)
 
-    script = [{"content": [*use("a", "forbidden")["content"], *use("b", "forbidden_but_retried")["content"]],
-               "stop_reason": "tool_use"}, answer()]
+    script = [
+        {
+            "content": [*use("a", "forbidden")["content"], *use("b", "forbidden_but_retried")["content"]],
+            "stop_reason": "tool_use",
+        },
+        answer(),
+    ]
     runner = Runner(Agent(model=ScriptedModel(script), tools=[forbidden, forbidden_but_retried]))
     result = runner.run("go")
     assert seen.count("forbidden") == 1
@@ -502,8 +509,12 @@ def scheduled(store: SQLStore, run_id: str) -> bool:
 def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    first = subprocess.Popen([sys.executable, str(script), str(tmp_path), "run_retry"], env=clean_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), "run_retry"],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     log = tmp_path / "attempts.log"
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     deadline = time.monotonic() + 30

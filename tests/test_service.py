@@ -290,8 +290,10 @@ def test_a_retry_due_later_parks_the_run_and_resume_finishes_it(tmp_path: Path) 
         return f"value of {key}"
 
     script = [
-        {"content": [{"type": "tool_use", "id": "toolu_f", "name": "fetch", "input": {"key": "k"}}],
-         "stop_reason": "tool_use"},
+        {
+            "content": [{"type": "tool_use", "id": "toolu_f", "name": "fetch", "input": {"key": "k"}}],
+            "stop_reason": "tool_use",
+        },
         {"content": [{"type": "text", "text": "Got it."}], "stop_reason": "end_turn"},
     ]
     store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")

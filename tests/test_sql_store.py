@@ -87,9 +87,7 @@ def test_default_busy_timeout_is_ten_seconds(db_path: Path) -> None:
         store.close()
 
 
-def test_locked_database_is_a_store_error_and_the_run_keeps_its_version(
-    sqlite_store: SQLStore, db_path: Path
-) -> None:
+def test_locked_database_is_a_store_error_and_the_run_keeps_its_version(sqlite_store: SQLStore, db_path: Path) -> None:
     sqlite_store.create_run(record(1), [event(0)])
     sqlite_store.append(record(2), 1, [event(1)])
 
@@ -144,9 +142,7 @@ def test_directory_removed_after_construction_is_a_store_error(tmp_path: Path) -
         store.close()
 
 
-def test_relative_and_memory_sqlite_urls_are_accepted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_relative_and_memory_sqlite_urls_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for url in ("sqlite:///relative.db", "sqlite://"):
         store = SQLStore(url)
@@ -314,8 +310,7 @@ def test_postgres_uses_jsonb_for_content(pg_url: str) -> None:
                 (schema,),
             ).fetchall()
             tables = connection.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-                "ORDER BY table_name",
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY table_name",
                 (schema,),
             ).fetchall()
     assert found == [
@@ -333,9 +328,7 @@ def test_postgres_stores_json_queryable_as_jsonb(pg_schema: PgSchema) -> None:
     try:
         store.create_run(record(1, summary={"usage": {"input_tokens": 7}}), [event(0)])
         with store.engine.connect() as connection:
-            tokens = connection.exec_driver_sql(
-                "SELECT summary -> 'usage' ->> 'input_tokens' FROM tether_run"
-            ).scalar()
+            tokens = connection.exec_driver_sql("SELECT summary -> 'usage' ->> 'input_tokens' FROM tether_run").scalar()
             kind = connection.exec_driver_sql("SELECT jsonb_typeof(data) FROM tether_event").scalar()
         assert (tokens, kind) == ("7", "object")
     finally:
@@ -380,4 +373,3 @@ def test_json_text_in_sqlite_is_plain_json(sqlite_store: SQLStore, db_path: Path
     with raw_sqlite(db_path) as connection:
         (data,) = connection.execute("SELECT data FROM tether_event").fetchone()
     assert json.loads(data) == {"message": "héllo"}
-

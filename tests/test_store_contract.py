@@ -21,9 +21,7 @@ from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 
 
-@pytest.fixture(
-    params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Each store implementation, empty."""
     if request.param == "memory":
@@ -128,9 +126,7 @@ def test_append_bumps_the_version_and_extends_the_log(store: Store) -> None:
 def test_append_keeps_what_a_step_cannot_change(store: Store) -> None:
     original = record(tenant="acme", spec={"model": "m1"})
     store.create_run(original, events(0))
-    store.append(
-        record(version=2, tenant="other", spec={"model": "m2"}, created_at=5.0), 1, events(1)
-    )
+    store.append(record(version=2, tenant="other", spec={"model": "m2"}, created_at=5.0), 1, events(1))
     loaded = store.load_run("run_1")
     assert (loaded.tenant, loaded.spec, loaded.created_at) == ("acme", {"model": "m1"}, original.created_at)
     assert loaded.version == 2
@@ -184,7 +180,7 @@ def test_not_json_data_raises_store_error_and_writes_nothing(store: Store) -> No
 # Content round trip -------------------------------------------------------------------
 ROUND_TRIP: dict[str, Any] = {
     "nested": {"a": {"b": {"c": [1, {"d": None}, [], {}]}}},
-    "unicode": "héllo wörld — 中文 😀 \u200b\t\n\"quoted\" \\back\\slash",
+    "unicode": 'héllo wörld — 中文 😀 \u200b\t\n"quoted" \\back\\slash',
     "ключ": "значение",
     # Not here, as PostgreSQL's JSONB cannot keep them: -0.0 (becomes 0.0) and floats whose
     # JSON has an exponent but no fraction, like 1e20 (become ints); strings with NUL.
@@ -323,7 +319,6 @@ def test_list_due_sees_a_retry_scheduled_then_started(store: Store) -> None:
     assert [r.id for r in store.list_due(10.0)] == ["run_1"]
     store.append(record(version=3, status="executingTool", summary={"next_due_at": None}), 2, events(2))
     assert store.list_due(10.0) == []
-
 
 
 # Retention ----------------------------------------------------------------------------

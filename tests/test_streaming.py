@@ -88,9 +88,7 @@ REPLIES = {
         ],
         "pause_turn",
     ),
-    "refusal": reply(
-        [], "refusal", stop_details={"type": "refusal", "category": "cyber", "explanation": "Not this."}
-    ),
+    "refusal": reply([], "refusal", stop_details={"type": "refusal", "category": "cyber", "explanation": "Not this."}),
 }
 
 
@@ -470,9 +468,7 @@ def test_the_cli_asks_again_unstreamed_when_a_stream_breaks_midway(api: FakeMess
 
 
 @pytest.mark.slow
-def test_the_cli_reports_a_failure_mid_stream_and_resume_finishes_the_run(
-    api: FakeMessagesAPI, tmp_path: Path
-) -> None:
+def test_the_cli_reports_a_failure_mid_stream_and_resume_finishes_the_run(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.reply_events([*events_of("text")[:6], error_event("overloaded_error", "Overloaded")])
     for _ in range(5):  # the unstreamed call asked again fails too, the SDK's 4 retries included
         api.fail(529, "Overloaded", headers={"retry-after-ms": "10"})

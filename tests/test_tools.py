@@ -49,9 +49,7 @@ def run_async(t: Tool, arguments: dict[str, Any], call_id: str = "toolu_1") -> s
 # Schema ------------------------------------------------------------------------------
 def test_schema_from_type_hints_required_and_defaults() -> None:
     @tool
-    def search(
-        query: str, limit: int = 10, exact: bool = False, tags: list[str] | None = None
-    ) -> str:
+    def search(query: str, limit: int = 10, exact: bool = False, tags: list[str] | None = None) -> str:
         """Search the index."""
         return query
 

@@ -64,7 +64,12 @@ class Reading:
 
 
 def spent(
-    state: RunState, *, now: float, usage: Usage | None = None, cost: float = 0.0, model_calls: int = 0,
+    state: RunState,
+    *,
+    now: float,
+    usage: Usage | None = None,
+    cost: float = 0.0,
+    model_calls: int = 0,
     tool_calls: int = 0,
 ) -> dict[str, float]:
     """What the run (and its conversation) spent, by Budget field, plus what is not folded yet."""

@@ -154,9 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
     _add_decision(approve)
     approve.add_argument("--input", help="edited input as JSON (validated against the tool's schema)")
-    approve.add_argument(
-        "--for-run", action="store_true", help="also approve this tool's later calls in this run"
-    )
+    approve.add_argument("--for-run", action="store_true", help="also approve this tool's later calls in this run")
 
     deny = with_db(commands.add_parser("deny", help="deny a pending tool call"))
     _add_decision(deny)

@@ -308,9 +308,7 @@ def _denied_by_policy(call: PendingCall, reason: str, warnings: list[Warned]) ->
 
 
 def _context(state: RunState, agent: Agent, call: PendingCall, tool: Tool) -> ApprovalContext:
-    return ApprovalContext(
-        run_id=state.id, tool=tool.name, call_id=call.call_id, tenant=state.tenant, agent=agent.name
-    )
+    return ApprovalContext(run_id=state.id, tool=tool.name, call_id=call.call_id, tenant=state.tenant, agent=agent.name)
 
 
 def _denial(state: RunState, agent: Agent, call: PendingCall, tool: Tool, arguments: pydantic.BaseModel) -> str | None:
@@ -387,9 +385,7 @@ def _failure(message: str) -> Step:
 
 
 # Reacting to outcomes --------------------------------------------------------------------
-def on_model_response(
-    state: RunState, agent: Agent, response: ModelResponse, *, latency: float, now: float
-) -> Step:
+def on_model_response(state: RunState, agent: Agent, response: ModelResponse, *, latency: float, now: float) -> Step:
     """Turn one model answer into a step: by ``stop_reason``, with its cost and budget warnings."""
     price = price_for(response.model or agent.model_name, agent.prices)
     cost = round(price.cost(response.usage), 8) if price is not None else None
@@ -569,7 +565,13 @@ def on_tool_error(
         suffix += f" (after {action.attempt} attempts)"
     message, full_message = message + suffix, full_message + suffix
     finished = ToolFinished(
-        call.call_id, tool.name, message, True, **facts, error_class=error_class, in_doubt=in_doubt,
+        call.call_id,
+        tool.name,
+        message,
+        True,
+        **facts,
+        error_class=error_class,
+        in_doubt=in_doubt,
         **_full_content(message, full_message),
     )
     if decision.otherwise == "fail":

@@ -122,9 +122,7 @@ def normalise_model_spec(spec: str | None) -> str:
     return spec
 
 
-def agent_from_spec(
-    spec: dict[str, Any], *, model: ModelAdapter | None = None
-) -> Agent:
+def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
     """The agent a run was started with.
 
     ``spec["env"]`` holds ``TETHER_*`` settings the tools read (e.g. the demo's workspace);
@@ -190,6 +188,8 @@ def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None
     if recorded is None or policy is None or policy.digest == recorded:
         return None
     return f"policy file {spec.get('policy')} changed since run {run_id} started: its current rules apply"
+
+
 def limits_from_spec(spec: dict[str, Any]) -> Limits:
     """The limits a run was started with: ``max_steps``, ``max_tool_calls`` and its budget."""
     options: dict[str, Any] = {}

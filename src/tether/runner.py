@@ -167,8 +167,9 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     """What a conversation spent up to and including ``parent`` (for conversation budgets)."""
     earlier = parent.spec.get("conversation") or {}
     usage = parent.usage
-    tokens = (usage.input_tokens + usage.output_tokens + usage.cache_creation_input_tokens
-              + usage.cache_read_input_tokens)
+    tokens = (
+        usage.input_tokens + usage.output_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+    )
     return {
         "tokens": float(earlier.get("tokens", 0)) + tokens,
         "cost_usd": float(earlier.get("cost_usd", 0.0)) + parent.cost_usd,

@@ -216,9 +216,7 @@ def create_app(
             store to decide from several processes.
         max_wait: seconds a request sleeps for a tool retry; a later one parks the run.
     """
-    service = _Service(
-        agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")), max_wait
-    )
+    service = _Service(agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")), max_wait)
     routes = [
         Route("/runs", service.start_run, methods=["POST"]),
         Route("/runs/{run_id}", service.get_run, methods=["GET"]),

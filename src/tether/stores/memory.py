@@ -233,9 +233,7 @@ class MemoryStore:
         due.sort(key=lambda r: (r.summary[DUE_KEY], r.id))
         return due[:limit]
 
-    def list_runs(
-        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
-    ) -> list[RunRecord]:
+    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Newest first."""
         check_limit(limit)
         with self._lock:
@@ -243,8 +241,7 @@ class MemoryStore:
         rows = [
             r
             for r in rows
-            if (status is None or r.record.status == status)
-            and (tenant is None or r.record.tenant == tenant)
+            if (status is None or r.record.status == status) and (tenant is None or r.record.tenant == tenant)
         ]
         rows.sort(key=lambda r: (r.record.created_at, r.record.id), reverse=True)
         return [r.load() for r in rows[:limit]]

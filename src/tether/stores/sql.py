@@ -203,8 +203,7 @@ def _check_sqlite_path(url: sa.engine.URL) -> None:
     if not directory.is_dir():
         shown = redact_url(url.render_as_string(hide_password=False))
         raise ConfigError(
-            f"cannot use database {shown!r}: directory {str(directory)!r} does not exist "
-            "(create it first)"
+            f"cannot use database {shown!r}: directory {str(directory)!r} does not exist (create it first)"
         )
 
 
@@ -434,14 +433,10 @@ class SQLStore:
         events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
-    def list_runs(
-        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
-    ) -> list[RunRecord]:
+    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Newest first."""
         check_limit(limit)
-        query = (
-            sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
-        )
+        query = sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
         if status is not None:
             query = query.where(_RUN.c.status == status)
         if tenant is not None:
