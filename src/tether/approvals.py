@@ -8,10 +8,11 @@ stays parked. Nothing here knows about terminals — :mod:`tether.terminal` has 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from tether.cache import canonical_json
 
 if TYPE_CHECKING:
     from tether.agent import Agent
@@ -85,7 +86,7 @@ ApprovalRequest = PendingApproval
 
 def fingerprint(arguments: Any) -> str:
     """A short hash of canonical JSON: binds a decision to the exact arguments shown."""
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    canonical = canonical_json(arguments)  # the spelling the tool cache hashes too
     return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()[:16]  # any str, lone surrogates too
 
 
