@@ -27,9 +27,9 @@ PARTS = {
     "  INSERT of the step's events": ("_insert_events", "tether/stores/sql.py"),
     "    JSON encoding of the events": ("_dump_json", "tether/stores/sql.py"),
     "python-statemachine send()": ("send", "statemachine/statemachine.py"),
-    "engine: next action": ("next_action", "tether/engine.py"),
-    "engine: recording a step": ("record", "tether/engine.py"),
-    "the tool": ("execute", "tether/tools.py"),
+    "engine: next action": ("next_action", "tether/core/engine.py"),
+    "engine: recording a step": ("record", "tether/core/engine.py"),
+    "the tool": ("execute", "tether/tools/__init__.py"),
     "the scripted model": ("complete", "tether/models/scripted.py"),
 }
 """Label → (function, path suffix) of the frames counted; nested labels are parts of the one above."""

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tether import Agent, Approve, Deny, Runner, tool
-from tether.approvals import ApprovalRequest, Decision
+from tether.core.approvals import ApprovalRequest, Decision
+from tether.core.events import Event
 from tether.errors import RunBusy
-from tether.events import Event
 from tether.models import ModelRequest
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore

@@ -14,10 +14,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from tether import diagram as dg
-from tether.events import Event
-from tether.machine import AgentMachine
-from tether.status import RunStatus
+from tether.core.events import Event
+from tether.core.machine import AgentMachine
+from tether.core.status import RunStatus
+from tether.views import diagram as dg
 
 Move = tuple[str, str, str]
 """(source state id, target state id, event display name)."""

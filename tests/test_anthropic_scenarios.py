@@ -19,12 +19,12 @@ import pytest
 
 from support import closed_port, fake_api_model, token_usage
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
-from tether import events as ev
 from tether.agent import Agent
-from tether.history import check_pairing
+from tether.core import events as ev
+from tether.core.history import check_pairing
+from tether.core.state import RunState
 from tether.models import Usage
 from tether.models.anthropic import AnthropicModel
-from tether.state import RunState
 from tether.testing import FakeMessagesAPI, validate_messages_request
 from tether.tools import Tool
 

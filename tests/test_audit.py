@@ -18,15 +18,15 @@ import pytest
 
 from support import CliResult, run_tether, tool_use, tool_use_turn
 from tether import Agent, ApprovalVerdict, Approve, Deny, Policy, RetryPolicy, Rule, Runner, RunResult, tool
-from tether.audit import AuditEntry, entries, parse_since, query, select
+from tether.core.events import Event, ToolFinished, Warned
 from tether.errors import ConfigError, RunNotFound
-from tether.events import Event, ToolFinished, Warned
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 from tether.testing import RecordingApprover
 from tether.tools import Tool
+from tether.views.audit import AuditEntry, entries, parse_since, query, select
 
 ENTRY_KEYS = {
     "run_id", "call_id", "tool", "input", "requested_at", "status", "decision", "approvals", "attempts",

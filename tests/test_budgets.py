@@ -12,8 +12,8 @@ import pytest
 from support import Cli, tool_use, tool_use_turn
 from tether import Agent, ConfigError, Limits, Runner, tool
 from tether.models import ModelRequest, Usage
-from tether.policies import Budget
-from tether.pricing import PRICES, Price, parse_price, price_for
+from tether.policy.policies import Budget
+from tether.policy.pricing import PRICES, Price, parse_price, price_for
 from tether.testing import ScriptedModel
 
 
@@ -266,7 +266,7 @@ def test_conversation_wall_clock_counts_from_the_first_run() -> None:
 
 
 def test_a_run_keeps_its_budget_in_its_spec_for_resume() -> None:
-    from tether.loader import limits_from_spec
+    from tether.drivers.loader import limits_from_spec
 
     budget = Budget(max_total_tokens=10_000, max_tool_calls=7, conversation_max_seconds=3600, on_limit="fail")
     runner = Runner(agent(budget))

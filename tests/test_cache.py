@@ -18,11 +18,11 @@ import pytest
 
 from support import run_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Limits, Runner, RunResult, tool
-from tether.cache import cache_key, canonical_json
+from tether.core.cache import cache_key, canonical_json
+from tether.core.events import Event
 from tether.errors import ToolDefinitionError
-from tether.events import Event
 from tether.models.scripted import ScriptedModel
-from tether.policies import Budget
+from tether.policy.policies import Budget
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover
 from tether.tools import Tool

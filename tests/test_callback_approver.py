@@ -13,7 +13,7 @@ import pytest
 
 from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Deny, Runner, RunResult, tool
-from tether.approvals import ApprovalRequest, CallbackApprover, Decision, fingerprint
+from tether.core.approvals import ApprovalRequest, CallbackApprover, Decision, fingerprint
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 

@@ -10,9 +10,9 @@ import pydantic
 import pytest
 
 from tether import Agent, Approve, Runner, tool
-from tether.compat import schema_changes
+from tether.core.compat import schema_changes
+from tether.core.machine import MACHINE_VERSION
 from tether.errors import IncompatibleRun
-from tether.machine import MACHINE_VERSION
 from tether.stores import SCHEMA_VERSION
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel

@@ -8,7 +8,7 @@ import pytest
 
 from support import flat, run_tether, token_usage, tool_use, tool_use_turn
 from tether import Agent, RetryPolicy, Runner, tool
-from tether.pricing import PRICES
+from tether.policy.pricing import PRICES
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 

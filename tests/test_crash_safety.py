@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from support import run_python
-from tether.events import Event
+from tether.core.events import Event
 from tether.stores.sql import SQLStore
 from tether.testing import validate_messages_request
 

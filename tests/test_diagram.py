@@ -35,14 +35,15 @@ from diagram_reading import (
     recorded_counts,
 )
 from support import mermaid_parse_errors
-from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, events, tool
-from tether import diagram as dg
+from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, tool
 from tether.agent import Agent
-from tether.events import Event
-from tether.machine import AgentMachine
-from tether.policies import ApprovalVerdict
+from tether.core import events
+from tether.core.events import Event
+from tether.core.machine import AgentMachine
+from tether.policy.policies import ApprovalVerdict
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
+from tether.views import diagram as dg
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE_IDS = {"thinking", "executing_tool", "awaiting_approval", "done", "failed", "cancelled"}

@@ -26,9 +26,9 @@ from support import (
     spawn_tether,
     start_tether,
 )
-from tether import diagram as dg
-from tether.events import Event
+from tether.core.events import Event
 from tether.stores import open_store
+from tether.views import diagram as dg
 
 pytestmark = pytest.mark.slow  # `tether diagram` processes, Graphviz and Mermaid's parser
 

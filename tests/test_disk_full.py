@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa  # noqa: TID251 - the test limits the database file like a full disk would
 
 from tether import Agent, Runner, tool
-from tether.approvals import DecideLater
+from tether.core.approvals import DecideLater
 from tether.errors import StoreError
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel

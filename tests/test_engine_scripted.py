@@ -20,12 +20,12 @@ import pytest
 import tether
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
-from tether.approvals import DecideLater
+from tether.core.approvals import DecideLater
+from tether.core.history import check_pairing
+from tether.core.state import RunState
+from tether.core.status import ENDED
 from tether.errors import ApprovalError, ModelError
-from tether.history import check_pairing
 from tether.models.scripted import ScriptedModel
-from tether.state import RunState
-from tether.status import ENDED
 from tether.stores.memory import MemoryStore
 from tether.testing import validate_messages_request
 from tether.tools import Tool

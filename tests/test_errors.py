@@ -28,7 +28,7 @@ from tether import (
     tool,
 )
 from tether.agent import Agent
-from tether.approvals import fingerprint
+from tether.core.approvals import fingerprint
 from tether.models import ModelResponse
 from tether.models.scripted import ScriptedModel
 

@@ -2,7 +2,7 @@
 
 :class:`World` performs a flow's effects from a script (the model's answers, the tools'
 outcomes, the approver's decisions) and keeps what it was asked to do. One row per
-transition of :class:`~tether.machine.AgentMachine` reaches the transition's source state by
+transition of :class:`~tether.core.machine.AgentMachine` reaches the transition's source state by
 stepping the flow, takes one more step (or commits one step, or drives), and checks the
 effects yielded, in order, and the transition recorded. A test fails if a transition of the
 machine has no row.
@@ -18,11 +18,10 @@ import pytest
 
 from support import tool_use
 from tether import Agent, Approve, RetryPolicy, tool
-from tether.approvals import Decision
-from tether.engine import CallModel, Step, cancellation, start_events
-from tether.errors import ModelError, StaleRun, StoreError
-from tether.events import Event
-from tether.flow import (
+from tether.core.approvals import Decision
+from tether.core.engine import CallModel, Step, cancellation, start_events
+from tether.core.events import Event
+from tether.core.flow import (
     STORE_RETRY_WAITS,
     Announce,
     Ask,
@@ -41,12 +40,13 @@ from tether.flow import (
     Sleep,
     StoreCache,
 )
-from tether.machine import AgentMachine
+from tether.core.machine import AgentMachine
+from tether.core.state import RunState
+from tether.core.status import status_name
+from tether.drivers.runner import record_of
+from tether.errors import ModelError, StaleRun, StoreError
 from tether.models import ModelResponse
 from tether.models.scripted import ScriptedModel
-from tether.runner import record_of
-from tether.state import RunState
-from tether.status import status_name
 from tether.stores import RunLog
 
 NOW = 1_000.0

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from tether.errors import InvalidHistory
-from tether.history import (
+from tether.core.history import (
     CACHE_BREAKPOINT,
     append_user_text,
     check_pairing,
@@ -18,6 +17,7 @@ from tether.history import (
     tool_uses,
     with_cache_breakpoints,
 )
+from tether.errors import InvalidHistory
 
 Message = dict[str, Any]
 

@@ -13,12 +13,12 @@ import pytest
 
 from support import tool_use, tool_use_turn
 from tether import Agent, Approve, Deny, Runner, tool
-from tether.approvals import Approver, AutoApprover, DecideLater, fingerprint
+from tether.core.approvals import Approver, AutoApprover, DecideLater, fingerprint
 from tether.errors import ConfigError, ToolDefinitionError
-from tether.pending import pending_approvals
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover, ScriptedModel
 from tether.tools import OnInterrupted, Tool
+from tether.views.pending import pending_approvals
 
 
 class Crash(KeyboardInterrupt):

@@ -18,12 +18,12 @@ import pytest
 
 from support import run_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Limits, Runner, RunResult, tool
-from tether.audit import entries
-from tether.engine import truncate_result
+from tether.core.engine import truncate_result
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover
 from tether.tools import ModelRetry, Tool
+from tether.views.audit import entries
 
 BIG = "".join(f"line {i:05d}\n" for i in range(5000))  # 55,000 characters
 NOTE = "\n[truncated: 55000 characters, showing the first 20000]"

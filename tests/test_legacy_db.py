@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, Approve, Runner
-from tether.runner import result_of
+from tether.drivers.runner import result_of
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 

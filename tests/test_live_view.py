@@ -18,13 +18,13 @@ from rich.console import Console  # noqa: TID251 - the view is checked on rich c
 
 from support import ANSI, DEMO_PROMPT, FIBONACCI, demo_db_url, model_reply, run_tether, screen_text, spawn_tether
 from tether import Agent, AsyncRunner, Runner, tool
-from tether import events as ev
-from tether.engine import CallModel, RunTool, WaitUntil
-from tether.events import Event
-from tether.flow import Activity
+from tether.core import events as ev
+from tether.core.engine import CallModel, RunTool, WaitUntil
+from tether.core.events import Event
+from tether.core.flow import Activity
+from tether.core.state import PendingCall, RunState
 from tether.models.scripted import ScriptedModel
-from tether.state import PendingCall, RunState
-from tether.terminal import LiveView, describe_activity
+from tether.surfaces.terminal import LiveView, describe_activity
 
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
+from tether.core.machine import AgentMachine, bind
+from tether.core.status import FINAL, RunStatus
 from tether.errors import IncompatibleRun
-from tether.machine import AgentMachine, bind
-from tether.status import FINAL, RunStatus
 
 STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
 EVENTS = [

@@ -13,14 +13,14 @@ import pytest
 
 from support import model_reply, run_tether, tool_use
 from tether import Agent, Approve, Deny, Runner, tool
-from tether.approvals import fingerprint
+from tether.core.approvals import fingerprint
+from tether.core.events import Event
 from tether.errors import ApprovalError, RunNotFound
-from tether.events import Event
 from tether.models.scripted import ScriptedModel
-from tether.pending import PendingApproval, pending_approvals
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
+from tether.views.pending import PendingApproval, pending_approvals
 
 
 @tool(approval=True)

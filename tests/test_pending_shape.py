@@ -1,8 +1,8 @@
 """A call waiting for approval has one shape, and an edit of it one check.
 
 The approver, ``RunResult.pending_approvals``, the rows behind ``tether pending`` and the
-service all describe a parked call with :class:`tether.approvals.PendingApproval`, built from a
-run state in one place; :func:`tether.engine.check_edit` is the check a decision's edited input
+service all describe a parked call with :class:`tether.core.approvals.PendingApproval`, built from a
+run state in one place; :func:`tether.core.engine.check_edit` is the check a decision's edited input
 passes, made by the engine on a decision and by the terminal's edit prompt alike.
 """
 
@@ -15,13 +15,13 @@ import pytest
 import tether
 from support import model_reply, tool_use
 from tether import Agent, Approve, Policy, Rule, Runner, tool
-from tether.approvals import PendingApproval, fingerprint
-from tether.engine import check_edit
+from tether.core.approvals import PendingApproval, fingerprint
+from tether.core.engine import check_edit
 from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.models.scripted import ScriptedModel
-from tether.pending import pending_approvals
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover
+from tether.views.pending import pending_approvals
 
 
 @tool(approval=True)

@@ -23,7 +23,7 @@ import pytest
 
 from support import clean_env, finish_all, tool_use
 from tether import Agent, Runner, tool
-from tether.approvals import DecideLater
+from tether.core.approvals import DecideLater
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from tether import Agent, Runner, tool
-from tether.diagram import COUNT_MARK
 from tether.testing import ScriptedModel
+from tether.views.diagram import COUNT_MARK
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,9 +31,9 @@ def test_readme_quick_start_is_the_two_scripts() -> None:
 
 
 def test_readme_diagram_example_runs_on_a_real_run() -> None:
-    """The ``from tether import diagram`` block, run on a finished run of a scripted agent."""
+    """The ``from tether.views import diagram`` block, run on a finished run of a scripted agent."""
     readme = (ROOT / "README.md").read_text()
-    start = readme.index("```python\nfrom tether import diagram\n")
+    start = readme.index("```python\nfrom tether.views import diagram\n")
     block = readme[start + len("```python\n") : readme.index("```\n", start + 10)]
     agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
     runner = Runner(agent)

@@ -21,7 +21,7 @@ import pytest
 from support import Cli, CliResult, clean_env, closed_port, flat, run_python
 from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
 from tether.errors import RunNotFound, StoreError
-from tether.faults import classify
+from tether.execution.faults import classify
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
-from tether.approvals import DecideLater
+from tether.core.approvals import DecideLater
+from tether.core.events import Event
 from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
-from tether.events import Event
 from tether.models.scripted import ScriptedModel
-from tether.policies import ApprovalContext, ApprovalVerdict
-from tether.rules import decide_call
+from tether.policy.policies import ApprovalContext, ApprovalVerdict
+from tether.policy.rules import decide_call
 from tether.stores import RunRecord
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover

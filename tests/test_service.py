@@ -26,7 +26,7 @@ uvicorn = pytest.importorskip(
 )
 
 from tether import Agent, RetryPolicy, tool  # noqa: E402 - after the skip: the service module needs the extra
-from tether.approvals import fingerprint  # noqa: E402
+from tether.core.approvals import fingerprint  # noqa: E402
 from tether.examples.service import create_app  # noqa: E402
 from tether.models.scripted import ScriptedModel  # noqa: E402
 from tether.stores.sql import SQLStore  # noqa: E402

@@ -1,6 +1,6 @@
-"""A run status is spelt in one place: :mod:`tether.status`.
+"""A run status is spelt in one place: :mod:`tether.core.status`.
 
-Every other module names a status through :class:`~tether.status.RunStatus` (or the sets and
+Every other module names a status through :class:`~tether.core.status.RunStatus` (or the sets and
 names derived from it), so renaming or adding one is a change to one file and the type checker
 sees every use. This scans the source for string constants equal to a status's stored value or
 shown name; the few words that are the same but mean something else are allowed below, each
@@ -13,18 +13,18 @@ import ast
 from pathlib import Path
 
 import tether
-from tether.machine import AgentMachine
-from tether.status import ENDED, FINAL, SHOWN, WAITING_RETRY, RunStatus, status_name, stored_status
+from tether.core.machine import AgentMachine
+from tether.core.status import ENDED, FINAL, SHOWN, WAITING_RETRY, RunStatus, status_name, stored_status
 
 SRC = Path(tether.__file__).parent
-HOME = "status.py"
+HOME = "core/status.py"
 """The one module that spells statuses."""
 WORDS = {status.value for status in RunStatus} | set(SHOWN)
 
 ALLOWED: dict[tuple[str, str | None, str], str] = {
-    ("audit.py", "_ask", "awaiting_approval"): "a tool call's audit status, not a run's",
-    ("terminal.py", "_outcome", "awaiting_approval"): "the colour of that audit status",
-    ("diagram.py", None, "failed"): "the kind of a sequence diagram arrow (a call that failed)",
+    ("views/audit.py", "_ask", "awaiting_approval"): "a tool call's audit status, not a run's",
+    ("surfaces/terminal.py", "_outcome", "awaiting_approval"): "the colour of that audit status",
+    ("views/diagram.py", None, "failed"): "the kind of a sequence diagram arrow (a call that failed)",
     ("models/shape.py", None, "thinking"): "a Messages API content block type",
     ("testing/fake_messages_api.py", None, "thinking"): "the Messages API's thinking blocks and option",
 }
@@ -60,7 +60,7 @@ def test_no_status_literal_outside_the_status_module() -> None:
                 stray.append(f"{module}:{line}: {value!r}")
             else:
                 used.add(allowed)
-    assert stray == [], "spell statuses with tether.status.RunStatus"
+    assert stray == [], "spell statuses with tether.core.status.RunStatus"
     assert used == set(ALLOWED), "an allowed word is gone: drop it from ALLOWED"
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from tether.core.events import Event, RunStarted, ToolStarted, Warned
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
-from tether.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import RunLease, RunLog, RunRecord, Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore

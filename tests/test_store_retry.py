@@ -21,8 +21,8 @@ import sqlalchemy as sa  # noqa: TID251 - the tests break the store's own connec
 
 from support import PgSchema, libpq_dsn, tool_use
 from tether import Agent, AsyncRunner, Runner, tool
+from tether.core.flow import STORE_RETRY_WAITS
 from tether.errors import StoreError
-from tether.flow import STORE_RETRY_WAITS
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 

@@ -29,10 +29,10 @@ from support import (
     tool_use,
     transcript,
 )
-from tether.audit import AuditEntry
-from tether.engine import CallModel
-from tether.state import RunState
-from tether.terminal import LiveView, printable, render_audit
+from tether.core.engine import CallModel
+from tether.core.state import RunState
+from tether.surfaces.terminal import LiveView, printable, render_audit
+from tether.views.audit import AuditEntry
 
 NASTY = "T\x1b]0;pwned\x07 C\x1b[2J R\x1b[31mRED X\rCR S\x9b6n"
 """A window title (OSC), a screen clear and a colour (CSI), a carriage return and an 8-bit CSI."""

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from support import Cli, tool_results, tool_use, tool_use_turn
-from tether import Agent, AsyncRunner, Runner, attempts, tool
+from tether import Agent, AsyncRunner, Runner, tool
+from tether.execution import attempts
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.tools import Tool, ToolExit

@@ -15,7 +15,7 @@ import pytest
 from pydantic import Field
 
 from tether.errors import ConfigError, ToolDefinitionError
-from tether.policies import NO_RETRY, RetryDecision, RetryPolicy
+from tether.policy.policies import NO_RETRY, RetryDecision, RetryPolicy
 from tether.tools import (
     RetryLater,
     Tool,

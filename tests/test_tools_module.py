@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from support import Cli, clean_env, tool_use, tool_use_turn
-from tether.loader import load_tools
+from tether.drivers.loader import load_tools
 
 TOOLS = textwrap.dedent(
     '''

@@ -1,12 +1,21 @@
 """tether: an explicit state-machine orchestrator for LLM agents; the host runs the tools.
 
 One model invocation is one step; every step is a transition of
-:class:`tether.machine.AgentMachine` and one committed write. Adapters live in submodules:
-``tether.models.anthropic``, ``tether.models.scripted``, ``tether.stores.sql``, ...
+:class:`tether.core.machine.AgentMachine` and one committed write. The packages follow the
+layers, dependencies pointing down:
+
+- ``surfaces`` (the CLI, the terminal) and ``views`` (audit, pending, diagrams);
+- ``drivers``: the runners that perform I/O for a flow;
+- ``core``: the facts, the machine and the decisions (no I/O); ``policy``: what it applies;
+- ``tools`` (run by ``execution``), and the adapters: ``models`` (``tether.models.anthropic``,
+  ...) and ``stores`` (``tether.stores.sql``, ...).
 """
 
+from tether import _moved
 from tether.agent import Agent
-from tether.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
+from tether.core.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
+from tether.core.machine import AgentMachine
+from tether.drivers.runner import AsyncRunner, Runner, RunResult
 from tether.errors import (
     AlreadyDecided,
     ApprovalError,
@@ -22,11 +31,11 @@ from tether.errors import (
     TetherError,
     UnknownCall,
 )
-from tether.machine import AgentMachine
-from tether.policies import ApprovalVerdict, Limits, RetryPolicy
-from tether.rules import Policy, Rule
-from tether.runner import AsyncRunner, Runner, RunResult
+from tether.policy.policies import ApprovalVerdict, Limits, RetryPolicy
+from tether.policy.rules import Policy, Rule
 from tether.tools import RetryLater, Tool, tool
+
+_moved.install()
 
 __all__ = [
     "Agent",

@@ -9,9 +9,9 @@ from typing import Any
 
 from tether.errors import ConfigError
 from tether.models import ModelAdapter
-from tether.policies import Limits
-from tether.pricing import Price, price_for
-from tether.rules import Policy
+from tether.policy.policies import Limits
+from tether.policy.pricing import Price, price_for
+from tether.policy.rules import Policy
 from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
 
 
@@ -29,7 +29,7 @@ class Agent:
     system: str | None = None
     limits: Limits = field(default_factory=Limits)
     prices: Mapping[str, Price] | None = None
-    """Overrides and additions to :data:`tether.pricing.PRICES`, by model name prefix."""
+    """Overrides and additions to :data:`tether.policy.pricing.PRICES`, by model name prefix."""
     model_name: str = "default"
     """Name sent as the request's ``model`` and stored with the run."""
     spec: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +50,7 @@ class Agent:
             # A cost budget that cannot count would never stop anything: refuse it up front.
             raise ConfigError(
                 f"a cost budget needs the model's price, and {self.model_name!r} has none in "
-                "tether.pricing.PRICES: pass Agent(prices={...}) (tether run: --price INPUT,OUTPUT) "
+                "tether.policy.pricing.PRICES: pass Agent(prices={...}) (tether run: --price INPUT,OUTPUT) "
                 "or drop the cost limit"
             )
 

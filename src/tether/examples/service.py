@@ -58,7 +58,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise ImportError("tether.examples.service needs Starlette and uvicorn: pip install 'tether[service]'") from error
 
 from tether.agent import Agent
-from tether.approvals import Approve, DecideLater, Decision, Deny
+from tether.core.approvals import Approve, DecideLater, Decision, Deny
+from tether.drivers.runner import Runner, shown_status
 from tether.errors import (
     ApprovalError,
     InvalidEditedInput,
@@ -68,9 +69,8 @@ from tether.errors import (
     TetherError,
     UnknownCall,
 )
-from tether.pending import pending_approvals
-from tether.runner import Runner, shown_status
 from tether.stores import RunRecord, Store, open_store
+from tether.views.pending import pending_approvals
 
 TENANT_HEADER = "X-Tenant"
 AgentFactory = Callable[[str], Agent]
@@ -91,11 +91,11 @@ class ServiceError(Exception):
 
 def demo_agent(tenant: str) -> Agent:
     """The demo's tools (one gated) on the offline scripted model: runs with no API key."""
-    from tether import demo
-    from tether.loader import DEMO_MODEL, agent_from_spec
+    from tether.drivers.loader import DEMO_MODEL, agent_from_spec
+    from tether.examples import demo
 
     spec = {
-        "tools": ["tether.demo:TOOLS"],
+        "tools": ["tether.examples.demo:TOOLS"],
         "system": demo.SYSTEM,
         "model": DEMO_MODEL,
         "max_steps": 10,

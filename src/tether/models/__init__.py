@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from tether.history import Block, Message
+from tether.core.history import Block, Message
 from tether.models.shape import check_response
 
 

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import anthropic
 import httpx2
 
+from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.errors import ModelError
-from tether.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, TextListener
 from tether.redact import scrub
 

@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tether.core.events import Event
+from tether.core.status import ENDED, RunStatus
 from tether.errors import ConfigError
-from tether.events import Event
-from tether.status import ENDED, RunStatus
 
 SCHEMA_VERSION = 3
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
@@ -162,7 +162,7 @@ class Store(Protocol):
     def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
         """Cache a successful tool result until ``expires_at``, replacing any entry for ``key``.
 
-        Shared by every run and process using the store (see :mod:`tether.cache`).
+        Shared by every run and process using the store (see :mod:`tether.core.cache`).
         """
         ...
 

@@ -8,9 +8,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tether.core.events import Event, decode
+from tether.core.status import WAITING_RETRY_STATUS
 from tether.errors import RunNotFound, StaleRun, StoreError
-from tether.events import Event, decode
-from tether.status import WAITING_RETRY_STATUS
 from tether.stores import (
     DUE_KEY,
     RunLease,

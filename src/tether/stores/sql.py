@@ -22,10 +22,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
+from tether.core.events import Event, decode
+from tether.core.status import WAITING_RETRY_STATUS, RunStatus
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
-from tether.events import Event, decode
 from tether.redact import MASK, scrub
-from tether.status import WAITING_RETRY_STATUS, RunStatus
 from tether.stores import (
     DUE_KEY,
     PARKED_STATUSES,
@@ -93,7 +93,7 @@ def _step_update(columns: tuple[str, ...]) -> Any:
 
 
 class ToolCacheRow(SQLModel, table=True):
-    """One cached tool result, shared by every process using the database (see tether.cache)."""
+    """One cached tool result, shared by every process using the database (see tether.core.cache)."""
 
     __tablename__ = "tether_tool_cache"
 

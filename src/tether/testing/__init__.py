@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tether.approvals import ApprovalRequest, Approver, Decision
+from tether.core.approvals import ApprovalRequest, Approver, Decision
 from tether.models.scripted import ScriptedModel
 from tether.testing.fake_messages_api import FakeMessagesAPI, validate_messages_request
 

@@ -1,7 +1,7 @@
 """How much of its limits a run has spent, and which one (if any) it has reached. Pure.
 
-Two kinds of limit are read here: a :class:`~tether.policies.Budget` (soft: at the limit the
-run stops gracefully, per ``on_limit``) and the hard caps of :class:`~tether.policies.Limits`
+Two kinds of limit are read here: a :class:`~tether.policy.policies.Budget` (soft: at the limit the
+run stops gracefully, per ``on_limit``) and the hard caps of :class:`~tether.policy.policies.Limits`
 (``max_steps``, ``max_tool_calls``: the run fails), which are only warned about here and
 enforced by the engine. A run's spending is read from its state (tokens, cost, calls, age)
 plus what earlier runs of the same conversation spent (recorded in the run's spec when it was
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.agent import Agent
-from tether.events import Warned
+from tether.core.events import Warned
+from tether.core.state import RunState
 from tether.models import Usage
-from tether.state import RunState
 
 FINAL_ANSWER_PROMPT = (
     "The budget for this task is used up ({limit}). Do not call any tools: answer now with what you have found so far."
@@ -39,7 +39,7 @@ class Reading:
     used: float
     allowed: float
     hard: bool = False
-    """A :class:`~tether.policies.Limits` cap: the run fails there, no final answer."""
+    """A :class:`~tether.policy.policies.Limits` cap: the run fails there, no final answer."""
 
     @property
     def fraction(self) -> float:

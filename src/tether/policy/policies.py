@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 from tether.errors import ConfigError
-from tether.faults import Classifier, ErrorClass, classify
+from tether.execution.faults import Classifier, ErrorClass, classify
 
 RetryOn = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 OnExhausted = Literal["error", "fail", "escalate"]
@@ -61,7 +61,7 @@ class RetryPolicy:
     """When attempts run out: ``error`` gives the model an is_error result with the last
     error; ``fail`` fails the run; ``escalate`` asks a person whether to try again."""
     classify: Classifier | None = None
-    """Overrides :func:`tether.faults.classify` for this tool (return None to defer)."""
+    """Overrides :func:`tether.execution.faults.classify` for this tool (return None to defer)."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -214,7 +214,7 @@ class Budget:
     max_total_tokens: int | None = None
     """Input plus output tokens (cache included)."""
     max_cost_usd: float | None = None
-    """Needs a priced model (see :mod:`tether.pricing`); an Agent refuses it otherwise."""
+    """Needs a priced model (see :mod:`tether.policy.pricing`); an Agent refuses it otherwise."""
     max_seconds: float | None = None
     """Wall-clock seconds since the run was created."""
     max_model_calls: int | None = None

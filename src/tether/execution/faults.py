@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from tether.attempts import ToolExit
+from tether.execution.attempts import ToolExit
 
 ErrorClass = Literal["retryable", "user_fixable", "permission", "conflict", "fatal"]
 Classifier = Callable[[BaseException], "ErrorClass | None"]

@@ -19,9 +19,9 @@ from typing import Any
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter
-from tether.policies import Budget, Limits
-from tether.pricing import Price
-from tether.rules import Policy
+from tether.policy.policies import Budget, Limits
+from tether.policy.pricing import Price
+from tether.policy.rules import Policy
 from tether.tools import Tool, tools_by_name
 
 SCRIPTED_PREFIX = "scripted:"
@@ -98,7 +98,7 @@ def import_tools_module(name: str, base: Path) -> ModuleType:
 def load_model(spec: str) -> ModelAdapter:
     """``scripted:PATH`` replays a JSON file offline; anything else names a Claude model."""
     if spec == DEMO_MODEL:
-        from tether.demo import DemoScript
+        from tether.examples.demo import DemoScript
         from tether.models.scripted import ScriptedModel
 
         return ScriptedModel(DemoScript(), name=DEMO_MODEL)

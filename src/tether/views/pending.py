@@ -8,8 +8,8 @@ one indexed query and never replays an event log. Decide with
 
 from __future__ import annotations
 
-from tether.approvals import PendingApproval
-from tether.status import AWAITING
+from tether.core.approvals import PendingApproval
+from tether.core.status import AWAITING
 from tether.stores import RunRecord, Store
 
 

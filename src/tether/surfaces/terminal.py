@@ -1,6 +1,6 @@
 """The terminal experience (rich): progress lines, approval prompts, run summaries.
 
-With :mod:`tether.cli`, the only module importing rich. Nothing below the engine knows a
+With :mod:`tether.surfaces.cli`, the only module importing rich. Nothing below the engine knows a
 terminal exists: this module only listens to events and answers approval requests.
 
 Text from models, tools and people goes through :func:`printable` before it is printed, so
@@ -24,12 +24,10 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from tether import engine
 from tether.agent import Agent
-from tether.approvals import Approve, Decision, Deny, PendingApproval
-from tether.audit import AuditEntry
-from tether.errors import DeniedByPolicy, InvalidEditedInput
-from tether.events import (
+from tether.core import engine
+from tether.core.approvals import Approve, Decision, Deny, PendingApproval
+from tether.core.events import (
     ApprovalRequested,
     CacheMiss,
     Event,
@@ -41,10 +39,12 @@ from tether.events import (
     Transition,
     Warned,
 )
-from tether.flow import Activity
-from tether.runner import RunResult
-from tether.state import RunState
-from tether.status import WAITING_RETRY, RunStatus, status_name
+from tether.core.flow import Activity
+from tether.core.state import RunState
+from tether.core.status import WAITING_RETRY, RunStatus, status_name
+from tether.drivers.runner import RunResult
+from tether.errors import DeniedByPolicy, InvalidEditedInput
+from tether.views.audit import AuditEntry
 
 CHOICES = {
     "a": "approve",

@@ -33,7 +33,12 @@ from rich.text import Text
 
 from tether import durations
 from tether.agent import Agent
-from tether.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
+from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
+from tether.core.events import Event
+from tether.core.state import RunState
+from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
+from tether.drivers.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
+from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.errors import (
     ApprovalError,
     ConfigError,
@@ -44,18 +49,13 @@ from tether.errors import (
     StaleRun,
     TetherError,
 )
-from tether.events import Event
-from tether.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
 from tether.models import ModelAdapter
-from tether.policies import Budget
-from tether.pricing import PRICE_FORM, parse_price
-from tether.runner import EventListener, Runner, RunResult, result_of, shown_status
-from tether.state import RunState
-from tether.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
+from tether.policy.policies import Budget
+from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
 
 if TYPE_CHECKING:
-    from tether.terminal import LiveView
+    from tether.surfaces.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
 EXIT_BUSY = 5
@@ -231,7 +231,7 @@ class _Session:
         if getattr(args, "deny_all", False):
             return AutoApprover(approve=False)
         if sys.stdin.isatty():
-            from tether.terminal import TerminalApprover
+            from tether.surfaces.terminal import TerminalApprover
 
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
@@ -241,7 +241,7 @@ class _Session:
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
         if not self.json:
-            from tether.terminal import LiveView, ProgressPrinter
+            from tether.surfaces.terminal import LiveView, ProgressPrinter
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
             listeners += [self.live, ProgressPrinter(self.out)]
@@ -296,7 +296,7 @@ class _Session:
         if self.json:
             print(json.dumps(result.to_dict(), ensure_ascii=False))
         else:
-            from tether.terminal import render_result
+            from tether.surfaces.terminal import render_result
 
             render_result(self.out, result)
             if result.status == RunStatus.awaiting_approval.shown:
@@ -316,7 +316,7 @@ class _Session:
 
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
-        from tether.terminal import printable  # call ids come from the model
+        from tether.surfaces.terminal import printable  # call ids come from the model
 
         pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
         run, db, tether = result.run_id, self._db_hint(), invocation()
@@ -484,7 +484,7 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
         payload["events"] = [event.to_dict() for event in events]
         print(json.dumps(payload, ensure_ascii=False, default=str))
         return EXIT_DONE
-    from tether.terminal import render_events, render_result
+    from tether.surfaces.terminal import render_events, render_result
 
     render_result(session.out, result)
     render_events(session.out, events)
@@ -519,44 +519,44 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if session.json:
         print(json.dumps({"runs": rows}, ensure_ascii=False))
         return EXIT_DONE
-    from tether.terminal import render_runs
+    from tether.surfaces.terminal import render_runs
 
     render_runs(session.out, rows)
     return EXIT_DONE
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
-    from tether.pending import pending_approvals
+    from tether.views.pending import pending_approvals
 
     pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
     if session.json:
         print(json.dumps({"pending": [p.to_dict() for p in pending]}, ensure_ascii=False, default=str))
         return EXIT_DONE
-    from tether.terminal import render_pending
+    from tether.surfaces.terminal import render_pending
 
     render_pending(session.out, pending)
     return EXIT_DONE
 
 
 def _cmd_audit(args: argparse.Namespace, session: _Session) -> int:
-    from tether import audit
+    from tether.views import audit
 
     since = audit.parse_since(args.since, now=time.time()) if args.since else None
     found = audit.query(session.store, run_id=args.run, tool=args.tool, since=since)
     if session.json:
         print(json.dumps({"entries": [e.to_dict() for e in found]}, ensure_ascii=False, default=str))
         return EXIT_DONE
-    from tether.terminal import render_audit
+    from tether.surfaces.terminal import render_audit
 
     render_audit(session.out, found)
     return EXIT_DONE
 
 
 def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
-    from tether import demo
+    from tether.examples import demo
 
     spec = {
-        "tools": ["tether.demo:TOOLS"],
+        "tools": ["tether.examples.demo:TOOLS"],
         "system": demo.SYSTEM,
         "cwd": os.getcwd(),
         "max_steps": 10,
@@ -577,7 +577,7 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     """Every format goes to stdout unless -o, but PNG not to a terminal; images need Graphviz's ``dot``."""
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
-    from tether import diagram
+    from tether.views import diagram
 
     if args.format == "png" and not args.output and sys.stdout.isatty():
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
@@ -758,7 +758,7 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
         "include_parked": parked,
     }
     if args.dry_run or (sys.stdin.isatty() and not args.yes):
-        from tether.audit import DEFAULT_RUN_LIMIT
+        from tether.views.audit import DEFAULT_RUN_LIMIT
 
         listed = sorted(statuses | (PARKED_STATUSES if parked else set()))
         doomed = [
@@ -845,7 +845,7 @@ def _reader() -> Agent:
 
 def _print_error(label: str, error: Exception) -> None:
     """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
-    from tether.terminal import printable  # it may quote a model's or a tool's text too
+    from tether.surfaces.terminal import printable  # it may quote a model's or a tool's text too
 
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", printable(str(error))))
 
@@ -929,7 +929,7 @@ def _main(argv: Sequence[str] | None) -> int:
     session: _Session | None = None
     try:
         if args.command == "demo":
-            from tether import demo
+            from tether.examples import demo
 
             if args.workspace:
                 os.environ[demo.WORKSPACE_ENV] = args.workspace

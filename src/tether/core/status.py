@@ -2,7 +2,7 @@
 
 :class:`RunStatus` is what a run's row and its ``transition`` events store (the member's
 value, ``"executingTool"``); people read the member's name (``executing_tool``) everywhere:
-``--json``, ``tether runs``, the terminal. :class:`tether.machine.AgentMachine` is built from
+``--json``, ``tether runs``, the terminal. :class:`tether.core.machine.AgentMachine` is built from
 this enum, so the machine, the store and the CLI cannot disagree on the set. Nothing here
 imports anything of tether's: every layer, down to the stores, may use it.
 """

@@ -2,7 +2,7 @@
 
 An :class:`Approver` sees every pending call of a batch at once and answers with
 :class:`Approve` / :class:`Deny` per call id; a call it leaves out stays pending and the run
-stays parked. Nothing here knows about terminals — :mod:`tether.terminal` has that one.
+stays parked. Nothing here knows about terminals — :mod:`tether.surfaces.terminal` has that one.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.cache import canonical_json
+from tether.core.cache import canonical_json
 
 if TYPE_CHECKING:
     from tether.agent import Agent
-    from tether.state import PendingCall, RunState
+    from tether.core.state import PendingCall, RunState
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class PendingApproval:
 
     The one shape of a pending call: approvers get it, ``tether pending`` and the service
     list it, :class:`tether.RunResult` holds its :meth:`item`. Built from a run state by
-    :func:`pending_of`, from a run's row by :func:`tether.pending.pending_approvals`.
+    :func:`pending_of`, from a run's row by :func:`tether.views.pending.pending_approvals`.
     """
 
     run_id: str

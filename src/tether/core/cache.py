@@ -4,7 +4,7 @@ A tool marked ``@tool(cache_ttl=seconds)`` runs at most once per distinct input 
 time to live, across every process sharing a store. The split follows the engine's rule:
 
 - the driver looks the key up in the store before running the call (I/O) and, on a hit,
-  hands the value to :func:`tether.engine.on_cache_hit`, which makes it the call's result
+  hands the value to :func:`tether.core.engine.on_cache_hit`, which makes it the call's result
   without running the tool (no ``tool_started``, no execution counted);
 - on a miss a ``cache_miss`` record is written with the tool's start, and after a
   *successful* attempt the driver stores the tool's full serialised value. Errors are
@@ -22,10 +22,10 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from tether.events import CacheHit, CacheMiss
+from tether.core.events import CacheHit, CacheMiss
 
 if TYPE_CHECKING:
-    from tether.engine import RunTool
+    from tether.core.engine import RunTool
 
 
 def canonical_json(value: Any) -> str:

@@ -2,7 +2,8 @@
 
 ``@tool`` reads the function's type hints once, at decoration time, into a pydantic input
 model; each call validates the model's arguments against it before anything runs. The
-model never executes anything: the engine calls :meth:`Tool.execute` itself.
+model never executes anything: the engine calls :meth:`Tool.execute` itself. Attempts
+run under their timeouts in :mod:`tether.execution`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from typing import Any, Literal, TypedDict, Unpack, overload
 
 import pydantic
 
-from tether import attempts
-from tether.attempts import ToolExit as ToolExit  # noqa: PLC0414 - an explicit re-export: users catch it here
-from tether.attempts import ToolTimeout as ToolTimeout  # noqa: PLC0414 - an explicit re-export: users catch it here
 from tether.errors import ToolDefinitionError
-from tether.policies import NO_RETRY, ApprovalSetting, RetryPolicy
-from tether.policies import RetryLater as RetryLater  # noqa: PLC0414 - an explicit re-export: tools raise it from here
+from tether.execution import attempts
+from tether.execution.attempts import ToolExit as ToolExit
+from tether.execution.attempts import ToolTimeout as ToolTimeout
+from tether.policy.policies import NO_RETRY, ApprovalSetting, RetryPolicy
+from tether.policy.policies import RetryLater as RetryLater
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CALL_ID_PARAMETER = "tool_use_id"
@@ -86,7 +87,7 @@ class Tool:
     """Free-form labels (``mutates``, ``network``...) that policy rules match on."""
     cache_ttl: float | None = None
     """Seconds a successful result is reused for the same input, across processes sharing
-    the store (see :mod:`tether.cache`); None = never cached. Only for tools without side effects."""
+    the store (see :mod:`tether.core.cache`); None = never cached. Only for tools without side effects."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (tools stay ordinary functions)."""
@@ -141,7 +142,7 @@ class Tool:
 
         Raises whatever the tool raises, :class:`ToolTimeout` past the timeout, or
         :class:`UnserializableResult`. With ``run_id``, an attempt of a call whose earlier
-        attempt is still running waits for it instead of overlapping (see :mod:`tether.attempts`).
+        attempt is still running waits for it instead of overlapping (see :mod:`tether.execution.attempts`).
         """
         cancel = threading.Event()
         kwargs = self._kwargs(validated, call_id, cancel)

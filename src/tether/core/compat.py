@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.core.machine import MACHINE_VERSION
 from tether.errors import IncompatibleRun
-from tether.machine import MACHINE_VERSION
 from tether.stores import SCHEMA_VERSION
 from tether.tools import Tool
 

@@ -17,7 +17,7 @@ A run's timeline is built the same way: :func:`timeline` folds its events into a
 :class:`Timeline` of arrows and notes, and :func:`render_sequence` writes a Mermaid
 ``sequenceDiagram``.
 
-``python -m tether.diagram [DIR]`` writes ``agent-machine.mmd``, ``agent-machine.dot`` and
+``python -m tether.views.diagram [DIR]`` writes ``agent-machine.mmd``, ``agent-machine.dot`` and
 ``agent-machine.svg`` (what ``scripts/diagrams`` runs to refresh ``diagrams/``).
 """
 
@@ -39,8 +39,7 @@ from statemachine.contrib.diagram.model import DiagramGraph, DiagramState
 from statemachine.contrib.diagram.renderers.mermaid import MermaidRenderer, MermaidRendererConfig
 
 from tether.agent import Agent
-from tether.errors import TetherError
-from tether.events import (
+from tether.core.events import (
     ApprovalDecided,
     ApprovalRequested,
     Event,
@@ -54,11 +53,12 @@ from tether.events import (
     Transition,
     Warned,
 )
-from tether.history import text_of
-from tether.machine import AgentMachine
-from tether.runner import RunResult
-from tether.state import RunState
-from tether.status import ENDED
+from tether.core.history import text_of
+from tether.core.machine import AgentMachine
+from tether.core.state import RunState
+from tether.core.status import ENDED
+from tether.drivers.runner import RunResult
+from tether.errors import TetherError
 from tether.stores import RunRecord, Store
 from tether.tools import Tool
 
@@ -748,10 +748,10 @@ def generated() -> dict[str, bytes]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tether.diagram [DIR]``: (re)write the generated diagrams into DIR."""
+    """``python -m tether.views.diagram [DIR]``: (re)write the generated diagrams into DIR."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or (args and args[0].startswith("-")):
-        print("usage: python -m tether.diagram [DIR]  (default: diagrams)", file=sys.stderr)
+        print("usage: python -m tether.views.diagram [DIR]  (default: diagrams)", file=sys.stderr)
         return 2
     directory = Path(args[0] if args else "diagrams")
     directory.mkdir(parents=True, exist_ok=True)

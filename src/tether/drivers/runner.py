@@ -1,6 +1,6 @@
 """Drivers: perform a drive's effects, send the outcomes back, until the drive ends.
 
-What to do and in which order is decided by :class:`tether.flow.Flow`, which does no I/O;
+What to do and in which order is decided by :class:`tether.core.flow.Flow`, which does no I/O;
 :class:`Runner` performs its effects with plain calls and :class:`AsyncRunner` awaits the
 slow ones (model, tools, waits). Loading, creating, deciding and cancelling live in
 :class:`_RunnerBase`.
@@ -8,7 +8,7 @@ A drive ends when the run is done, failed, cancelled, parked awaiting a decision
 approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
 holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
 A drive holds the run's lease from before its first model call or tool start to its end
-(:meth:`_RunnerBase.hold`, see :mod:`tether.leases`): one process drives a run at a time.
+(:meth:`_RunnerBase.hold`, see :mod:`tether.stores.leases`): one process drives a run at a time.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tether import engine, leases, rules
 from tether.agent import Agent
-from tether.approvals import Approver, Decision, Deny, PendingApproval, pending_of
-from tether.compat import check_versions
-from tether.errors import RunEnded
-from tether.events import Event
-from tether.flow import (
+from tether.core import engine
+from tether.core.approvals import Approver, Decision, Deny, PendingApproval, pending_of
+from tether.core.compat import check_versions
+from tether.core.events import Event
+from tether.core.flow import (
     Activity,
     Announce,
     Ask,
@@ -47,8 +46,11 @@ from tether.flow import (
     Sleep,
     StoreCache,
 )
-from tether.history import append_user_text, close_unanswered
-from tether.machine import MACHINE_VERSION
+from tether.core.history import append_user_text, close_unanswered
+from tether.core.machine import MACHINE_VERSION
+from tether.core.state import RunState
+from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
+from tether.errors import RunEnded
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -58,9 +60,8 @@ from tether.models import (
     TextListener,
     Usage,
 )
-from tether.state import RunState
-from tether.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
-from tether.stores import SCHEMA_VERSION, RunRecord, Store
+from tether.policy import rules
+from tether.stores import SCHEMA_VERSION, RunRecord, Store, leases
 from tether.stores.memory import MemoryStore
 
 T = TypeVar("T")
@@ -182,14 +183,14 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
 class _RunnerBase:
     """What both drivers share: everything but how the slow effects are performed.
 
-    A drive is a :class:`tether.flow.Flow`; this class performs each of its effects with plain
+    A drive is a :class:`tether.core.flow.Flow`; this class performs each of its effects with plain
     calls (:meth:`_perform`), which is all :class:`Runner` does; :class:`AsyncRunner` awaits the
     model, the tools and sleeps instead.
 
     ``approver`` answers gated calls during a drive. ``None`` means nobody will be asked:
     a gated call still parks the run (a later ``decide`` can free it), but a call a crash
     left in doubt reaches the model as interrupted and not re-run. Pass
-    :class:`~tether.approvals.DecideLater` when a person decides later (a service, the CLI's
+    :class:`~tether.core.approvals.DecideLater` when a person decides later (a service, the CLI's
     ``tether approve``): then calls in doubt park for them too.
 
     ``lease_ttl``: seconds the run's lease lasts unless renewed (a heartbeat renews it every
@@ -353,7 +354,7 @@ class _RunnerBase:
         return driven.result
 
     def _perform(self, effect: Effect) -> Any:
-        """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.flow`)."""
+        """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.core.flow`)."""
         match effect:
             case CheckLease(run_id):
                 lease = self._held.get(run_id)

@@ -17,21 +17,10 @@ from typing import Any
 
 import pydantic
 
-from tether import budgets
 from tether.agent import Agent
-from tether.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
-from tether.cache import hit_record
-from tether.errors import (
-    AlreadyDecided,
-    DeniedByPolicy,
-    IncompatibleRun,
-    InvalidEditedInput,
-    ModelError,
-    NotAwaitingApproval,
-    StaleFingerprint,
-    UnknownCall,
-)
-from tether.events import (
+from tether.core.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
+from tether.core.cache import hit_record
+from tether.core.events import (
     Allowed,
     ApprovalDecided,
     ApprovalRequested,
@@ -50,14 +39,25 @@ from tether.events import (
     Transition,
     Warned,
 )
-from tether.history import check_pairing, text_of, tool_uses
-from tether.machine import bind
+from tether.core.history import check_pairing, text_of, tool_uses
+from tether.core.machine import bind
+from tether.core.state import PendingCall, RunState
+from tether.core.status import AWAITING, ENDED, RunStatus
+from tether.errors import (
+    AlreadyDecided,
+    DeniedByPolicy,
+    IncompatibleRun,
+    InvalidEditedInput,
+    ModelError,
+    NotAwaitingApproval,
+    StaleFingerprint,
+    UnknownCall,
+)
 from tether.models import ModelRequest, ModelResponse
-from tether.policies import ApprovalContext, ApprovalVerdict
-from tether.pricing import price_for
-from tether.rules import decide_call, denial
-from tether.state import PendingCall, RunState
-from tether.status import AWAITING, ENDED, RunStatus
+from tether.policy import budgets
+from tether.policy.policies import ApprovalContext, ApprovalVerdict
+from tether.policy.pricing import price_for
+from tether.policy.rules import decide_call, denial
 from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
@@ -140,7 +140,7 @@ def next_action(
 ) -> Action:
     """The next thing to do for ``state``; pure.
 
-    The caller holds the run's lease (see :mod:`tether.leases`), so a call in flight (its
+    The caller holds the run's lease (see :mod:`tether.stores.leases`), so a call in flight (its
     start recorded, its end not) was abandoned by the driver that started it: it is in doubt.
     ``can_ask`` says whether anyone can answer a question (the driver has an approver): if
     not, a call in doubt whose policy is ``"ask"`` gets the ``"error"`` result instead.
@@ -320,7 +320,7 @@ def _verdict(
 ) -> tuple[ApprovalVerdict, list[Warned], Allowed]:
     """The agent's policy, else the tool's setting, softened by an approval for the run.
 
-    Also says who would let the call run unasked (see :class:`~tether.events.Allowed`).
+    Also says who would let the call run unasked (see :class:`~tether.core.events.Allowed`).
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """

@@ -44,9 +44,9 @@ from typing import Any, Final, Literal, get_args
 
 import pydantic
 
+from tether.core.events import Event, Warned
 from tether.errors import ConfigError
-from tether.events import Event, Warned
-from tether.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
+from tether.policy.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
 from tether.tools import Tool
 
 Action = Literal["allow", "require_approval", "deny", "warn"]

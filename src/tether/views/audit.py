@@ -23,9 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tether.durations import parse_ago
-from tether.errors import RunNotFound
-from tether.events import (
+from tether.core.events import (
     Allowed,
     ApprovalDecided,
     ApprovalRequested,
@@ -41,6 +39,8 @@ from tether.events import (
     ToolStarted,
     Warned,
 )
+from tether.durations import parse_ago
+from tether.errors import RunNotFound
 from tether.stores import RunRecord, Store
 
 DEFAULT_RUN_LIMIT = 1_000_000

@@ -4,10 +4,10 @@ Like httpx's ``Auth.auth_flow``, :class:`Flow` decides and does no I/O: it yield
 effect (call the model, run a tool attempt, persist these events, ask the approver, sleep,
 read the store...), the driver performs it and sends the outcome back with ``send`` (or
 raises what performing it raised into the flow with ``throw``), until the flow returns.
-:class:`~tether.runner.Runner` performs effects with plain calls and
-:class:`~tether.runner.AsyncRunner` awaits the slow ones; an async store is just another
+:class:`~tether.drivers.runner.Runner` performs effects with plain calls and
+:class:`~tether.drivers.runner.AsyncRunner` awaits the slow ones; an async store is just another
 shell awaiting :class:`Persist`. What the flow decides per step comes from
-:mod:`tether.engine`; the flow adds the order of work around it (the lease checked before
+:mod:`tether.core.engine`; the flow adds the order of work around it (the lease checked before
 deciding, a tool's start committed before it runs, a cache looked up first, transient store
 errors tried again) and the few clock readings it needs, from the injected clocks.
 
@@ -39,15 +39,15 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tether import cache, engine
 from tether.agent import Agent
-from tether.approvals import Decision, PendingApproval, pending_of
-from tether.compat import check_compatible
+from tether.core import cache, engine
+from tether.core.approvals import Decision, PendingApproval, pending_of
+from tether.core.compat import check_compatible
+from tether.core.events import Event, Fact
+from tether.core.state import RunState
+from tether.core.status import AWAITING, RunStatus
 from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
-from tether.events import Event, Fact
 from tether.models import ModelResponse
-from tether.state import RunState
-from tether.status import AWAITING, RunStatus
 from tether.stores import RunLog, RunRecord
 
 STORE_RETRY_WAITS = (0.1, 0.5, 2.0)

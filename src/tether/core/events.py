@@ -1,6 +1,6 @@
 """Events: the append-only facts a run's steps recorded.
 
-A run is nothing but its events; :mod:`tether.state` folds them into the current state,
+A run is nothing but its events; :mod:`tether.core.state` folds them into the current state,
 so a resumed run is rebuilt exactly, and each step writes only what it added.
 
 Each kind of fact is a frozen dataclass with a literal tag (``kind``); :data:`Fact` is their
@@ -38,7 +38,7 @@ def _frozen(cls: _Cls) -> _Cls:
 
 @_frozen
 class Allowed:
-    """Who let a call run without asking anyone then (see ``tether.engine._verdict``), for the audit."""
+    """Who let a call run without asking anyone then (see ``tether.core.engine._verdict``), for the audit."""
 
     by: str | None
     """``policy`` (a rule or the tool's approval callable), ``approved_for_run`` (a person's
@@ -60,7 +60,7 @@ class RequestedCall:
     """What would run: the model's input, or a person's earlier edit (free JSON)."""
     reason: str = ""
     fingerprint: str = ""
-    """Hash of ``input`` (``tether.engine.fingerprint``): a decision binds to what was shown."""
+    """Hash of ``input`` (``tether.core.engine.fingerprint``): a decision binds to what was shown."""
     last_error: str | None = None
     """The error of the last failed attempt, when a retry policy escalated the call."""
 
@@ -406,7 +406,7 @@ class RunFinished:
 
 @_frozen
 class CacheHit:
-    """A cached result answered a call; the tool did not run (see :mod:`tether.cache`)."""
+    """A cached result answered a call; the tool did not run (see :mod:`tether.core.cache`)."""
 
     kind: ClassVar[Literal["cache_hit"]] = "cache_hit"
     call_id: str

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether import events as ev
-from tether.events import Event, Fact
-from tether.history import Message, append_user_text, text_of, tool_result_block, tool_uses
+from tether.core import events as ev
+from tether.core.events import Event, Fact
+from tether.core.history import Message, append_user_text, text_of, tool_result_block, tool_uses
+from tether.core.status import RunStatus
 from tether.models import Usage
-from tether.status import RunStatus
 
 
 @dataclass
@@ -51,7 +51,7 @@ class ToolOutcome:
 class InFlightCall:
     """Who started a tool call whose end is not recorded.
 
-    Not who runs it now: whoever holds the run's lease owns the run (see :mod:`tether.leases`),
+    Not who runs it now: whoever holds the run's lease owns the run (see :mod:`tether.stores.leases`),
     so to that driver every call in flight was abandoned.
     """
 
@@ -70,7 +70,7 @@ class RunState:
     """How the run was started: model, tools, system, limits (for resume)."""
     tenant: str | None = None
     status: str | None = None
-    """The machine's persisted state value (a :class:`~tether.status.RunStatus` value)."""
+    """The machine's persisted state value (a :class:`~tether.core.status.RunStatus` value)."""
     version: int = 0
     """Optimistic-concurrency version: the number of committed steps."""
     next_seq: int = 0
@@ -109,7 +109,7 @@ class RunState:
     tool_seconds: float = 0.0
     """Summed duration of the tool attempts."""
     budget_warned: set[str] = field(default_factory=set)
-    """Limits already warned about (each is warned once; see :attr:`tether.budgets.Reading.key`)."""
+    """Limits already warned about (each is warned once; see :attr:`tether.policy.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
     output: str | None = None
@@ -121,7 +121,7 @@ class RunState:
     created_at: float = 0.0
     updated_at: float = 0.0
     bound_machine: Any = field(default=None, init=False, repr=False, compare=False)
-    """Cache for :func:`tether.machine.bind`: building a machine costs more than a whole step."""
+    """Cache for :func:`tether.core.machine.bind`: building a machine costs more than a whole step."""
     pairing_checked: tuple[Any, int, Any] | None = field(default=None, init=False, repr=False, compare=False)
     """Memo of the engine's last pairing check: (messages list, its length, its last message)."""
 
@@ -217,7 +217,7 @@ def _fold(state: RunState, fact: Fact) -> None:
         case ev.Warned(budget=budget, limit=limit):
             if budget:
                 state.budget_warned.add(budget)
-            if limit:  # a hard cap of Limits (see tether.budgets.Reading.key)
+            if limit:  # a hard cap of Limits (see tether.policy.budgets.Reading.key)
                 state.budget_warned.add(f"limits.{limit}")
         case ev.CallAbandoned(call_id=call_id):
             started = state.in_flight.get(call_id)

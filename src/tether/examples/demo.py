@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether.core.history import Message
 from tether.errors import ConfigError
-from tether.history import Message
 from tether.models import ModelRequest
 from tether.tools import tool
 
