@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from support import tool_use
-from tether import Agent, Approve, RetryPolicy, tool
+from tether import Agent, Approve, Limits, RetryPolicy, tool
 from tether.core import cache, engine
 from tether.core.approvals import Decision
 from tether.core.engine import CallModel, Step, cancellation, start_events
@@ -632,3 +632,17 @@ def cache_key_of(state: RunState, call_id: str) -> str:
     assert isinstance(action, engine.RunTool)
     assert action.call.call_id == call_id
     return cache.key_for(action, tenant=state.tenant)
+
+
+def test_calls_under_way_count_against_the_tool_call_limit() -> None:
+    """With max_tool_calls=2, a third concurrent call is not launched beside two running ones:
+    once they are recorded, it fails the run at the limit, as it would one call at a time."""
+    agent = Agent(model=ScriptedModel([]), tools=TOOLS, limits=Limits(max_tool_calls=2))
+    world = batch_world(("a", "fetch"), ("b", "fetch"), ("c", "fetch"), landings=[[("a", "1"), ("b", "2")]])
+    state = new_run()
+    world.run(flow(agent).step(state))
+    world.run(flow(agent).step(state))
+    assert [e.attempt.action.call.call_id for e in world.effects if isinstance(e, Launch)] == ["a", "b"]
+    world.run(flow(agent).step(state))
+    assert state.status == "failed"
+    assert state.error == "max_tool_calls limit reached: 2 tool executions"
