@@ -32,7 +32,7 @@ Effects and what performing one gives back:
 ====================== ==========================================================
 
 Concurrent calls (tools that :meth:`~tether.Agent.runs_concurrently`) are the one place a step
-has several attempts under way: see :meth:`Flow.step`.
+has several attempts under way: see :meth:`Flow._run_batch`.
 """
 
 from __future__ import annotations
