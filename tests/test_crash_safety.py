@@ -6,6 +6,8 @@ explains: an idempotent call in doubt is re-run, a finished call (a parallel sib
 included) never is, and a side effect in doubt runs again only with a recorded approval.
 The killed driver's lease keeps the run busy until it expires (half a second here); only
 then does the next process take the run over.
+Each way of running the two calls is checked: one after the other, and concurrently on
+Runner and AsyncRunner (where both are under way at once, so a crash can leave both in doubt).
 Runs on SQLite and on PostgreSQL in a fresh schema (the db_url fixture, conftest.py).
 """
 
@@ -15,6 +17,7 @@ import json
 import subprocess
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,9 @@ CLEAN_WRITES = 7  # store writes of an uninterrupted run; checked by test_clean_
 
 
 def drive(
-    workdir: Path, db_url: str, run_id: str, crash: str, approver: str = "deny"
+    workdir: Path, db_url: str, run_id: str, crash: str, approver: str = "deny", mode: str = "serial"
 ) -> subprocess.CompletedProcess[str]:
-    return run_python(str(DRIVER), str(workdir), db_url, run_id, crash, approver)
+    return run_python(str(DRIVER), str(workdir), db_url, run_id, crash, approver, mode)
 
 
 def crash_points() -> list[str]:
@@ -42,21 +45,67 @@ def crash_points() -> list[str]:
     return [*points, "in-tool:send_email", "in-tool:fetch_price"]
 
 
-# Store writes of a clean run: 1 create, 2 model response, 3/4 fetch_price (toolu_a) started/
-# finished, 5/6 send_email (toolu_b) started/finished, 7 the final model response.
-FETCH_IN_DOUBT = {"after-append:3", "before-append:4", "in-tool:fetch_price"}
-"""fetch_price's start was committed and its result never was: idempotent, so it is run again."""
-EMAIL_IN_DOUBT = {"after-append:5", "before-append:6", "in-tool:send_email"}
-"""The same for send_email, a side effect: someone must decide."""
-RAN_BEFORE_CRASH = {"before-append:4", "in-tool:fetch_price", "before-append:6", "in-tool:send_email"}
-"""Of those, the points where the tool had really run before the process died."""
+@dataclass(frozen=True)
+class Schedule:
+    """Where each call stands at each crash point, for one way of running the two calls."""
+
+    fetch_in_doubt: frozenset[str]
+    """fetch_price's start was committed and its result never was: idempotent, so it is run again."""
+    email_in_doubt: frozenset[str]
+    """The same for send_email, a side effect: someone must decide."""
+    fetch_ran: frozenset[str]
+    """Of ``fetch_in_doubt``, the points where the tool had really run before the process died."""
+    email_ran: frozenset[str]
+    """Of ``email_in_doubt``, the same."""
 
 
-def expected_effects(crash: str, approver: str) -> Counter[str]:
+# Store writes of a clean serial run: 1 create, 2 model response, 3/4 fetch_price (toolu_a)
+# started/finished, 5/6 send_email (toolu_b) started/finished, 7 the final model response.
+SERIAL = Schedule(
+    fetch_in_doubt=frozenset({"after-append:3", "before-append:4", "in-tool:fetch_price"}),
+    email_in_doubt=frozenset({"after-append:5", "before-append:6", "in-tool:send_email"}),
+    fetch_ran=frozenset({"before-append:4", "in-tool:fetch_price"}),
+    email_ran=frozenset({"before-append:6", "in-tool:send_email"}),
+)
+# Concurrently (crash_driver.Meeting fixes the order): 1 create, 2 model response, 3/4 the
+# starts of toolu_a and toolu_b (toolu_a is launched between them), 5/6 their results, 7 the
+# final model response. send_email's effect comes before fetch_price's, and both before
+# either result is committed.
+CONCURRENT = Schedule(
+    fetch_in_doubt=frozenset(
+        [
+            "after-append:3",
+            "before-append:4",
+            "after-append:4",
+            "before-append:5",
+            "in-tool:send_email",
+            "in-tool:fetch_price",
+        ]
+    ),
+    email_in_doubt=frozenset(
+        [
+            "after-append:4",
+            "before-append:5",
+            "after-append:5",
+            "before-append:6",
+            "in-tool:send_email",
+            "in-tool:fetch_price",
+        ]
+    ),
+    fetch_ran=frozenset(["before-append:5", "in-tool:fetch_price"]),
+    email_ran=frozenset(
+        ["before-append:5", "after-append:5", "before-append:6", "in-tool:send_email", "in-tool:fetch_price"]
+    ),
+)
+SCHEDULES = {"serial": SERIAL, "concurrent": CONCURRENT, "concurrent-async": CONCURRENT}
+MODES = sorted(SCHEDULES)
+
+
+def expected_effects(crash: str, approver: str, schedule: Schedule = SERIAL) -> Counter[str]:
     """How many times each call really ran, across both processes."""
-    fetch = 1 + (crash in FETCH_IN_DOUBT and crash in RAN_BEFORE_CRASH)
-    email = int(crash in EMAIL_IN_DOUBT and crash in RAN_BEFORE_CRASH)
-    if crash not in EMAIL_IN_DOUBT or approver == "approve":
+    fetch = 1 + (crash in schedule.fetch_ran)
+    email = int(crash in schedule.email_ran)
+    if crash not in schedule.email_in_doubt or approver == "approve":
         email += 1
     return Counter({"fetch_price toolu_a": fetch, "send_email toolu_b": email})
 
@@ -87,9 +136,10 @@ def last_result(events: list[Event], call_id: str) -> dict[str, Any]:
     return [e.data for e in events if e.type == "tool_finished" and e.data["call_id"] == call_id][-1]
 
 
-def test_clean_run_write_count(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_clean_run_write_count(mode: str, tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'runs.db'}"
-    done = drive(tmp_path, db_url, "run_clean", "none")
+    done = drive(tmp_path, db_url, "run_clean", "none", mode=mode)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == "done"
@@ -97,34 +147,39 @@ def test_clean_run_write_count(tmp_path: Path) -> None:
     assert result["store_writes"] == CLEAN_WRITES
     checked = check_run(tmp_path, db_url, "run_clean")
     assert checked["effects"] == expected_effects("none", "deny")
+    events = checked["events"]
+    assert isinstance(events, list)
+    assert not any(e.data.get("is_error") for e in events if e.type == "tool_finished")  # the calls met
 
 
-def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str) -> dict[str, Any]:
+def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str, mode: str = "serial") -> dict[str, Any]:
     run_id = f"run_crash_{abs(hash((crash, str(tmp_path)))) % 10**12}"
-    first = drive(tmp_path, db_url, run_id, crash, approver)
+    first = drive(tmp_path, db_url, run_id, crash, approver, mode)
     assert first.returncode == -9, f"the driver should have been killed at {crash}: {first.stderr}"
-    second = drive(tmp_path, db_url, run_id, "none", approver)
+    second = drive(tmp_path, db_url, run_id, "none", approver, mode)
     deadline = time.monotonic() + 30
     while second.returncode == 5:  # the dead driver's lease has not expired yet: the run is busy
         assert time.monotonic() < deadline, "the killed driver's lease never expired"
-        second = drive(tmp_path, db_url, run_id, "none", approver)
+        second = drive(tmp_path, db_url, run_id, "none", approver, mode)
     assert second.returncode == 0, second.stderr
     result = json.loads(second.stdout)
     assert result["status"] == "done", result
     checked = check_run(tmp_path, db_url, run_id)
-    assert checked["effects"] == expected_effects(crash, approver), crash
+    assert checked["effects"] == expected_effects(crash, approver, SCHEDULES[mode]), crash
     return checked
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("crash", crash_points())
-def test_killed_run_resumes_exactly_once(crash: str, db_url: str, tmp_path: Path) -> None:
-    events = crash_and_resume(tmp_path, db_url, crash, "deny")["events"]
+def test_killed_run_resumes_exactly_once(crash: str, mode: str, db_url: str, tmp_path: Path) -> None:
+    events = crash_and_resume(tmp_path, db_url, crash, "deny", mode)["events"]
+    schedule = SCHEDULES[mode]
     asked = [item["call_id"] for e in events if e.type == "approval_requested" for item in e.data["calls"]]
-    if crash in FETCH_IN_DOUBT:  # the interrupted idempotent call ran again, unasked
+    if crash in schedule.fetch_in_doubt:  # the interrupted idempotent call ran again, unasked
         assert attempts_started(events, "toolu_a") == [1, 2]
     else:
         assert attempts_started(events, "toolu_a") == [1]
-    if crash in EMAIL_IN_DOUBT:
+    if crash in schedule.email_in_doubt:
         # it started and may have run: never silently re-run; the model is told instead
         assert asked == ["toolu_b"]
         assert attempts_started(events, "toolu_b") == [1]
@@ -138,19 +193,27 @@ def test_killed_run_resumes_exactly_once(crash: str, db_url: str, tmp_path: Path
         assert asked == []
 
 
-@pytest.mark.parametrize("crash", sorted(EMAIL_IN_DOUBT))
-def test_an_approved_rerun_of_a_side_effect_is_recorded(crash: str, db_url: str, tmp_path: Path) -> None:
-    events = crash_and_resume(tmp_path, db_url, crash, "approve")["events"]
+def in_doubt_emails() -> list[tuple[str, str]]:
+    """(mode, crash) for every crash point leaving send_email in doubt, serially and concurrently."""
+    return [(mode, crash) for mode in ("serial", "concurrent") for crash in sorted(SCHEDULES[mode].email_in_doubt)]
+
+
+@pytest.mark.parametrize(("mode", "crash"), in_doubt_emails())
+def test_an_approved_rerun_of_a_side_effect_is_recorded(mode: str, crash: str, db_url: str, tmp_path: Path) -> None:
+    events = crash_and_resume(tmp_path, db_url, crash, "approve", mode)["events"]
     decided = [e.data for e in events if e.type == "approval_decided"]
     assert [(d["call_id"], d["approved"], d["actor"]) for d in decided] == [("toolu_b", True, "harness")]
     assert attempts_started(events, "toolu_b") == [1, 2]
     assert last_result(events, "toolu_b")["content"] == "sent to ops@example.com"
-    assert attempts_started(events, "toolu_a") == [1]  # the finished sibling never ran again
+    # a sibling that finished never ran again (concurrently, it may have been in doubt too)
+    assert attempts_started(events, "toolu_a") == ([1, 2] if crash in SCHEDULES[mode].fetch_in_doubt else [1])
 
 
-@pytest.mark.parametrize("crash", sorted(EMAIL_IN_DOUBT))
-def test_without_an_approver_the_model_is_told_the_call_was_not_rerun(crash: str, db_url: str, tmp_path: Path) -> None:
-    events = crash_and_resume(tmp_path, db_url, crash, "none")["events"]
+@pytest.mark.parametrize(("mode", "crash"), in_doubt_emails())
+def test_without_an_approver_the_model_is_told_the_call_was_not_rerun(
+    mode: str, crash: str, db_url: str, tmp_path: Path
+) -> None:
+    events = crash_and_resume(tmp_path, db_url, crash, "none", mode)["events"]
     assert [e for e in events if e.type.startswith("approval_")] == []  # nobody to ask: not parked
     result = last_result(events, "toolu_b")
     assert result["is_error"] is True

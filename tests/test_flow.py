@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from support import tool_use
-from tether import Agent, Approve, RetryPolicy, tool
+from tether import Agent, Approve, Limits, RetryPolicy, tool
+from tether.core import cache, engine
 from tether.core.approvals import Decision
 from tether.core.engine import CallModel, Step, cancellation, start_events
 from tether.core.events import Event
@@ -31,11 +32,14 @@ from tether.core.flow import (
     Effect,
     Flow,
     Flowing,
+    Landed,
+    Launch,
     LoadLog,
     LoadRun,
     LookUpCache,
     Notify,
     Persist,
+    RunningTools,
     ShownStatus,
     Sleep,
     StoreCache,
@@ -88,7 +92,38 @@ def cached(path: str) -> str:
     raise AssertionError("the flow never runs a tool itself")
 
 
-AGENT = Agent(model=ScriptedModel([]), tools=[look, delete, flaky, brittle, finish, cached])
+@tool(concurrent=True)
+def fetch(path: str) -> str:
+    """Runs beside the other concurrent calls of its turn."""
+    raise AssertionError("the flow never runs a tool itself")
+
+
+@tool(concurrent=True, retry=RetryPolicy(max_attempts=2, initial_delay=5.0, retry_on=(ValueError,)))
+def fetch_flaky(path: str) -> str:
+    """Concurrent, and fails now and then."""
+    raise AssertionError("the flow never runs a tool itself")
+
+
+@tool(concurrent=True, retry=RetryPolicy(retry_on=(ValueError,), on_exhausted="fail"))
+def fetch_brittle(path: str) -> str:
+    """Concurrent; a failure ends the run."""
+    raise AssertionError("the flow never runs a tool itself")
+
+
+@tool(concurrent=True, retry=RetryPolicy(retry_on=(ValueError,), on_exhausted="escalate"))
+def fetch_shaky(path: str) -> str:
+    """Concurrent; a failure is put to a person."""
+    raise AssertionError("the flow never runs a tool itself")
+
+
+@tool(concurrent=True, cache_ttl=60.0)
+def fetch_cached(path: str) -> str:
+    """Concurrent, with its results kept."""
+    raise AssertionError("the flow never runs a tool itself")
+
+
+TOOLS = [look, delete, flaky, brittle, finish, cached, fetch, fetch_flaky, fetch_brittle, fetch_shaky, fetch_cached]
+AGENT = Agent(model=ScriptedModel([]), tools=TOOLS)
 """The model is never called: :class:`World` answers every ``CallModel``."""
 
 
@@ -115,6 +150,8 @@ class World:
     tools: list[str | Exception] = field(default_factory=list)
     decisions: Mapping[str, Decision] = field(default_factory=dict)
     cache: dict[str, str] = field(default_factory=dict)
+    landings: list[list[tuple[str, str | Exception]]] = field(default_factory=list)
+    """What each Landed gives back: the calls (by id) whose launched attempts ended, with their outcomes."""
     store_errors: list[StoreError] = field(default_factory=list)
     """Raised by the next Persist effects, one each."""
     effects: list[Effect] = field(default_factory=list)
@@ -139,6 +176,12 @@ class World:
                 if isinstance(outcome, Exception):
                     raise outcome
                 return outcome
+            case Launch(attempt):
+                return attempt.action.call.call_id  # the handle Landed names it by
+            case Landed(handles):
+                landed = self.landings.pop(0)
+                assert all(call_id in handles for call_id, _ in landed), (landed, handles)
+                return landed
             case Ask():
                 return self.decisions
             case LookUpCache(key):
@@ -173,8 +216,8 @@ def new_run() -> RunState:
     return state
 
 
-def flow() -> Flow:
-    return Flow(AGENT, owner="test-driver", can_ask=True, clock=lambda: NOW, timer=lambda: 0.0)
+def flow(agent: Agent = AGENT) -> Flow:
+    return Flow(agent, owner="test-driver", can_ask=True, clock=lambda: NOW, timer=lambda: 0.0)
 
 
 Act = Callable[[Flow, RunState], Flowing[Any]]
@@ -197,6 +240,10 @@ TOOL_STEP = [CheckLease, Announce, CheckLease, Persist, Notify, Attempt, CheckLe
 DECIDED_STEP = [CheckLease, CheckLease, Persist, Notify]
 """A step the engine decided without I/O (a gate, a final result, a limit)."""
 COMMIT = [CheckLease, Persist, Notify]
+BATCH_OF_TWO = [CheckLease, Announce, *COMMIT, Launch, *COMMIT, Launch]
+"""The start of a batch: each call's start committed before it is launched."""
+LANDED = [Announce, Landed, *COMMIT]
+"""Waiting for the running calls (announced), then committing the one that ended."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +257,9 @@ class Row:
     decisions: Mapping[str, Decision] = field(default_factory=dict)
     setup_steps: int = 0
     """Steps taken (answered from the same script) to reach the source state."""
+    landings: list[list[tuple[str, str | Exception]]] = field(default_factory=list)
+    how: str = ""
+    """Told apart from another row of the same transition (``batch``: concurrent calls)."""
 
 
 ROWS = [
@@ -249,6 +299,44 @@ ROWS = [
         DECIDED_STEP,
         model=[asks(("a", "delete"))],
         setup_steps=1,
+    ),
+    Row(
+        ("tool_finished", "executing_tool", "executing_tool"),
+        step,
+        [*BATCH_OF_TWO, *LANDED, *LANDED],
+        model=[asks(("a", "fetch"), ("b", "fetch"))],
+        landings=[[("b", "second")], [("a", "first")]],
+        setup_steps=1,
+        how="batch",
+    ),
+    Row(
+        ("retry_scheduled", "executing_tool", "executing_tool"),
+        step,
+        [*BATCH_OF_TWO, *LANDED, *LANDED],
+        model=[asks(("a", "fetch_flaky"), ("b", "fetch"))],
+        landings=[[("a", ValueError("flaky"))], [("b", "read")]],
+        setup_steps=1,
+        how="batch",
+    ),
+    # Escalations and failures wait until no call of the batch runs any more, then are
+    # committed as one step each: every escalated call shown in one question.
+    Row(
+        ("approval_needed", "executing_tool", "awaiting_approval"),
+        step,
+        [*BATCH_OF_TWO, Announce, Landed, Announce, Landed, *COMMIT],
+        model=[asks(("a", "fetch_shaky"), ("b", "fetch_shaky"))],
+        landings=[[("a", ValueError("down"))], [("b", ValueError("down"))]],
+        setup_steps=1,
+        how="batch",
+    ),
+    Row(
+        ("fail", "executing_tool", "failed"),
+        step,
+        [*BATCH_OF_TWO, Announce, Landed, *COMMIT],
+        model=[asks(("a", "fetch_brittle"), ("b", "fetch_brittle"))],
+        landings=[[("a", ValueError("broken")), ("b", ValueError("broken"))]],
+        setup_steps=1,
+        how="batch",
     ),
     Row(
         ("fail", "executing_tool", "failed"),
@@ -314,9 +402,11 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=["{}:{}->{}".format(*row.transition) for row in ROWS])
+@pytest.mark.parametrize(
+    "row", ROWS, ids=["{}:{}->{}".format(*row.transition) + (f"({row.how})" if row.how else "") for row in ROWS]
+)
 def test_each_transition_from_canned_outcomes(row: Row) -> None:
-    world = World(model=list(row.model), tools=list(row.tools), decisions=row.decisions)
+    world = World(model=list(row.model), tools=list(row.tools), decisions=row.decisions, landings=list(row.landings))
     state = new_run()
     for _ in range(row.setup_steps):
         world.run(flow().step(state))
@@ -330,6 +420,7 @@ def test_each_transition_from_canned_outcomes(row: Row) -> None:
     assert world.transitions()[0] == row.transition
     assert not world.model  # every canned outcome was asked for
     assert not world.tools
+    assert not world.landings
 
 
 def test_every_machine_transition_has_a_row() -> None:
@@ -421,3 +512,137 @@ def test_a_stale_write_during_a_drive_says_what_the_run_is_now() -> None:
     world.perform = perform  # type: ignore[method-assign]
     with pytest.raises(StaleRun, match=r"changed by another process while this one drove it \(it is now cancelled\)"):
         world.run(drive(flow(), state))
+
+
+# Concurrent calls ---------------------------------------------------------------------------
+def batch_world(*calls: tuple[str, str], landings: list[list[tuple[str, str | Exception]]]) -> World:
+    return World(model=[asks(*calls)], landings=landings)
+
+
+def test_each_concurrent_call_is_started_then_launched_and_waited_for_with_the_others_announced() -> None:
+    world = batch_world(("a", "fetch"), ("b", "fetch"), landings=[[("a", "one"), ("b", "two")]])
+    state = new_run()
+    world.run(flow().step(state))
+    world.effects.clear()
+    world.run(flow().step(state))
+    launches = [i for i, effect in enumerate(world.effects) if isinstance(effect, Launch)]
+    starts = [e for e in world.effects if isinstance(e, Persist) and any(x.type == "tool_started" for x in e.events)]
+    assert [e.events[-1].data["call_id"] for e in starts] == ["a", "b"]
+    for launch, start in zip(launches, starts, strict=True):
+        assert world.effects.index(start) < launch  # committed before it runs
+    announced = [e.activity for e in world.effects if isinstance(e, Announce)]
+    assert [type(a).__name__ for a in announced] == ["RunTool", "RunningTools"]
+    running = announced[1]
+    assert isinstance(running, RunningTools)
+    assert [action.call.call_id for action in running.calls] == ["a", "b"]
+    assert state.messages[-1]["content"] == [
+        {"type": "tool_result", "tool_use_id": "a", "content": "one"},
+        {"type": "tool_result", "tool_use_id": "b", "content": "two"},
+    ]
+
+
+def test_at_most_max_concurrent_tools_attempts_are_out_at_once() -> None:
+    agent = Agent(model=ScriptedModel([]), tools=TOOLS, max_concurrent_tools=2)
+    world = batch_world(
+        ("a", "fetch"), ("b", "fetch"), ("c", "fetch"), landings=[[("b", "2")], [("a", "1")], [("c", "3")]]
+    )
+    state = new_run()
+    world.run(flow(agent).step(state))
+    world.effects.clear()
+    world.run(flow(agent).step(state))
+    out = [
+        (type(e).__name__, e.attempt.action.call.call_id if isinstance(e, Launch) else len(e.handles))
+        for e in world.effects
+        if isinstance(e, Launch | Landed)
+    ]
+    assert out == [("Launch", "a"), ("Launch", "b"), ("Landed", 2), ("Launch", "c"), ("Landed", 2), ("Landed", 1)]
+    assert [block["content"] for block in state.messages[-1]["content"]] == ["1", "2", "3"]
+
+
+def test_a_call_running_alone_is_attempted_as_before() -> None:
+    """A concurrent call with no concurrent sibling ready is one plain attempt."""
+    world = World(model=[asks(("a", "fetch"), ("b", "look"))], tools=["one", "two"])
+    state = new_run()
+    world.run(flow().step(state))
+    world.effects.clear()
+    world.run(flow().step(state))
+    assert [type(effect) for effect in world.effects] == TOOL_STEP
+
+
+def test_a_batch_commits_the_others_results_before_the_failure_that_ends_the_run() -> None:
+    world = batch_world(("a", "fetch_brittle"), ("b", "fetch"), landings=[[("a", ValueError("broken"))], [("b", "ok")]])
+    state = new_run()
+    world.run(flow().step(state))
+    world.persisted.clear()
+    world.run(flow().step(state))
+    assert world.transitions() == [
+        ("tool_finished", "executing_tool", "executing_tool"),
+        ("fail", "executing_tool", "failed"),
+    ]
+    finished = [(e.data["call_id"], e.data["is_error"]) for e in world.persisted if e.type == "tool_finished"]
+    assert finished == [("b", False), ("a", True)]
+    assert "broken" in (state.error or "")
+
+
+def test_a_failure_held_back_stops_further_launches() -> None:
+    agent = Agent(model=ScriptedModel([]), tools=TOOLS, max_concurrent_tools=2)
+    calls = (("a", "fetch_brittle"), ("b", "fetch"), ("c", "fetch"))
+    world = batch_world(*calls, landings=[[("a", ValueError("broken"))], [("b", "ok")]])
+    state = new_run()
+    world.run(flow(agent).step(state))
+    world.run(flow(agent).step(state))
+    assert [e.attempt.action.call.call_id for e in world.effects if isinstance(e, Launch)] == ["a", "b"]
+    assert state.status == "failed"
+
+
+def test_escalations_of_one_batch_are_asked_about_in_one_question() -> None:
+    world = batch_world(
+        ("a", "fetch_shaky"), ("b", "fetch"), ("c", "fetch_shaky"),
+        landings=[[("a", ValueError("down")), ("b", "ok"), ("c", ValueError("down"))]],
+    )  # fmt: skip
+    state = new_run()
+    world.run(flow().step(state))
+    world.persisted.clear()
+    world.run(flow().step(state))
+    asked = [e.data for e in world.persisted if e.type == "approval_requested"]
+    assert [[c["call_id"] for c in a["calls"]] for a in asked] == [["a", "c"]]
+    assert asked[0]["escalation"] is True
+    assert state.pending_approvals() == [state.batch[0], state.batch[2]]
+    assert state.in_flight == {}  # each escalated attempt ended; nothing is in doubt
+
+
+def test_a_cached_concurrent_call_is_answered_without_a_launch() -> None:
+    uses = [tool_use("a", "fetch_cached", {"path": "x"}), tool_use("b", "fetch_cached", {"path": "y"})]
+    world = World(model=[reply([*uses, tool_use("c", "fetch", {"path": "z"})], "tool_use")])
+    world.landings = [[("b", "2"), ("c", "3")]]
+    state = new_run()
+    world.run(flow().step(state))
+    hit = cache_key_of(state, "a")
+    world.cache[hit] = "1"
+    world.effects.clear()
+    world.run(flow().step(state))
+    assert [e.attempt.action.call.call_id for e in world.effects if isinstance(e, Launch)] == ["b", "c"]
+    assert [block["content"] for block in state.messages[-1]["content"]] == ["1", "2", "3"]
+    stored = [effect.value for effect in world.effects if isinstance(effect, StoreCache)]
+    assert stored == ["2"]  # a fresh result of a cached tool is kept
+
+
+def cache_key_of(state: RunState, call_id: str) -> str:
+    action = engine.next_action(state, AGENT, now=NOW)
+    assert isinstance(action, engine.RunTool)
+    assert action.call.call_id == call_id
+    return cache.key_for(action, tenant=state.tenant)
+
+
+def test_calls_under_way_count_against_the_tool_call_limit() -> None:
+    """With max_tool_calls=2, a third concurrent call is not launched beside two running ones:
+    once they are recorded, it fails the run at the limit, as it would one call at a time."""
+    agent = Agent(model=ScriptedModel([]), tools=TOOLS, limits=Limits(max_tool_calls=2))
+    world = batch_world(("a", "fetch"), ("b", "fetch"), ("c", "fetch"), landings=[[("a", "1"), ("b", "2")]])
+    state = new_run()
+    world.run(flow(agent).step(state))
+    world.run(flow(agent).step(state))
+    assert [e.attempt.action.call.call_id for e in world.effects if isinstance(e, Launch)] == ["a", "b"]
+    world.run(flow(agent).step(state))
+    assert state.status == "failed"
+    assert state.error == "max_tool_calls limit reached: 2 tool executions"

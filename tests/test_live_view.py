@@ -21,7 +21,7 @@ from tether import Agent, AsyncRunner, Runner, tool
 from tether.core import events as ev
 from tether.core.engine import CallModel, RunTool, WaitUntil
 from tether.core.events import Event
-from tether.core.flow import Activity
+from tether.core.flow import Activity, RunningTools
 from tether.core.state import PendingCall, RunState
 from tether.models.scripted import ScriptedModel
 from tether.surfaces.terminal import LiveView, describe_activity
@@ -39,6 +39,12 @@ def add(a: int, b: int) -> int:
 def wipe(path: str) -> str:
     """Delete a file."""
     return f"deleted {path}"
+
+
+@tool(concurrent=True)
+def double(a: int) -> int:
+    """Double an integer."""
+    return 2 * a
 
 
 ADD_THEN_ANSWER = [
@@ -76,6 +82,23 @@ def test_on_action_is_told_before_each_model_call_and_tool_attempt(kind: str) ->
         ("RunTool", "executingTool", 1),
         ("CallModel", "thinking", 1),
     ]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_on_action_is_told_what_runs_at_once_while_concurrent_calls_run(kind: str) -> None:
+    uses = [{"type": "tool_use", "id": f"d{n}", "name": "double", "input": {"a": n}} for n in (1, 2)]
+    model = ScriptedModel([model_reply(uses, "tool_use"), model_reply([{"type": "text", "text": "2, 4"}], "end_turn")])
+    recorder = Recorder(model)
+    agent = Agent(model=model, tools=[double])
+    if kind == "sync":
+        Runner(agent, on_action=recorder).run("double 1 and 2")
+    else:
+        asyncio.run(AsyncRunner(agent, on_action=recorder).run("double 1 and 2"))
+    seen = [name for name, _, _ in recorder.seen]
+    # the first call is announced as it comes up; then, before each wait, what is under way
+    assert seen[:3] == ["CallModel", "RunTool", "RunningTools"]
+    assert seen[-1] == "CallModel"
+    assert set(seen[2:-1]) == {"RunningTools"}
 
 
 def test_on_action_is_not_told_about_commits_or_parking() -> None:
@@ -197,6 +220,10 @@ def test_describe_activity_names_the_status_by_its_python_id() -> None:
     assert describe_activity(state, retrying) == "executing_tool · step 4 · running add (attempt 3)…"
     waiting = WaitUntil(due_at=105.0)
     assert describe_activity(state, waiting, now=100.0) == "executing_tool · step 4 · waiting 5s to retry…"
+    other = PendingCall(call_id="c2", tool="fetch", input={})
+    beside = RunTool(call=other, tool=add, arguments=add.validate(call.input), attempt=2)
+    both = RunningTools((running, beside))
+    assert describe_activity(state, both) == "executing_tool · step 4 · running add, fetch (attempt 2) at once…"
 
 
 # The CLI -----------------------------------------------------------------------------------

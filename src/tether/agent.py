@@ -14,6 +14,9 @@ from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
 from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
 
+DEFAULT_MAX_CONCURRENT_TOOLS = 8
+"""Enough for the parallel calls a model asks for in one turn, few enough to stay polite to the services they call."""
+
 
 @dataclass(frozen=True)
 class Agent:
@@ -41,8 +44,18 @@ class Agent:
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
     ``"error"``: the model gets an ``is_error`` result saying it was interrupted and not re-run."""
+    concurrent_tools: bool = False
+    """Whether the calls of one model turn may run at the same time, for tools that set no
+    ``concurrent`` of their own (see :meth:`runs_concurrently`)."""
+    max_concurrent_tools: int = DEFAULT_MAX_CONCURRENT_TOOLS
+    """At most this many attempts of one run's concurrent calls run at once (threads for sync
+    tools, tasks for async ones on :class:`~tether.AsyncRunner`); further calls start as they end."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_concurrent_tools, bool) or not (
+            isinstance(self.max_concurrent_tools, int) and self.max_concurrent_tools >= 1
+        ):
+            raise ConfigError(f"Agent.max_concurrent_tools must be at least 1, not {self.max_concurrent_tools!r}")
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
         budget = self.limits.budget
@@ -53,6 +66,13 @@ class Agent:
                 "tether.policy.pricing.PRICES: pass Agent(prices={...}) (tether run: --price INPUT,OUTPUT) "
                 "or drop the cost limit"
             )
+
+    def runs_concurrently(self, tool: Tool) -> bool:
+        """Whether ``tool``'s calls may run beside the other concurrent calls of their turn.
+
+        The tool's own ``concurrent`` setting wins; a tool that sets none follows ``concurrent_tools``.
+        """
+        return self.concurrent_tools if tool.concurrent is None else tool.concurrent
 
     @cached_property
     def tool_index(self) -> dict[str, Tool]:

@@ -11,7 +11,7 @@ this module touches the network, the clock or the database, so the sync and asyn
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -205,7 +205,65 @@ def _next_tool_action(state: RunState, agent: Agent, now: float, can_ask: bool) 
     return parked or Commit(_failure("executing a tool with no pending call"))
 
 
-def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *, can_ask: bool) -> Action:
+def next_concurrent(
+    state: RunState, agent: Agent, *, now: float, busy: Collection[str], can_ask: bool = True
+) -> RunTool | None:
+    """The batch's next concurrent call that may start now beside the calls in ``busy``; pure.
+
+    ``busy``: the call ids this drive launched whose outcome is not committed yet (running,
+    or held back: see :func:`held_back`); each running attempt counts against the tool-call
+    limits as if it had ended. Only an attempt to run now is given: a call that is gated,
+    denied, invalid, due for a retry later or not concurrent is left for a later step, in
+    the model's order (see :func:`next_action`).
+    """
+    for call in state.unfinished_calls():
+        tool = agent.tool_index.get(call.tool)
+        if call.call_id in busy or tool is None or not agent.runs_concurrently(tool):
+            continue
+        action = _call_action(state, agent, call, now, can_ask=can_ask, running=len(busy))
+        if isinstance(action, RunTool):
+            return action
+    return None
+
+
+def held_back(step: Step) -> bool:
+    """Whether a concurrent call's outcome moves the run out of executing_tool (a failure, an escalation).
+
+    Such a step is committed only once no call of its batch runs any more (see :func:`settle`),
+    so the others' results are recorded first and no result lands on a run that moved on.
+    """
+    return step.trigger not in ("tool_finished", "retry_scheduled")
+
+
+def settle(held: Sequence[Step]) -> list[Step]:
+    """The steps a batch held back (in the model's order), as the machine can take them in turn.
+
+    Escalations become one question showing every escalated call (parked runs are asked about
+    together); failures become one failure, with the first call's error, committed last.
+    """
+    settled: list[Step] = []
+    escalations = [step for step in held if step.trigger == "approval_needed"]
+    if escalations:
+        records = [fact for step in escalations for fact in step.records]
+        asked = [fact for fact in records if isinstance(fact, ApprovalRequested)]
+        durations = [fact.duration for fact in asked if fact.duration is not None]
+        question = ApprovalRequested(
+            [call for fact in asked for call in fact.calls],
+            escalation=True,
+            duration=round(sum(durations), 6) if durations else None,
+        )
+        others = [fact for fact in records if not isinstance(fact, ApprovalRequested)]
+        settled.append(Step("approval_needed", [*others, question]))
+    failures = [step for step in held if step.trigger == "fail"]
+    if failures:
+        settled.append(Step("fail", [fact for step in failures for fact in step.records], error=failures[0].error))
+    return settled
+
+
+def _call_action(
+    state: RunState, agent: Agent, call: PendingCall, now: float, *, can_ask: bool, running: int = 0
+) -> Action:
+    """What ``call`` needs now; ``running``: attempts of other calls under way, counted as spent."""
     tool = agent.tool_index.get(call.tool)
     if tool is None:
         known = ", ".join(sorted(agent.tool_index)) or "none"
@@ -228,7 +286,9 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
     if edited_input is not None:
         arguments = tool.validate(edited_input)  # validated when decided; the rules judge what runs
     budget = agent.limits.budget
-    spent_up = None if tool.final else budgets.reached(agent, state, now=now, only=budgets.TOOL_LIMITS)
+    spent_up = (
+        None if tool.final else budgets.reached(agent, state, now=now, only=budgets.TOOL_LIMITS, tool_calls=running)
+    )
     if budget is not None and spent_up is not None:  # tools would spend more: stop before asking anyone
         if budget.on_limit == "fail":
             return Commit(_failure(f"budget exceeded: {spent_up.describe()}"))
@@ -252,7 +312,7 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
         final = _result(call, "Final result recorded.", False, final_result=data, allowed=allowed)
         return Commit(Step(final.trigger, [*warnings, *final.records]))
     max_tool_calls = agent.limits.max_tool_calls
-    if max_tool_calls is not None and state.tool_calls >= max_tool_calls:
+    if max_tool_calls is not None and state.tool_calls + running >= max_tool_calls:
         return Commit(_failure(f"max_tool_calls limit reached: {max_tool_calls} tool executions"))
     due = state.retry_due.get(call.call_id)
     if due is not None and due > now:
@@ -260,7 +320,7 @@ def _call_action(state: RunState, agent: Agent, call: PendingCall, now: float, *
     attempt = state.attempts.get(call.call_id, 0) + 1
     limit = agent.limits.max_result_chars
     edited = edited_input is not None
-    spending = budgets.new_warnings(agent, state, now=now, tool_calls=1)
+    spending = budgets.new_warnings(agent, state, now=now, tool_calls=1 + running)
     return RunTool(
         call,
         tool,

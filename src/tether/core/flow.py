@@ -27,7 +27,12 @@ Effects and what performing one gives back:
 :class:`Sleep`         None, after the time passed
 ``engine.CallModel``   the :class:`~tether.models.ModelResponse`; raises ModelError
 :class:`Attempt`       the tool's serialised result; raises what the tool raised
+:class:`Launch`        a handle for the attempt, started and not waited for
+:class:`Landed`        ``(handle, result or what the tool raised)`` of each ended attempt
 ====================== ==========================================================
+
+Concurrent calls (tools that :meth:`~tether.Agent.runs_concurrently`) are the one place a step
+has several attempts under way: see :meth:`Flow._run_batch`.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -104,8 +109,15 @@ class Notify:
     events: list[Event]
 
 
-Activity = engine.CallModel | engine.RunTool | engine.WaitUntil
-"""Slow work a drive is about to start: a model call, a tool attempt, a wait for a retry."""
+@dataclass(frozen=True)
+class RunningTools:
+    """Concurrent calls of one turn under way at once, in the order they were launched."""
+
+    calls: tuple[engine.RunTool, ...]
+
+
+Activity = engine.CallModel | engine.RunTool | engine.WaitUntil | RunningTools
+"""Slow work a drive is about to start: a model call, a tool attempt (or several at once), a wait for a retry."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,24 @@ class Attempt:
     run_id: str
 
 
+@dataclass(frozen=True)
+class Launch:
+    """Start an attempt whose start is committed, without waiting for it; gives back a handle for :class:`Landed`."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class Landed:
+    """Wait until at least one of these launched attempts has ended.
+
+    Gives back every one that has, in the order given: ``(handle, its serialised result or
+    the exception it raised)``.
+    """
+
+    handles: tuple[Any, ...]
+
+
 Effect = (
     CheckLease
     | LoadLog
@@ -170,6 +200,8 @@ Effect = (
     | Sleep
     | engine.CallModel
     | Attempt
+    | Launch
+    | Landed
 )
 Flowing = Generator[Effect, Any, T]
 """A flow that yields effects, is sent their outcomes and returns a ``T``."""
@@ -308,6 +340,9 @@ class Flow:
     def step(self, state: RunState, *, max_wait: float | None = None) -> Flowing[bool]:
         """Do exactly one unit of work; False when there is nothing left to do now.
 
+        The unit is one model call, one tool attempt, one decided step, or one batch: the
+        concurrent calls of the turn that can run now, run at once (see :meth:`_run_batch`).
+
         Holding the lease, this drive owns the run: a call in flight that another owner
         started was abandoned by its driver, and the engine treats it as in doubt. A retry
         due more than ``max_wait`` seconds from now is left for later (False).
@@ -329,6 +364,8 @@ class Flow:
             yield from self.commit(state, action.step)
         elif isinstance(action, engine.CallModel):
             yield from self._call_model(state, action)
+        elif self._runs_beside_others(state, action):
+            yield from self._run_batch(state, action)
         elif not (yield from self._answered_from_cache(state, action)):
             yield from self._run_tool(state, action)
         return True
@@ -358,21 +395,87 @@ class Flow:
 
     def _run_tool(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
         """Commit the attempt's start, run it, commit its outcome, and keep a fresh result in the cache."""
-        records: list[Fact] = [*action.warnings, engine.tool_started(action, owner=self.owner)]
-        if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
-            records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
-        yield from self._record(state, records)
+        yield from self._record(state, self._start_of(state, action))
         began = self.timer()
         outcome: str | Exception
         try:
             outcome = yield Attempt(action, state.id)
         except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
             outcome = error
-        duration = self.timer() - began
+        yield from self._finish(state, action, self._outcome_step(action, outcome, self.timer() - began), outcome)
+
+    def _runs_beside_others(self, state: RunState, action: engine.RunTool) -> bool:
+        """Whether ``action`` opens a batch: its tool runs concurrently and another concurrent call can start now."""
+        return self.agent.runs_concurrently(action.tool) and self._next_beside(state, {action.call.call_id}) is not None
+
+    def _next_beside(self, state: RunState, busy: Collection[str]) -> engine.RunTool | None:
+        return engine.next_concurrent(state, self.agent, now=self.clock(), busy=busy, can_ask=self.can_ask)
+
+    def _run_batch(self, state: RunState, first: engine.RunTool) -> Flowing[None]:
+        """Run the turn's concurrent calls at once, at most ``agent.max_concurrent_tools`` at a time.
+
+        Each call's start is committed before it is launched (a cached result answers it
+        without one); each outcome is committed as it lands, so a slow call never holds back
+        the others' results, and the next ready call is launched in its place. An outcome that
+        moves the run on (a failure, an escalation) is held back: nothing more is launched, and
+        it is committed once the calls under way have landed (see :func:`engine.settle`). The
+        results go back to the model in one message, in the model's order, when the last
+        call of the turn has its result.
+        """
+        running: dict[Any, tuple[engine.RunTool, float]] = {}  # by handle, in launch order
+        held: dict[str, engine.Step] = {}  # by call id
+        up_next: engine.RunTool | None = first
+        while True:
+            while up_next is not None and len(running) < self.agent.max_concurrent_tools:
+                if not (yield from self._answered_from_cache(state, up_next)):
+                    yield from self._record(state, self._start_of(state, up_next))
+                    handle = yield Launch(Attempt(up_next, state.id))
+                    running[handle] = (up_next, self.timer())
+                up_next = self._next_beside(state, self._busy(running, held))
+            if not running:
+                break
+            yield Announce(state, RunningTools(tuple(action for action, _ in running.values())))
+            landed: list[tuple[Any, str | BaseException]] = yield Landed(tuple(running))
+            ended = self.timer()
+            for handle, outcome in landed:
+                action, began = running.pop(handle)
+                if not isinstance(outcome, str | Exception):
+                    raise outcome  # not the tool's failure: a KeyboardInterrupt, a cancellation
+                step = self._outcome_step(action, outcome, ended - began)
+                if engine.held_back(step):
+                    held[action.call.call_id] = step
+                else:
+                    yield from self._finish(state, action, step, outcome)
+            up_next = None if held else self._next_beside(state, self._busy(running, held))
+        for step in engine.settle([held[call.call_id] for call in state.batch if call.call_id in held]):
+            yield from self._save(
+                state,
+                step,
+                "concurrent tool calls ran, so whatever they do has happened",
+                "resuming the run treats the calls without a recorded result as in doubt",
+            )
+
+    @staticmethod
+    def _busy(running: Mapping[Any, tuple[engine.RunTool, float]], held: Mapping[str, engine.Step]) -> set[str]:
+        """Calls of a batch launched whose outcome is not committed: none of them is started again."""
+        return {action.call.call_id for action, _ in running.values()} | set(held)
+
+    def _start_of(self, state: RunState, action: engine.RunTool) -> list[Fact]:
+        """What an attempt's start commits: its warnings, its start and, for a cached tool, the miss just seen."""
+        records: list[Fact] = [*action.warnings, engine.tool_started(action, owner=self.owner)]
+        if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
+            records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
+        return records
+
+    def _outcome_step(self, action: engine.RunTool, outcome: str | Exception, duration: float) -> engine.Step:
         if isinstance(outcome, Exception):
-            step = engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
-        else:
-            step = engine.on_tool_success(action, outcome, duration=duration)
+            return engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
+        return engine.on_tool_success(action, outcome, duration=duration)
+
+    def _finish(
+        self, state: RunState, action: engine.RunTool, step: engine.Step, outcome: str | Exception
+    ) -> Flowing[None]:
+        """Commit an attempt's outcome and keep a fresh result in the cache."""
         yield from self._save(
             state,
             step,

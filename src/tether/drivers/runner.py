@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from tether.agent import Agent
@@ -37,6 +38,8 @@ from tether.core.flow import (
     Effect,
     Flow,
     Flowing,
+    Landed,
+    Launch,
     LoadLog,
     LoadRun,
     LookUpCache,
@@ -51,6 +54,7 @@ from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.errors import RunEnded
+from tether.execution import launches
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -386,6 +390,12 @@ class _RunnerBase:
                 return self._call_model(request)
             case Attempt(action, run_id):
                 return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
+            case Launch(Attempt(action, run_id)):
+                return launches.launch(
+                    partial(action.tool.execute, action.arguments, action.call.call_id, run_id=run_id)
+                )
+            case Landed(handles):
+                return launches.landed(handles)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
         return None
@@ -475,6 +485,10 @@ class AsyncRunner(_RunnerBase):
                 return await self._acall_model(request)
             case Attempt(action, run_id):
                 return await action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id)
+            case Launch(Attempt(action, run_id)):
+                return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
+            case Landed(handles):
+                return await launches.alanded(handles)
         return self._perform(effect)
 
     async def _acall_model(self, request: ModelRequest) -> ModelResponse:

@@ -115,12 +115,18 @@ def readings(agent: Agent, state: RunState, *, now: float, **pending: Any) -> li
     return found
 
 
-def reached(agent: Agent, state: RunState, *, now: float, only: Collection[str] | None = None) -> Reading | None:
-    """The first budget limit (of ``only``, if given) spent in full, if any; hard caps aside."""
+def reached(
+    agent: Agent, state: RunState, *, now: float, only: Collection[str] | None = None, **pending: Any
+) -> Reading | None:
+    """The first budget limit (of ``only``, if given) spent in full, if any; hard caps aside.
+
+    ``pending``: spending not folded into ``state`` yet (see :func:`spent`), such as the
+    attempts of concurrent calls still running.
+    """
     return next(
         (
             r
-            for r in readings(agent, state, now=now)
+            for r in readings(agent, state, now=now, **pending)
             if not r.hard and r.used >= r.allowed and (only is None or r.limit in only)
         ),
         None,

@@ -39,7 +39,7 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.flow import Activity
+from tether.core.flow import Activity, RunningTools
 from tether.core.state import RunState
 from tether.core.status import WAITING_RETRY, RunStatus, status_name
 from tether.drivers.runner import RunResult
@@ -217,13 +217,20 @@ def activity_prefix(state: RunState, action: Activity) -> str:
     return f"{status_name(state.status)} · step {step}"
 
 
+def _attempt_of(action: engine.RunTool) -> str:
+    """``fetch``, or ``fetch (attempt 2)`` from the second attempt on."""
+    attempt = f" (attempt {action.attempt})" if action.attempt > 1 else ""
+    return f"{printable(action.call.tool)}{attempt}"
+
+
 def describe_activity(state: RunState, action: Activity, *, now: float | None = None) -> str:
     """One line: the run's state, its step count and the work under way."""
     if isinstance(action, engine.CallModel):
         doing = "calling the model"
     elif isinstance(action, engine.RunTool):
-        attempt = f" (attempt {action.attempt})" if action.attempt > 1 else ""
-        doing = f"running {printable(action.call.tool)}{attempt}"
+        doing = f"running {_attempt_of(action)}"
+    elif isinstance(action, RunningTools):
+        doing = f"running {', '.join(_attempt_of(call) for call in action.calls)} at once"
     else:
         wait = max(0.0, action.due_at - (time.time() if now is None else now))
         doing = f"waiting {wait:.0f}s to retry"

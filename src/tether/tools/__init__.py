@@ -88,6 +88,9 @@ class Tool:
     cache_ttl: float | None = None
     """Seconds a successful result is reused for the same input, across processes sharing
     the store (see :mod:`tether.core.cache`); None = never cached. Only for tools without side effects."""
+    concurrent: bool | None = None
+    """May run at the same time as the other concurrent calls of the same model turn (see
+    :meth:`tether.Agent.runs_concurrently`); None = the agent's ``concurrent_tools`` setting."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (tools stay ordinary functions)."""
@@ -244,6 +247,7 @@ class ToolOptions(TypedDict, total=False):
     on_interrupted: OnInterrupted | None
     tags: Iterable[str]
     cache_ttl: float | None
+    concurrent: bool | None
 
 
 def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> Tool:
@@ -265,6 +269,9 @@ def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> T
         raise ToolDefinitionError(
             f"tool {tool_name!r}: on_interrupted must be 'ask' or 'error' (idempotent=True re-runs)", tool=tool_name
         )
+    concurrent = options.get("concurrent")
+    if concurrent not in (None, True, False):  # a truthy string must not silently turn concurrency on
+        raise ToolDefinitionError(f"tool {tool_name!r}: concurrent must be True, False or None", tool=tool_name)
     tags = options.get("tags", ())
     labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
     if not all(isinstance(tag, str) and tag for tag in labels):
@@ -285,6 +292,7 @@ def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> T
         cancel_parameter=cancel_parameter,
         tags=labels,
         cache_ttl=cache_ttl,
+        concurrent=concurrent,
     )
 
 
