@@ -37,7 +37,15 @@ from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, 
 from tether.core.events import Event
 from tether.core.state import RunState
 from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
-from tether.drivers.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
+from tether.drivers.loader import (
+    DEMO_MODEL,
+    NoModel,
+    agent_from_spec,
+    continued_spec,
+    normalise_model_spec,
+    policy_change,
+    reader_agent,
+)
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.errors import (
     ApprovalError,
@@ -273,7 +281,7 @@ class _Session:
         self.close()
         if self.json and self.run_id is not None:
             try:
-                state = Runner(_reader(), self.store).load(self.run_id)
+                state = Runner(reader_agent(), self.store).load(self.run_id)
             except TetherError:  # the store cannot say: the hint below still names the run
                 pass
             else:
@@ -398,7 +406,7 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone)."""
-    agent = _agent_for(session, args.run_id, model=_NoModel()) if args.command == "approve" else _reader()
+    agent = _agent_for(session, args.run_id, model=NoModel()) if args.command == "approve" else reader_agent()
     runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
@@ -460,7 +468,7 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
     Imports no tools and loads no model, so a run whose tools module is gone can still be
     stopped. An ended run is a usage error (exit 2): there is nothing to cancel.
     """
-    runner = Runner(_reader(), session.store)
+    runner = Runner(reader_agent(), session.store)
     before = result_of(runner.load(args.run_id)).status
     result = runner.cancel(args.run_id, args.reason)
     if session.json:
@@ -471,7 +479,7 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(_reader(), session.store)
+    runner = Runner(reader_agent(), session.store)
     state = runner.load(args.run_id)
     events = session.store.load_events(args.run_id)
     result = result_of(state)
@@ -829,18 +837,6 @@ COMMANDS = {
     "demo": _cmd_demo,
     "diagram": _cmd_diagram,
 }
-
-
-class _NoModel:
-    """Stands in where a command reads runs but never calls a model."""
-
-    def complete(self, request: Any) -> Any:
-        raise ConfigError("this command does not call the model")
-
-
-def _reader() -> Agent:
-    """An agent for commands that read or stop runs: no tools imported, no model loaded."""
-    return Agent(model=_NoModel())
 
 
 def _print_error(label: str, error: Exception) -> None:
