@@ -595,10 +595,8 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
         events = session.store.load_events(args.run)
-        settings = record.spec.get("tool_settings")
-        if isinstance(settings, dict):
-            tools = [diagram.ToolNote.recorded(name, dict(s)) for name, s in settings.items()]
-        elif args.kind == "graph":
+        tools = diagram.ToolNote.of_run(record.spec)
+        if tools is None and args.kind == "graph":
             session.err.print("[yellow]note:[/] tools not shown: the run did not record them (an older tether)")
     drawn = diagram.build(events=events, tools=tools)
     if args.kind == "sequence":
