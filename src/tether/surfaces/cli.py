@@ -33,7 +33,7 @@ from rich.text import Text
 
 from tether import durations
 from tether.agent import Agent
-from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
+from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny, edited_input
 from tether.core.events import Event
 from tether.core.state import RunState
 from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
@@ -410,7 +410,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
-        edited = None if args.input is None else _edited_input(args.input)
+        edited = None if args.input is None else edited_input(args.input, what="--input")
         approval = Approve(input=edited, actor=actor, remember_for_run=args.for_run)
         result = runner.decide(args.run_id, args.call_id, approval, fingerprint=args.fingerprint)
     else:
@@ -420,39 +420,6 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     if result.status != RunStatus.awaiting_approval.shown:
         session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
-
-
-MAX_INPUT_DEPTH = 100
-"""How deeply ``approve --input`` may nest: far beyond any tool's schema, well within what the
-JSON parser, pydantic (about 255) and the stores handle."""
-
-
-def _edited_input(text: str) -> dict[str, Any]:
-    """``--input`` as a JSON object of sane depth; anything else is a usage error, never a traceback."""
-    too_deep = ConfigError(f"--input is nested too deeply (more than {MAX_INPUT_DEPTH} levels)")
-    try:
-        value = json.loads(text)
-    except RecursionError:  # deeper than the parser goes
-        raise too_deep from None
-    except ValueError as error:
-        raise ConfigError(f"--input is not valid JSON: {error}") from error
-    if _depth(value) > MAX_INPUT_DEPTH:
-        raise too_deep
-    if not isinstance(value, dict):
-        raise ConfigError("--input must be a JSON object")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """How many arrays and objects nest in a parsed JSON value (without recursing, so any depth works)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in children)
-    return deepest
 
 
 def _add_cancel(cancel: argparse.ArgumentParser) -> None:
