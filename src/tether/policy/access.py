@@ -9,6 +9,7 @@ in constant time, and an error about a token never repeats it.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import secrets
@@ -69,6 +70,16 @@ class Credentials:
         except ConfigError as error:
             raise ConfigError(f"the token file {file}: {error}") from None
 
+    def keyed(self, secret: bytes) -> Credentials:
+        """The same grants under tokens derived from these with ``secret`` (HMAC-SHA256, hex).
+
+        A session cookie holds a derived token: it lets a browser back in while this
+        ``secret`` lasts, and never carries the token itself.
+        """
+        derived = Credentials.__new__(Credentials)
+        derived._tokens = [(derive(secret, token).encode(), tenant) for token, tenant in self._tokens]
+        return derived
+
     @property
     def tenants(self) -> set[str | None]:
         """Every tenant a token is bound to (None for an operator's)."""
@@ -84,6 +95,12 @@ class Credentials:
             if hmac.compare_digest(given, known):
                 found = Grant(tenant)
         return found
+
+
+def derive(secret: bytes, token: str | bytes) -> str:
+    """A token derived from ``token`` with ``secret`` (see :meth:`Credentials.keyed`)."""
+    raw = token if isinstance(token, bytes) else token.encode(errors="surrogatepass")
+    return hmac.new(secret, raw, hashlib.sha256).hexdigest()
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -112,4 +129,4 @@ def _tenant(tenant: object, number: int) -> str | None:
     return tenant
 
 
-__all__ = ["MIN_TOKEN_LENGTH", "Credentials", "Grant", "bearer"]
+__all__ = ["MIN_TOKEN_LENGTH", "Credentials", "Grant", "bearer", "derive"]

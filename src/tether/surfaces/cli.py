@@ -208,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
     )
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
+    _add_ui(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox")))
     return parser
 
 
@@ -217,6 +218,29 @@ def _add_audit(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--tool", metavar="NAME", help="only calls of this tool")
     audit.add_argument("--since", metavar="WHEN", help=f"activity since then: {durations.EXAMPLES}")
     audit.add_argument("--json", action="store_true", help='print one object {"entries": [...]}')
+
+
+UI_TOKEN_ENV = "TETHER_UI_TOKEN"
+"""The token ``tether ui`` accepts when ``--token`` is not given."""
+
+
+def _add_ui(ui: argparse.ArgumentParser) -> None:
+    """``tether ui``'s options: where to listen, and who may come in."""
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)"
+    )
+    ui.add_argument(
+        "--port", type=int, default=8321, help="port to listen on; 0 picks a free one (default: %(default)s)"
+    )
+    ui.add_argument(
+        "--token", help=f"the token to sign in with (default ${UI_TOKEN_ENV}; without either, one is made and printed)"
+    )
+    ui.add_argument("--tenant", help="bind the token to this tenant: it shows and decides that tenant's runs only")
+    ui.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help='JSON {"TOKEN": "TENANT", "TOKEN2": null}: several tokens, each bound to a tenant (null: every tenant)',
+    )
 
 
 class _Session:
@@ -593,6 +617,41 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     return EXIT_DONE
 
 
+def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
+    """Serve the inspector until stopped: on loopback unless a token was chosen for it."""
+    try:
+        from tether.surfaces.web.guard import check_bind
+        from tether.surfaces.web.server import serve
+    except ImportError as error:
+        raise ConfigError(str(error)) from None
+    from tether.policy.access import Credentials
+
+    token = args.token or os.environ.get(UI_TOKEN_ENV)
+    if args.tokens and (token or args.tenant):
+        raise ConfigError("--tokens FILE names every token and its tenant: give it alone, without --token or --tenant")
+    generated = None
+    if args.tokens:
+        credentials = Credentials.from_file(args.tokens)
+    elif token:
+        credentials = Credentials({token: args.tenant})
+    else:
+        credentials, generated = Credentials.generate(tenant=args.tenant)
+    check_bind(args.host, token_given=generated is None)
+
+    def announce(url: str) -> None:
+        where = f"{url}?token={generated}" if generated else f"{url} (sign in with your token)"
+        scope = f"tenant {args.tenant}'s runs" if args.tenant else "runs"
+        session.out.print(Text.assemble(("tether ui", "bold"), f": {where}"), highlight=False)
+        session.out.print(Text(f"showing {scope} in {shown_url(session.db_url)}; Ctrl-C stops"), highlight=False)
+        sys.stdout.flush()
+
+    try:
+        serve(session.store, credentials, host=args.host, port=args.port, announce=announce)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
+    return EXIT_DONE
+
+
 def _add_decision(decide: argparse.ArgumentParser) -> None:
     """What ``approve`` and ``deny`` share: the call, the arguments the person saw, and who decided."""
     decide.add_argument("run_id", help=RUN_ID_HELP)
@@ -801,6 +860,7 @@ COMMANDS = {
     "pending": _cmd_pending,
     "demo": _cmd_demo,
     "diagram": _cmd_diagram,
+    "ui": _cmd_ui,
 }
 
 
