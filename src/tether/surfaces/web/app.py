@@ -383,6 +383,7 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["when"] = _when
+    env.filters["clock"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
     env.filters["pretty"] = pages.pretty
     env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
     env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"

@@ -40,7 +40,7 @@ CSP = (
 HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # "no-referrer" would make browsers send "Origin: null" with our own forms
     "x-frame-options": "DENY",
     "cache-control": "no-store",
 }
