@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,7 +86,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[object]:
+def browser(chromium: str) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -95,20 +96,26 @@ def browser(chromium: str) -> Iterator[object]:
 
 
 @pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    """A fresh browser profile (no cookie yet) whose expectations wait up to WAIT_MS."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    made = browser.new_context(viewport={"width": 1280, "height": 860})
+    yield made
+    made.close()
+
+
+@pytest.fixture
 def shots(tmp_path: Path) -> Path:
     where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
     where.mkdir(parents=True, exist_ok=True)
     return where
 
 
-def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(
-    served: Served, browser: object, shots: Path
-) -> None:
-    from playwright.sync_api import Browser, expect
+def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Served, context: Any, shots: Path) -> None:
+    from playwright.sync_api import expect
 
-    assert isinstance(browser, Browser)
-    expect.set_options(timeout=WAIT_MS)
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.goto(served.address)
     assert page.url == served.base  # signed in; the token left the address
@@ -140,15 +147,11 @@ def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(
     expect(page.locator("main")).to_have_attribute("data-state", "ended")
     assert page.evaluate("window.__loaded_once") is True
     expect(page.locator("table.timeline")).to_contain_text("refund approved by alice")
-    context.close()
 
 
-def test_a_script_in_a_tool_output_or_an_answer_stays_text(served: Served, browser: object) -> None:
-    from playwright.sync_api import Browser, expect
+def test_a_script_in_a_tool_output_or_an_answer_stays_text(served: Served, context: Any) -> None:
+    from playwright.sync_api import expect
 
-    assert isinstance(browser, Browser)
-    expect.set_options(timeout=WAIT_MS)
-    context = browser.new_context()
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -160,15 +163,11 @@ def test_a_script_in_a_tool_output_or_an_answer_stays_text(served: Served, brows
     assert page.evaluate("typeof window.__xss") == "undefined"  # neither the script nor the onerror ran
     assert page.locator("main script, main img[src='x']").count() == 0
     assert errors == []
-    context.close()
 
 
-def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, browser: object) -> None:
-    from playwright.sync_api import Browser, expect
+def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, context: Any) -> None:
+    from playwright.sync_api import expect
 
-    assert isinstance(browser, Browser)
-    expect.set_options(timeout=WAIT_MS)
-    context = browser.new_context()
     page = context.new_page()
     page.goto(served.base + "inbox")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -178,4 +177,3 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, bro
     page.get_by_label("Token").fill(served.token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
-    context.close()
