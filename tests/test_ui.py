@@ -463,3 +463,47 @@ def _touch(store: SQLStore, run_id: str) -> tuple[Any, int, list[Any]]:
 
 def _escaped(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+
+
+def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
+    from tether.core.events import (
+        BudgetExhausted,
+        CacheHit,
+        CallAbandoned,
+        Event,
+        ModelResponded,
+        RetryScheduled,
+        RunFinished,
+        Warned,
+    )
+    from tether.models import Usage
+    from tether.surfaces.web.pages import timeline
+
+    facts = [
+        ModelResponded(
+            content=[{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "t1", "name": "fetch"}],
+            stop_reason="tool_use",
+            usage=Usage(10, 5, 3, 2),
+            cost_usd=0.0012,
+            latency=0.25,
+        ),
+        RetryScheduled("t1", "fetch", 1, 0.5, "ConnectionError", 99.0, "upstream reset", "retryable"),
+        CacheHit("t2", "fetch", "key"),
+        Warned("80% of max_steps used", limit="max_steps"),
+        BudgetExhausted("max_cost_usd", 1.2, 1.0, "answer now"),
+        CallAbandoned("t3", "host:1:a", "host:2:b", "resumed with --force"),
+        RunFinished("failed", "the model API failed: 529", None, None, True),
+    ]
+    rows = timeline([Event(seq, 100.0 + seq, fact) for seq, fact in enumerate(facts)])
+    said = [(row.kind, row.detail, row.tone, row.call_id) for row in rows]
+    assert said == [
+        ("step 1", "Let me look. · asks for fetch · stop: tool_use", "model", None),
+        ("retry scheduled", "fetch: upstream reset", "warning", "t1"),
+        ("cache hit", "fetch", "tool", "t2"),
+        ("warning", "80% of max_steps used", "warning", None),
+        ("budget reached", "max_cost_usd: 1.2 of 1", "warning", None),
+        ("call abandoned", "by host:2:b: resumed with --force", "warning", "t3"),
+        ("run failed", "the model API failed: 529", "error", None),
+    ]
+    assert (rows[0].usage, rows[0].cost_usd, rows[0].seconds) == (Usage(10, 5, 3, 2), 0.0012, 0.25)
+    assert rows[1].seconds == 0.5

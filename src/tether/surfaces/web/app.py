@@ -137,7 +137,7 @@ class _Inspector:
 
     def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[list[pages.RunRow], str, int]:
         rows = pages.runs(self.store, viewer.tenant, wanted)
-        return rows, pages.digest(self.store, viewer.tenant), len(pages.inbox(self.store, viewer.tenant))
+        return rows, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
 
     async def inbox(self, request: Request) -> Response:
         viewer = self.viewer(request)
@@ -164,7 +164,7 @@ class _Inspector:
 
     async def _run(self, request: Request, viewer: Viewer, run_id: str, status: int = 200, **problem: Any) -> Response:
         page = await run_in_threadpool(pages.run_page, self.store, run_id, viewer.tenant)
-        waiting = await run_in_threadpool(lambda: len(pages.inbox(self.store, viewer.tenant)))
+        waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
         return self.render(
             request,
             "run.html",

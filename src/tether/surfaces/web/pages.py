@@ -94,8 +94,8 @@ def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: 
     tenant = viewer_tenant if viewer_tenant is not None else wanted.tenant
     stored = stored_status(wanted.status) if wanted.status else None
     records = store.list_runs(status=stored, tenant=tenant, limit=limit)
-    rows = [_row(record) for record in records if wanted.status in (None, shown_status(record))]
-    return [row for row in rows if _matches(row, records, wanted.search)] if wanted.search else rows
+    shown = [record for record in records if wanted.status in (None, shown_status(record))]
+    return [_row(record) for record in shown if _matches(record, wanted.search)]
 
 
 def _row(record: RunRecord) -> RunRow:
@@ -127,11 +127,13 @@ def _row(record: RunRecord) -> RunRow:
     )
 
 
-def _matches(row: RunRow, records: list[RunRecord], search: str) -> bool:
+def _matches(record: RunRecord, search: str) -> bool:
     """Whether the run's id, tenant, status, answer, error or pending calls hold ``search`` (any case)."""
-    record = next(r for r in records if r.id == row.id)
+    if not search:
+        return True
     summary = record.summary
-    haystack = [row.id, row.tenant or "", row.status, str(summary.get("output") or ""), str(summary.get("error") or "")]
+    haystack = [record.id, record.tenant or "", shown_status(record)]
+    haystack += [str(summary.get("output") or ""), str(summary.get("error") or "")]
     haystack.append(json.dumps(summary.get("pending_approvals") or [], ensure_ascii=False))
     needle = search.casefold()
     return any(needle in text.casefold() for text in haystack)
@@ -290,6 +292,11 @@ class InboxItem:
     schema: Any
 
 
+def waiting(store: Store, viewer_tenant: str | None) -> int:
+    """How many calls wait for a decision the viewer may make (the inbox's count, in the header)."""
+    return len(pending_approvals(store, tenant=viewer_tenant))
+
+
 def inbox(store: Store, viewer_tenant: str | None) -> list[InboxItem]:
     """Every call waiting for a decision that the viewer may decide, oldest parked run first."""
     found = pending_approvals(store, tenant=viewer_tenant)
@@ -321,4 +328,5 @@ __all__ = [
     "runs",
     "tenants",
     "timeline",
+    "waiting",
 ]
