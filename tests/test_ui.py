@@ -36,10 +36,19 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "src" / "tether" / "surface
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLStore]:
-    opened = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLStore]:
+    """SQLite, or a fresh PostgreSQL schema for the tests marked ``ON_BOTH``."""
+    backend = getattr(request, "param", "sqlite")
+    url = f"sqlite:///{tmp_path / 'runs.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema").url
+    opened = SQLStore(url)
     yield opened
     opened.close()
+
+
+ON_BOTH = pytest.mark.parametrize(
+    "store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+"""Run a test on SQLite and on PostgreSQL: what the inspector reads must not depend on the backend."""
 
 
 @pytest.fixture
@@ -139,6 +148,7 @@ def test_a_script_uses_the_bearer_header_and_needs_no_csrf(app: Any, store: SQLS
     assert wrong.get("/").status_code == 401
 
 
+@ON_BOTH
 def test_a_tenant_token_reaches_its_tenant_only(app: Any, store: SQLStore, project: Project) -> None:
     mine = project.park(store, tenant="acme")
     theirs = project.park(store, tenant="globex")
@@ -162,6 +172,7 @@ def test_a_tenant_token_reaches_its_tenant_only(app: Any, store: SQLStore, proje
 
 
 # What the pages show ----------------------------------------------------------------------------
+@ON_BOTH
 def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLStore, project: Project) -> None:
     parked = project.park(store, tenant="acme")
     other = project.park(store, tenant="globex", prompt="Refund another.")
@@ -252,6 +263,7 @@ def test_the_diagram_is_svg_that_runs_nothing(app: Any, store: SQLStore, project
 
 
 # Decisions ------------------------------------------------------------------------------------
+@ON_BOTH
 def test_approving_in_the_inbox_runs_the_call_and_the_run_ends(app: Any, store: SQLStore, project: Project) -> None:
     run = project.park(store)
     browser = client(app)
@@ -321,6 +333,7 @@ def test_an_edit_within_the_rules_runs_with_the_edited_input(app: Any, store: SQ
     assert "Input as edited by a person" in page
 
 
+@ON_BOTH
 def test_a_decision_is_bound_to_what_was_shown_and_made_once(app: Any, store: SQLStore, project: Project) -> None:
     run = project.park(store)
     browser = client(app)
@@ -392,6 +405,7 @@ def test_by_default_a_decided_run_is_driven_in_the_background_and_its_stream_end
     assert store.load_run(run.run_id).status == "done"
 
 
+@ON_BOTH
 def test_the_list_stream_says_when_any_visible_run_moves(store: SQLStore, project: Project) -> None:
     first = project.park(store, tenant="acme")
     project.park(store, tenant="globex")
