@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from support import (
     MERMAID_HOME,
     PG_URL,
     PgSchema,
+    chromium_missing,
     fresh_pg_schema,
     graphviz_missing,
     libpq_dsn,
@@ -69,6 +71,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def graphviz() -> None:
     """Graphviz's ``dot`` is on PATH (else skip, or fail under TETHER_REQUIRE_TOOLS=1)."""
     need_tool(graphviz_missing())
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's Chromium, for Playwright (else skip, or fail under TETHER_REQUIRE_TOOLS=1)."""
+    need_tool(chromium_missing())
+    return str(shutil.which("chromium"))
 
 
 @pytest.fixture(scope="session")

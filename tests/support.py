@@ -190,6 +190,17 @@ def graphviz_missing() -> str | None:
     return None if shutil.which("dot") else "Graphviz is not installed (apt-get install graphviz)"
 
 
+def chromium_missing() -> str | None:
+    """Why the browser tests cannot drive Debian's Chromium here, or None."""
+    if shutil.which("chromium") is None:
+        return "Chromium is not installed (apt-get install chromium), so the browser tests cannot run"
+    try:
+        import playwright.sync_api  # noqa: F401 - only whether it imports
+    except ImportError:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    return None
+
+
 def mermaid_node(where: Path) -> str | None:
     """The ``node`` that runs Mermaid's parser: the Node 20 scripts/setup installed in ``where``/.node
     (where the one on PATH is older), else the one on PATH."""

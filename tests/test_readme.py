@@ -84,3 +84,12 @@ def test_readme_lists_exactly_the_keys_json_prints() -> None:
     assert [key.strip() for key in listed.split(",")] == list(shown)
     assert "next_due_at" not in shown
     assert "`next_due_at` only while" in readme
+
+
+def test_readme_pictures_of_tether_ui_are_committed() -> None:
+    """Each screenshot the README shows is a PNG in diagrams/ (``scripts/ui-screenshots`` retakes them)."""
+    readme = (ROOT / "README.md").read_text()
+    shown = re.findall(r"\]\((diagrams/ui-[a-z-]+\.png)\)", readme)
+    assert sorted(shown) == ["diagrams/ui-inbox.png", "diagrams/ui-run.png", "diagrams/ui-runs.png"]
+    for picture in shown:
+        assert (ROOT / picture).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), picture

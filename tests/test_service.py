@@ -27,12 +27,17 @@ uvicorn = pytest.importorskip(
 
 from tether import Agent, RetryPolicy, tool  # noqa: E402 - after the skip: the service module needs the extra
 from tether.core.approvals import fingerprint  # noqa: E402
+from tether.errors import ConfigError  # noqa: E402
 from tether.examples.service import create_app  # noqa: E402
 from tether.models.scripted import ScriptedModel  # noqa: E402
+from tether.policy.access import Credentials  # noqa: E402
 from tether.stores.sql import SQLStore  # noqa: E402
 
 FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, whatever the env says
+TOKENS = {"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"}
+"""Each tenant's credential: the service reads the tenant from it, never from a header."""
+CREDENTIALS = Credentials({token: tenant for tenant, token in TOKENS.items()})
 
 
 @dataclass
@@ -49,12 +54,20 @@ class Service:
     workspace: Path
 
     def request(
-        self, method: str, path: str, body: Any = None, *, tenant: str | None = "acme", raw: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        tenant: str | None = "acme",
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
+        """A request with ``tenant``'s token (None: no credential), plus any ``headers``."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **(headers or {})}
         if tenant is not None:
-            headers["X-Tenant"] = tenant
+            headers["Authorization"] = f"Bearer {TOKENS[tenant]}"
         request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with NO_PROXY.open(request, timeout=30) as response:
@@ -100,7 +113,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service
     monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(workspace))
     store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
     try:
-        with serving(create_app(store=store), store, workspace) as running:
+        with serving(create_app(store=store, credentials=CREDENTIALS), store, workspace) as running:
             yield running
     finally:
         store.close()
@@ -227,13 +240,56 @@ def test_unknown_run_call_and_route_are_404(service: Service) -> None:
     assert service.request("GET", "/nowhere").body["error"]["code"] == "not_found"
 
 
-def test_requests_without_a_tenant_or_with_a_bad_body_are_400(service: Service) -> None:
-    missing = service.request("GET", "/approvals", tenant=None)
-    assert (missing.status, missing.body["error"]["code"]) == (400, "tenant_required")
+def test_requests_with_a_bad_body_are_400(service: Service) -> None:
     assert service.request("POST", "/runs", raw=b"{not json").status == 400
     assert service.request("POST", "/runs", ["a list"]).status == 400
     assert service.request("POST", "/runs", {"prompt": ""}).status == 422
     assert service.request("POST", "/runs", {}).status == 422
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"X-Tenant": "acme"},  # naming a tenant is no credential
+        {"Authorization": "Bearer not-a-known-token-at-all"},
+        {"Authorization": f"Basic {TOKENS['acme']}"},
+    ],
+)
+def test_a_request_without_a_valid_token_is_401_and_does_nothing(service: Service, headers: dict[str, str]) -> None:
+    run = service.park()
+    for method, path, body in [
+        ("GET", "/approvals", None),
+        ("GET", f"/runs/{run['run_id']}", None),
+        ("POST", "/runs", {"prompt": "Go."}),
+        ("POST", f"/runs/{run['run_id']}/approvals/toolu_demo_run", {"approve": True}),
+        ("POST", f"/runs/{run['run_id']}/resume", None),
+    ]:
+        refused = service.request(method, path, body, tenant=None, headers=headers)
+        assert (refused.status, refused.body["error"]["code"]) == (401, "unauthorized"), (method, path)
+        assert refused.headers["www-authenticate"] == "Bearer"
+    assert len(service.store.list_runs()) == 1
+    assert service.request("GET", f"/runs/{run['run_id']}").body["status"] == "awaiting_approval"
+
+
+def test_the_tenant_comes_from_the_token_not_from_a_header(service: Service) -> None:
+    run = service.park(tenant="acme")
+    as_globex = {"X-Tenant": "acme"}  # globex's token, claiming to be acme: the header is not read
+    listed = service.request("GET", "/approvals", tenant="globex", headers=as_globex)
+    assert listed.body == {"pending": []}
+    assert service.request("GET", f"/runs/{run['run_id']}", tenant="globex", headers=as_globex).status == 404
+    assert service.decide(run["run_id"], {"approve": True}, tenant="globex").status == 404
+    started = service.request("POST", "/runs", {"prompt": "Go.", "wait": False}, tenant="globex", headers=as_globex)
+    assert service.store.load_run(started.body["run_id"]).tenant == "globex"
+
+
+def test_every_service_token_names_a_tenant(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
+    try:
+        with pytest.raises(ConfigError, match="every token must name a tenant"):
+            create_app(store=store, credentials=Credentials({"operator-token-0123456789": None}))
+    finally:
+        store.close()
 
 
 def test_background_drive_parks_the_run(service: Service) -> None:
@@ -297,7 +353,8 @@ def test_a_retry_due_later_parks_the_run_and_resume_finishes_it(tmp_path: Path) 
         {"content": [{"type": "text", "text": "Got it."}], "stop_reason": "end_turn"},
     ]
     store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
-    app = create_app(lambda tenant: Agent(model=ScriptedModel(script), tools=[fetch]), store=store, max_wait=0)
+    agent = Agent(model=ScriptedModel(script), tools=[fetch])
+    app = create_app(lambda tenant: agent, store=store, max_wait=0, credentials=CREDENTIALS)
     try:
         with serving(app, store, tmp_path) as running:
             started = running.request("POST", "/runs", {"prompt": "fetch k"})
@@ -317,3 +374,15 @@ def test_a_retry_due_later_parks_the_run_and_resume_finishes_it(tmp_path: Path) 
             assert running.request("POST", "/runs/run_nope/resume").status == 404
     finally:
         store.close()
+
+
+def test_the_service_will_not_start_without_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tether.examples.service import main
+
+    monkeypatch.delenv("TETHER_SERVICE_TOKENS", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--db", f"sqlite:///{tmp_path / 'service.db'}"])
+    assert stopped.value.code == 2
+    assert "--tokens FILE" in capsys.readouterr().err

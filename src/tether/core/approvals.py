@@ -8,11 +8,13 @@ stays parked. Nothing here knows about terminals — :mod:`tether.surfaces.termi
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.core.cache import canonical_json
+from tether.errors import ConfigError
 
 if TYPE_CHECKING:
     from tether.agent import Agent
@@ -112,6 +114,46 @@ def pending_call(state: RunState, call: PendingCall, agent: Agent | None = None)
 def pending_of(state: RunState, agent: Agent | None = None) -> list[PendingApproval]:
     """Every call of ``state`` waiting for a decision, in call order (see :func:`pending_call`)."""
     return [pending_call(state, call, agent) for call in state.pending_approvals()]
+
+
+MAX_INPUT_DEPTH = 100
+"""How deeply an edited input may nest: far beyond any tool's schema, well within what the
+JSON parser, pydantic (about 255) and the stores handle."""
+
+
+def edited_input(text: str, *, what: str = "the edited input") -> dict[str, Any]:
+    """A person's edit of a call's input, typed as JSON: an object of sane depth.
+
+    Only the shape is checked here; the tool's schema and the rules judge the content when
+    the approval is decided (:class:`~tether.errors.InvalidEditedInput`, :class:`~tether.errors.DeniedByPolicy`).
+
+    Raises:
+        ConfigError: not JSON, not an object, or nested too deeply (``what`` names the input).
+    """
+    too_deep = ConfigError(f"{what} is nested too deeply (more than {MAX_INPUT_DEPTH} levels)")
+    try:
+        value = json.loads(text)
+    except RecursionError:  # deeper than the parser goes
+        raise too_deep from None
+    except ValueError as error:
+        raise ConfigError(f"{what} is not valid JSON: {error}") from error
+    if _depth(value) > MAX_INPUT_DEPTH:
+        raise too_deep
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and objects nest in a parsed JSON value (without recursing, so any depth works)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 @dataclass(frozen=True)

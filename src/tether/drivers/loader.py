@@ -161,6 +161,19 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     )
 
 
+class NoModel:
+    """Stands in where runs are read, decided or stopped but no model is ever called."""
+
+    def complete(self, request: Any) -> Any:
+        """Refuse: whoever holds this agent does not drive runs."""
+        raise ConfigError("this command does not call the model")
+
+
+def reader_agent() -> Agent:
+    """An agent to read, deny or cancel runs with: no tools imported, no model loaded."""
+    return Agent(model=NoModel())
+
+
 CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget", "prices")
 """What a run continuing another keeps from the earlier run's spec, unless set anew."""
 

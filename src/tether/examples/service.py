@@ -2,10 +2,12 @@
 
 Needs the ``service`` extra (``pip install 'tether[service]'``: Starlette and uvicorn)::
 
-    python -m tether.examples.service --db sqlite:///service.db --port 8000
+    python -m tether.examples.service --db sqlite:///service.db --port 8000 --tokens tokens.json
 
-Every request names its tenant in the ``X-Tenant`` header; another tenant's run answers
-404, exactly like a missing one, so ids reveal nothing.
+Every request carries a token (``Authorization: Bearer TOKEN``), and the token names its
+tenant (``tokens.json`` holds ``{"TOKEN": "TENANT", ...}``, see :mod:`tether.policy.access`):
+a caller cannot pick another tenant. Another tenant's run answers 404, exactly like a missing
+one, so ids reveal nothing.
 
 =======  ======================================  =================================================
 POST     /runs                                   ``{"prompt": str, "wait": bool = true}`` → 201 run
@@ -27,8 +29,8 @@ a worker or a client resumes it then (``tether runs --due`` lists such runs).
 
 A run is its row: the keys ``tether run --json`` prints (``run_id, status, output, result,
 error, steps, tool_calls, usage, pending_approvals``) and any the row adds. Errors are
-``{"error": {"code": str, "message": str}}`` with: 400 no ``X-Tenant`` or a body that is
-not a JSON object; 403 a ``?tenant=`` other than the header's; 404 unknown run, call or
+``{"error": {"code": str, "message": str}}`` with: 400 a body that is not a JSON object;
+401 no token, or an unknown one; 403 a ``?tenant=`` other than the token's; 404 unknown run, call or
 route; 409 a decision that cannot apply (already decided, decided concurrently, the
 fingerprint does not match the arguments, edited input a deny rule forbids, the run is not
 parked); 422 a body field of the wrong type, or edited input the tool's schema rejects.
@@ -62,6 +64,7 @@ from tether.core.approvals import Approve, DecideLater, Decision, Deny
 from tether.drivers.runner import Runner, shown_status
 from tether.errors import (
     ApprovalError,
+    ConfigError,
     InvalidEditedInput,
     NotAwaitingApproval,
     RunNotFound,
@@ -69,10 +72,12 @@ from tether.errors import (
     TetherError,
     UnknownCall,
 )
+from tether.policy.access import Credentials, bearer
 from tether.stores import RunRecord, Store, open_store
 from tether.views.pending import pending_approvals
 
-TENANT_HEADER = "X-Tenant"
+TOKENS_ENV = "TETHER_SERVICE_TOKENS"
+"""The token file ``main`` reads when ``--tokens`` is not given."""
 AgentFactory = Callable[[str], Agent]
 """Builds the agent for a tenant; called per request, so cache it if it is costly."""
 
@@ -112,10 +117,18 @@ def run_json(record: RunRecord) -> dict[str, Any]:
 class _Service:
     """The endpoints; blocking store and model work runs in Starlette's thread pool."""
 
-    def __init__(self, agent_factory: AgentFactory, store: Store, max_wait: float) -> None:
+    def __init__(self, agent_factory: AgentFactory, store: Store, max_wait: float, credentials: Credentials) -> None:
         self.agent_factory = agent_factory
         self.store = store
         self.max_wait = max_wait
+        self.credentials = credentials
+
+    def tenant(self, request: Request) -> str:
+        """The tenant the request's token is bound to: the only one it may reach."""
+        grant = self.credentials.grant(bearer(request.headers.get("Authorization")))
+        if grant is None or grant.tenant is None:
+            raise ServiceError(401, "unauthorized", "send a valid token: Authorization: Bearer TOKEN")
+        return grant.tenant
 
     def runner(self, tenant: str) -> Runner:
         # Decisions arrive over HTTP: a gated call (or one a crash left in doubt) parks the run.
@@ -123,7 +136,7 @@ class _Service:
 
     # Endpoints ----------------------------------------------------------------------
     async def start_run(self, request: Request) -> Response:
-        tenant = _tenant(request)
+        tenant = self.tenant(request)
         body = await _body(request)
         prompt = _field(body, "prompt", str, required=True)
         wait = _field(body, "wait", bool, default=True)
@@ -140,27 +153,27 @@ class _Service:
         return JSONResponse(run_json(record), status_code=201, headers=headers)
 
     async def get_run(self, request: Request) -> Response:
-        tenant = _tenant(request)
+        tenant = self.tenant(request)
         record = await run_in_threadpool(self.store.load_run, request.path_params["run_id"], tenant=tenant)
         return JSONResponse(run_json(record))
 
     async def resume(self, request: Request) -> Response:
-        tenant = _tenant(request)
+        tenant = self.tenant(request)
         run_id = request.path_params["run_id"]
         record = await run_in_threadpool(self._drive, self.runner(tenant), run_id, tenant)
         return JSONResponse(run_json(record))
 
     async def list_approvals(self, request: Request) -> Response:
-        tenant = _tenant(request)
+        tenant = self.tenant(request)
         asked = request.query_params.get("tenant")
         if asked is not None and asked != tenant:
-            raise ServiceError(403, "tenant_mismatch", f"?tenant={asked} differs from the {TENANT_HEADER} header")
+            raise ServiceError(403, "tenant_mismatch", f"?tenant={asked} is not the tenant of your token")
         run_id = request.query_params.get("run_id")
         pending = await run_in_threadpool(pending_approvals, self.store, tenant=tenant, run_id=run_id)
         return JSONResponse({"pending": [p.to_dict() for p in pending]})
 
     async def decide(self, request: Request) -> Response:
-        tenant = _tenant(request)
+        tenant = self.tenant(request)
         body = await _body(request)
         approve = _field(body, "approve", bool, required=True)
         reason = _field(body, "reason", str, default="")
@@ -205,7 +218,11 @@ DEFAULT_MAX_WAIT = 5.0
 
 
 def create_app(
-    agent_factory: AgentFactory = demo_agent, store: Store | None = None, *, max_wait: float = DEFAULT_MAX_WAIT
+    agent_factory: AgentFactory = demo_agent,
+    store: Store | None = None,
+    *,
+    max_wait: float = DEFAULT_MAX_WAIT,
+    credentials: Credentials,
 ) -> Starlette:
     """The service's ASGI app.
 
@@ -215,8 +232,15 @@ def create_app(
         store: where runs live; default ``$TETHER_DB`` or ``sqlite:///tether.db``. Use a SQL
             store to decide from several processes.
         max_wait: seconds a request sleeps for a tool retry; a later one parks the run.
+        credentials: the tokens requests carry, each bound to the tenant it acts for.
+
+    Raises:
+        ConfigError: a token bound to no tenant (the service acts for one tenant per request).
     """
-    service = _Service(agent_factory, store if store is not None else open_store(os.environ.get("TETHER_DB")), max_wait)
+    if None in credentials.tenants:
+        raise ConfigError("the service acts for one tenant per request: every token must name a tenant")
+    store = store if store is not None else open_store(os.environ.get("TETHER_DB"))
+    service = _Service(agent_factory, store, max_wait, credentials)
     routes = [
         Route("/runs", service.start_run, methods=["POST"]),
         Route("/runs/{run_id}", service.get_run, methods=["GET"]),
@@ -233,13 +257,6 @@ def create_app(
 
 
 # Requests and errors ---------------------------------------------------------------
-def _tenant(request: Request) -> str:
-    tenant = request.headers.get(TENANT_HEADER, "").strip()
-    if not tenant:
-        raise ServiceError(400, "tenant_required", f"send the {TENANT_HEADER} header")
-    return tenant
-
-
 async def _body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
@@ -270,7 +287,10 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 def _service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    return _error(exc.status, exc.code, exc.message)
+    answer = _error(exc.status, exc.code, exc.message)
+    if exc.status == 401:
+        answer.headers["WWW-Authenticate"] = "Bearer"
+    return answer
 
 
 _ANSWERS: tuple[tuple[type[TetherError], int, str], ...] = (
@@ -303,8 +323,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--db", help="SQLAlchemy URL (default $TETHER_DB, else sqlite:///tether.db)")
+    parser.add_argument("--tokens", metavar="FILE", help=f'JSON {{"TOKEN": "TENANT", ...}} (default ${TOKENS_ENV})')
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(store=open_store(args.db or os.environ.get("TETHER_DB"))), host=args.host, port=args.port)
+    tokens = args.tokens or os.environ.get(TOKENS_ENV)
+    if not tokens:
+        parser.error(f"give --tokens FILE (or ${TOKENS_ENV}): each token names the tenant it acts for")
+    try:
+        app = create_app(
+            store=open_store(args.db or os.environ.get("TETHER_DB")), credentials=Credentials.from_file(tokens)
+        )
+    except ConfigError as error:
+        parser.error(str(error))
+    uvicorn.run(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,11 +33,19 @@ from rich.text import Text
 
 from tether import durations
 from tether.agent import Agent
-from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny
+from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny, edited_input
 from tether.core.events import Event
 from tether.core.state import RunState
 from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
-from tether.drivers.loader import DEMO_MODEL, agent_from_spec, continued_spec, normalise_model_spec, policy_change
+from tether.drivers.loader import (
+    DEMO_MODEL,
+    NoModel,
+    agent_from_spec,
+    continued_spec,
+    normalise_model_spec,
+    policy_change,
+    reader_agent,
+)
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.errors import (
     ApprovalError,
@@ -200,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
     )
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
+    _add_ui(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox")))
     return parser
 
 
@@ -209,6 +218,29 @@ def _add_audit(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--tool", metavar="NAME", help="only calls of this tool")
     audit.add_argument("--since", metavar="WHEN", help=f"activity since then: {durations.EXAMPLES}")
     audit.add_argument("--json", action="store_true", help='print one object {"entries": [...]}')
+
+
+UI_TOKEN_ENV = "TETHER_UI_TOKEN"
+"""The token ``tether ui`` accepts when ``--token`` is not given."""
+
+
+def _add_ui(ui: argparse.ArgumentParser) -> None:
+    """``tether ui``'s options: where to listen, and who may come in."""
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)"
+    )
+    ui.add_argument(
+        "--port", type=int, default=8321, help="port to listen on; 0 picks a free one (default: %(default)s)"
+    )
+    ui.add_argument(
+        "--token", help=f"the token to sign in with (default ${UI_TOKEN_ENV}; without either, one is made and printed)"
+    )
+    ui.add_argument("--tenant", help="bind the token to this tenant: it shows and decides that tenant's runs only")
+    ui.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help='JSON {"TOKEN": "TENANT", "TOKEN2": null}: several tokens, each bound to a tenant (null: every tenant)',
+    )
 
 
 class _Session:
@@ -273,7 +305,7 @@ class _Session:
         self.close()
         if self.json and self.run_id is not None:
             try:
-                state = Runner(_reader(), self.store).load(self.run_id)
+                state = Runner(reader_agent(), self.store).load(self.run_id)
             except TetherError:  # the store cannot say: the hint below still names the run
                 pass
             else:
@@ -398,11 +430,11 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone)."""
-    agent = _agent_for(session, args.run_id, model=_NoModel()) if args.command == "approve" else _reader()
+    agent = _agent_for(session, args.run_id, model=NoModel()) if args.command == "approve" else reader_agent()
     runner = Runner(agent, session.store)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
-        edited = None if args.input is None else _edited_input(args.input)
+        edited = None if args.input is None else edited_input(args.input, what="--input")
         approval = Approve(input=edited, actor=actor, remember_for_run=args.for_run)
         result = runner.decide(args.run_id, args.call_id, approval, fingerprint=args.fingerprint)
     else:
@@ -412,39 +444,6 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     if result.status != RunStatus.awaiting_approval.shown:
         session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
     return EXIT_DONE
-
-
-MAX_INPUT_DEPTH = 100
-"""How deeply ``approve --input`` may nest: far beyond any tool's schema, well within what the
-JSON parser, pydantic (about 255) and the stores handle."""
-
-
-def _edited_input(text: str) -> dict[str, Any]:
-    """``--input`` as a JSON object of sane depth; anything else is a usage error, never a traceback."""
-    too_deep = ConfigError(f"--input is nested too deeply (more than {MAX_INPUT_DEPTH} levels)")
-    try:
-        value = json.loads(text)
-    except RecursionError:  # deeper than the parser goes
-        raise too_deep from None
-    except ValueError as error:
-        raise ConfigError(f"--input is not valid JSON: {error}") from error
-    if _depth(value) > MAX_INPUT_DEPTH:
-        raise too_deep
-    if not isinstance(value, dict):
-        raise ConfigError("--input must be a JSON object")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """How many arrays and objects nest in a parsed JSON value (without recursing, so any depth works)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in children)
-    return deepest
 
 
 def _add_cancel(cancel: argparse.ArgumentParser) -> None:
@@ -460,7 +459,7 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
     Imports no tools and loads no model, so a run whose tools module is gone can still be
     stopped. An ended run is a usage error (exit 2): there is nothing to cancel.
     """
-    runner = Runner(_reader(), session.store)
+    runner = Runner(reader_agent(), session.store)
     before = result_of(runner.load(args.run_id)).status
     result = runner.cancel(args.run_id, args.reason)
     if session.json:
@@ -471,7 +470,7 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
-    runner = Runner(_reader(), session.store)
+    runner = Runner(reader_agent(), session.store)
     state = runner.load(args.run_id)
     events = session.store.load_events(args.run_id)
     result = result_of(state)
@@ -587,10 +586,8 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
         events = session.store.load_events(args.run)
-        settings = record.spec.get("tool_settings")
-        if isinstance(settings, dict):
-            tools = [diagram.ToolNote.recorded(name, dict(s)) for name, s in settings.items()]
-        elif args.kind == "graph":
+        tools = diagram.ToolNote.of_run(record.spec)
+        if tools is None and args.kind == "graph":
             session.err.print("[yellow]note:[/] tools not shown: the run did not record them (an older tether)")
     drawn = diagram.build(events=events, tools=tools)
     if args.kind == "sequence":
@@ -617,6 +614,41 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
         sys.stdout.buffer.flush()
     else:
         sys.stdout.write(output)
+    return EXIT_DONE
+
+
+def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
+    """Serve the inspector until stopped: on loopback unless a token was chosen for it."""
+    try:
+        from tether.surfaces.web.guard import check_bind
+        from tether.surfaces.web.server import serve
+    except ImportError as error:
+        raise ConfigError(str(error)) from None
+    from tether.policy.access import Credentials
+
+    token = args.token or os.environ.get(UI_TOKEN_ENV)
+    if args.tokens and (token or args.tenant):
+        raise ConfigError("--tokens FILE names every token and its tenant: give it alone, without --token or --tenant")
+    generated = None
+    if args.tokens:
+        credentials = Credentials.from_file(args.tokens)
+    elif token:
+        credentials = Credentials({token: args.tenant})
+    else:
+        credentials, generated = Credentials.generate(tenant=args.tenant)
+    check_bind(args.host, token_given=generated is None)
+
+    def announce(url: str) -> None:
+        where = f"{url}?token={generated}" if generated else f"{url} (sign in with your token)"
+        scope = f"tenant {args.tenant}'s runs" if args.tenant else "runs"
+        session.out.print(Text.assemble(("tether ui", "bold"), f": {where}"), highlight=False)
+        session.out.print(Text(f"showing {scope} in {shown_url(session.db_url)}; Ctrl-C stops"), highlight=False)
+        sys.stdout.flush()
+
+    try:
+        serve(session.store, credentials, host=args.host, port=args.port, announce=announce)
+    except OSError as error:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     return EXIT_DONE
 
 
@@ -828,19 +860,8 @@ COMMANDS = {
     "pending": _cmd_pending,
     "demo": _cmd_demo,
     "diagram": _cmd_diagram,
+    "ui": _cmd_ui,
 }
-
-
-class _NoModel:
-    """Stands in where a command reads runs but never calls a model."""
-
-    def complete(self, request: Any) -> Any:
-        raise ConfigError("this command does not call the model")
-
-
-def _reader() -> Agent:
-    """An agent for commands that read or stop runs: no tools imported, no model loaded."""
-    return Agent(model=_NoModel())
 
 
 def _print_error(label: str, error: Exception) -> None:

@@ -132,6 +132,14 @@ class ToolNote:
             settings.get("timeout"),
         )
 
+    @classmethod
+    def of_run(cls, spec: dict[str, Any]) -> list[ToolNote] | None:
+        """The tools a run's spec recorded (None: an older tether recorded none)."""
+        settings = spec.get("tool_settings")
+        if not isinstance(settings, dict):
+            return None
+        return [cls.recorded(name, dict(s)) for name, s in settings.items()]
+
     def traits(self) -> list[str]:
         """Plain words, one per trait (``runs directly`` when it has none)."""
         words = []

@@ -1,0 +1,418 @@
+"""The inspector's routes: pages, the diagram, live streams, sign-in, and decisions.
+
+=====  ==========================  ==============================================================
+GET    /                           runs, newest first (``?status=&tenant=&q=``)
+GET    /inbox                      every call waiting for a decision, with its form
+GET    /runs/{run_id}              one run: diagram, timeline, tool calls, messages, its pending calls
+GET    /runs/{run_id}/diagram.svg  the machine with the run's path and current state (Graphviz)
+GET    /runs/{run_id}/live         server-sent events: ``changed`` as the run moves, ``end``
+GET    /live                       server-sent events: ``changed`` as any visible run moves
+POST   /decide                     approve, deny or edit one call (form, CSRF-checked), then
+                                   back to the page it came from
+GET    /login, POST /login         sign in with a token; ``?token=`` on any page does the same
+POST   /logout                     forget the session cookie
+=====  ==========================  ==============================================================
+
+Every route but ``/static`` and ``/login`` needs a token (see :mod:`tether.surfaces.web.guard`);
+every page is rendered by Jinja2 with autoescaping on, so text from a model, a tool or a
+person is shown as text.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+try:
+    import jinja2
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("tether ui needs Starlette, uvicorn and Jinja2: pip install 'tether[ui]'") from error
+
+from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
+
+from tether.errors import ApprovalError, InvalidEditedInput, RunNotFound, StaleRun, TetherError, UnknownCall
+from tether.policy.access import Credentials
+from tether.stores import Store
+from tether.surfaces.web import live, pages
+from tether.surfaces.web.decisions import BadForm, Decider, DecisionForm, InProcess, Resume
+from tether.surfaces.web.guard import (
+    CSRF_FIELD,
+    TOKEN_PARAM,
+    Guard,
+    SecurityHeaders,
+    Viewer,
+    cross_site,
+)
+from tether.views import diagram
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+MAX_FORM_BYTES = 1_000_000
+"""A decision form larger than this is refused unread."""
+DIAGRAM_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+"""Graphviz's SVG needs its inline styles; nothing in it may run, even opened on its own."""
+INBOX = "/inbox"
+
+
+class _SignIn(Exception):
+    """No valid token or session: answer with the sign-in page."""
+
+    def __init__(self, problem: str = "") -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+class _TokenInAddress(Exception):
+    """``?token=`` on a page: trade it for the session cookie, then show the page without it."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__("token in the address")
+        self.token = token
+
+
+class _Refused(Exception):
+    """A request refused before anything was read or done (another site, an expired form)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _Inspector:
+    """The handlers, sharing the store, the guard, the decider and the templates."""
+
+    def __init__(self, store: Store, guard: Guard, decider: Decider, *, poll: float) -> None:
+        self.store = store
+        self.guard = guard
+        self.decider = decider
+        self.poll = poll
+        self.templates = _templates()
+
+    # Who is asking --------------------------------------------------------------------------
+    def viewer(self, request: Request) -> Viewer:
+        token = request.query_params.get(TOKEN_PARAM)
+        if token is not None:
+            raise _TokenInAddress(token)
+        viewer = self.guard.viewer(request.headers, request.cookies, request.url.port)
+        if viewer is None:
+            raise _SignIn()
+        return viewer
+
+    def render(self, request: Request, name: str, viewer: Viewer | None, status: int = 200, **context: Any) -> Response:
+        """A page; text that cannot be encoded (a lone surrogate) is shown as its escape, never a 500."""
+        html = self.templates.get_template(name).render(viewer=viewer, path=request.url.path, **context)
+        return HTMLResponse(html.encode("utf-8", errors="backslashreplace"), status_code=status)
+
+    # Pages ----------------------------------------------------------------------------------
+    async def runs(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        wanted = pages.RunsFilter.of(dict(request.query_params))
+        rows, digest, waiting = await run_in_threadpool(self._runs, viewer, wanted)
+        return self.render(
+            request,
+            "runs.html",
+            viewer,
+            rows=rows,
+            wanted=wanted,
+            statuses=pages.STATUSES,
+            tenants=pages.tenants(rows),
+            digest=digest,
+            waiting=waiting,
+        )
+
+    def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[list[pages.RunRow], str, int]:
+        rows = pages.runs(self.store, viewer.tenant, wanted)
+        return rows, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
+
+    async def inbox(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        return await self._inbox(request, viewer)
+
+    async def _inbox(self, request: Request, viewer: Viewer, status: int = 200, **problem: Any) -> Response:
+        items = await run_in_threadpool(pages.inbox, self.store, viewer.tenant)
+        digest = await run_in_threadpool(pages.digest, self.store, viewer.tenant)
+        return self.render(
+            request,
+            "inbox.html",
+            viewer,
+            status,
+            items=items,
+            digest=digest,
+            waiting=len(items),
+            decided=request.query_params.get("decided"),
+            **_no_problem(problem),
+        )
+
+    async def run(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        return await self._run(request, viewer, request.path_params["run_id"])
+
+    async def _run(self, request: Request, viewer: Viewer, run_id: str, status: int = 200, **problem: Any) -> Response:
+        page = await run_in_threadpool(pages.run_page, self.store, run_id, viewer.tenant)
+        waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
+        return self.render(
+            request,
+            "run.html",
+            viewer,
+            status,
+            page=page,
+            run=page.state,
+            waiting=waiting,
+            graphviz=shutil.which("dot") is not None,
+            graphviz_hint=diagram.GRAPHVIZ_HINT,
+            decided=request.query_params.get("decided"),
+            **_no_problem(problem),
+        )
+
+    async def diagram_svg(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        run_id = request.path_params["run_id"]
+        try:
+            svg = await run_in_threadpool(self._svg, run_id, viewer.tenant)
+        except GraphvizNotFoundError as error:
+            return PlainTextResponse(str(error), status_code=503)
+        headers = {"content-security-policy": DIAGRAM_CSP, "x-content-type-options": "nosniff"}
+        return Response(svg, media_type="image/svg+xml", headers=headers)
+
+    def _svg(self, run_id: str, tenant: str | None) -> bytes:
+        record = self.store.load_run(run_id, tenant=tenant)
+        events = self.store.load_events(run_id, tenant=tenant)
+        drawn = diagram.build(events=events, tools=diagram.ToolNote.of_run(record.spec))
+        return diagram.graphviz(diagram.render_dot(drawn), "svg")
+
+    # Live -----------------------------------------------------------------------------------
+    async def run_live(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        run_id = request.path_params["run_id"]
+        await run_in_threadpool(self.store.load_run, run_id, tenant=viewer.tenant)  # 404 before streaming
+        since = _int(request.query_params.get("since"))
+        stream = live.run_changes(
+            self.store, run_id, viewer.tenant, since, poll=self.poll, gone=request.is_disconnected
+        )
+        return _events(stream)
+
+    async def list_live(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        since = request.query_params.get("since")
+        return _events(
+            live.list_changes(self.store, viewer.tenant, since, poll=self.poll, gone=request.is_disconnected)
+        )
+
+    # Decisions ------------------------------------------------------------------------------
+    async def decide(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        fields = await self.form(request, viewer)
+        run_id, call_id = fields.get("run_id", ""), fields.get("call_id", "")
+        back = INBOX if fields.get("next") == INBOX else f"/runs/{quote(run_id, safe='')}"
+        try:
+            form = DecisionForm.of(fields)
+            await run_in_threadpool(self.decider.decide, run_id, call_id, form, tenant=viewer.tenant)
+        except (BadForm, ApprovalError, StaleRun) as error:
+            status = (
+                422
+                if isinstance(error, BadForm | InvalidEditedInput)
+                else 404
+                if isinstance(error, UnknownCall)
+                else 409
+            )
+            problem = {"error_call": call_id, "error": str(error), "draft": fields.get("input")}
+            if back == INBOX:
+                return await self._inbox(request, viewer, status, **problem)
+            return await self._run(request, viewer, run_id, status, **problem)
+        return RedirectResponse(f"{back}?{urlencode({'decided': call_id})}", status_code=303)
+
+    async def form(self, request: Request, viewer: Viewer | None) -> dict[str, str]:
+        """A posted form, once the request is known to come from our own page (CSRF-checked)."""
+        if cross_site(request.headers, scheme=request.url.scheme, host=request.headers.get("host", "")):
+            raise _Refused(403, "refused: the form was sent from another site")
+        if int(request.headers.get("content-length") or 0) > MAX_FORM_BYTES:
+            raise _Refused(413, f"refused: a form may hold at most {MAX_FORM_BYTES} bytes")
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise _Refused(413, f"refused: a form may hold at most {MAX_FORM_BYTES} bytes")
+        fields = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+        if viewer is not None and not Guard.csrf_ok(viewer, fields.get(CSRF_FIELD)):
+            raise _Refused(403, "refused: this form has expired (the server restarted?): reload the page and try again")
+        return fields
+
+    # Signing in and out -------------------------------------------------------------------------
+    async def login_page(self, request: Request) -> Response:
+        return self.render(request, "login.html", None, 401, problem="")
+
+    async def login(self, request: Request) -> Response:
+        fields = await self.form(request, None)
+        token = fields.get("token", "").strip()
+        if self.guard.credentials.grant(token) is None:
+            return self.render(request, "login.html", None, 401, problem="That token is not valid.")
+        return self.signed_in(request, token, "/")
+
+    async def logout(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        await self.form(request, viewer)
+        answer = RedirectResponse("/login", status_code=303)
+        answer.delete_cookie(self.guard.cookie_name(request.url.port), path="/")
+        return answer
+
+    # Errors ---------------------------------------------------------------------------------
+    async def sign_in(self, request: Request, exc: Exception) -> Response:
+        problem = exc.problem if isinstance(exc, _SignIn) else ""
+        if _wants_html(request):
+            answer = self.render(request, "login.html", None, 401, problem=problem)
+        else:
+            answer = PlainTextResponse("sign in: send Authorization: Bearer TOKEN", status_code=401)
+        answer.headers["www-authenticate"] = "Bearer"
+        return answer
+
+    async def token_in_address(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, _TokenInAddress)
+        if self.guard.credentials.grant(exc.token) is None:
+            return await self.sign_in(request, _SignIn("The token in that address is not valid."))
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
+        return self.signed_in(request, exc.token, request.url.path + (f"?{urlencode(rest)}" if rest else ""))
+
+    def signed_in(self, request: Request, token: str, to: str) -> Response:
+        """Go to ``to`` with the session cookie set (script-proof, never sent by another site)."""
+        answer = RedirectResponse(to, status_code=303)
+        cookie = self.guard.session(token)
+        answer.set_cookie(self.guard.cookie_name(request.url.port), cookie, httponly=True, samesite="strict", path="/")
+        return answer
+
+    async def refused(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, _Refused)
+        return self.render(request, "error.html", None, exc.status, title="Refused", message=exc.message)
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        message = str(exc) if isinstance(exc, RunNotFound) else "There is no such page."
+        if not _wants_html(request):
+            return PlainTextResponse(message, status_code=404)
+        return self.render(request, "error.html", None, 404, title="Not found", message=message)
+
+    async def failed(self, request: Request, exc: Exception) -> Response:
+        log.error("tether ui: %s failed: %s", request.url.path, exc, exc_info=exc)
+        message = f"{type(exc).__name__}: {exc}"
+        return self.render(request, "error.html", None, 500, title="Something went wrong", message=message)
+
+
+def create_app(
+    store: Store,
+    credentials: Credentials,
+    *,
+    resume: Resume | None = None,
+    max_wait: float = 5.0,
+    poll: float = 0.5,
+) -> Starlette:
+    """The inspector's ASGI app.
+
+    Args:
+        store: where the runs are; the inspector only reads it, and records decisions through
+            :meth:`tether.Runner.decide`.
+        credentials: the tokens that let people in, each bound to the tenant it shows (or None:
+            every tenant's).
+        resume: drives a run on once its decisions are made; default: in this process, in
+            background threads (:class:`~tether.surfaces.web.decisions.InProcess`), sleeping at
+            most ``max_wait`` seconds for a tool retry. Pass a function that queues the run to
+            your worker instead where one is configured.
+        max_wait: seconds the default resume sleeps for a tool retry before parking the run.
+        poll: seconds between the live streams' reads of the store.
+    """
+    in_process = InProcess(store, max_wait=max_wait) if resume is None else None
+    inspector = _Inspector(store, Guard(credentials), Decider(store, resume or in_process or _never), poll=poll)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if in_process is not None:
+            await run_in_threadpool(in_process.close)
+
+    routes = [
+        Route("/", inspector.runs),
+        Route("/inbox", inspector.inbox),
+        Route("/live", inspector.list_live),
+        Route("/runs/{run_id}", inspector.run),
+        Route("/runs/{run_id}/diagram.svg", inspector.diagram_svg),
+        Route("/runs/{run_id}/live", inspector.run_live),
+        Route("/decide", inspector.decide, methods=["POST"]),
+        Route("/login", inspector.login_page, methods=["GET"]),
+        Route("/login", inspector.login, methods=["POST"]),
+        Route("/logout", inspector.logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    handlers: dict[Any, Any] = {
+        _SignIn: inspector.sign_in,
+        _TokenInAddress: inspector.token_in_address,
+        _Refused: inspector.refused,
+        RunNotFound: inspector.not_found,
+        404: inspector.not_found,
+        TetherError: inspector.failed,
+    }
+    return Starlette(
+        routes=routes, exception_handlers=handlers, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan
+    )
+
+
+_STATUS: dict[type[Exception], int] = {BadForm: 422, InvalidEditedInput: 422, UnknownCall: 404}
+"""The status of a refused decision's page; any other refusal is a conflict (409)."""
+
+
+def _never(run_id: str, tenant: str | None) -> None:  # pragma: no cover - create_app always has one
+    raise AssertionError("no resume configured")
+
+
+def _templates() -> jinja2.Environment:
+    """Autoescaping on for every template: what a model or a tool wrote is always text."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    env.filters["clock"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+    env.filters["pretty"] = pages.pretty
+    env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
+    env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"
+    env.filters["segment"] = lambda value: quote(str(value), safe="")
+    return env
+
+
+def _when(at: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else ""
+
+
+def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
+    """The error context a page shows beside one call's form (none by default)."""
+    return {"error_call": None, "error": None, "draft": None, **problem}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "") or request.method == "POST"
+
+
+def _events(stream: AsyncIterator[str]) -> Response:
+    return StreamingResponse(stream, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+__all__ = ["create_app"]

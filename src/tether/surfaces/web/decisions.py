@@ -1,0 +1,148 @@
+"""Decisions from the inbox, through the one decision API, and the run's resumption after them.
+
+A decision is :meth:`tether.Runner.decide`, exactly as ``tether approve`` / ``tether deny`` make
+it: bound to the fingerprint of the input the person was shown, so one decider wins and a
+decision about other arguments is refused. An approval loads the run's tools (to check an
+edited input against the tool's schema and the rules); a denial needs none. Once the run's
+last pending call is decided, :class:`InProcess` drives it on in a background thread, as
+``tether resume`` would; pass another :data:`Resume` to queue it to a worker instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
+from tether.core.status import RunStatus
+from tether.drivers.loader import NoModel, agent_from_spec, reader_agent
+from tether.drivers.runner import Runner, RunResult
+from tether.errors import ConfigError, TetherError
+from tether.stores import Store
+
+log = logging.getLogger(__name__)
+
+Resume = Callable[[str, str | None], None]
+"""Drives a run on after its decisions: ``resume(run_id, tenant)``; must not block the request."""
+ACTIONS = ("approve", "deny", "edit")
+
+
+class BadForm(ConfigError):
+    """A decision form that cannot be read (answered 422; nothing is recorded)."""
+
+
+@dataclass(frozen=True)
+class DecisionForm:
+    """What a person sent about one call."""
+
+    action: str
+    """approve, deny, or edit (approve with ``input``)."""
+    fingerprint: str
+    """Of the input the page showed: the decision is refused if the call's input changed since."""
+    reason: str = ""
+    input_text: str = ""
+    """The edited input as the person typed it (kept to show again beside an error)."""
+    by: str = ""
+
+    @classmethod
+    def of(cls, fields: Mapping[str, str]) -> DecisionForm:
+        """Read a submitted form.
+
+        Raises:
+            BadForm: an unknown action, or no fingerprint (a form that did not come from a page).
+        """
+        action = fields.get("action", "")
+        if action not in ACTIONS:
+            raise BadForm(f"unknown action {action!r}: approve, deny or edit")
+        fingerprint = fields.get("fingerprint", "").strip()
+        if not fingerprint:
+            raise BadForm("the form carries no fingerprint of the input it showed: reload the page")
+        return cls(
+            action=action,
+            fingerprint=fingerprint,
+            reason=fields.get("reason", "").strip(),
+            input_text=fields.get("input", ""),
+            by=fields.get("by", "").strip(),
+        )
+
+    def decision(self, actor: str) -> Decision:
+        """The decision this form asks for.
+
+        Raises:
+            BadForm: an edited input that is not a JSON object.
+        """
+        if self.action == "deny":
+            return Deny(self.reason, actor=actor)
+        if self.action == "approve":
+            return Approve(actor=actor)
+        try:
+            edited = edited_input(self.input_text)
+        except ConfigError as error:
+            raise BadForm(str(error)) from None
+        return Approve(input=edited, actor=actor)
+
+
+class Decider:
+    """Records decisions for a viewer's tenant and resumes runs once nothing waits."""
+
+    def __init__(self, store: Store, resume: Resume) -> None:
+        self.store = store
+        self.resume = resume
+
+    def decide(self, run_id: str, call_id: str, form: DecisionForm, *, tenant: str | None) -> RunResult:
+        """Record the form's decision; resume the run if it no longer waits for anyone.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+            ApprovalError: refused (already decided, stale fingerprint, invalid edit, denied by a rule...).
+            BadForm: the form cannot be read.
+            ConfigError: the run's tools cannot be loaded to check an approval.
+        """
+        actor = form.by or "tether ui"
+        decision = form.decision(actor)
+        if isinstance(decision, Deny):
+            runner = Runner(reader_agent(), self.store)  # a denial runs nothing: no tools needed
+        else:
+            spec = self.store.load_run(run_id, tenant=tenant).spec
+            runner = Runner(agent_from_spec(spec, model=NoModel()), self.store)
+        result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
+        if result.status != RunStatus.awaiting_approval.shown:
+            self.resume(run_id, tenant)
+        return result
+
+
+class InProcess:
+    """Drives decided runs in this process's background threads, as ``tether resume`` would.
+
+    A retry due later than ``max_wait`` parks the run (``tether runs --due`` finds it); a run
+    another process drives meanwhile is left to it. Failures are logged: the run's row tells
+    its status either way.
+    """
+
+    def __init__(self, store: Store, *, max_wait: float = 5.0, workers: int = 2) -> None:
+        self.store = store
+        self.max_wait = max_wait
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tether-ui-drive")
+
+    def __call__(self, run_id: str, tenant: str | None) -> None:
+        """Queue the drive; return at once."""
+        self._pool.submit(self.drive, run_id, tenant)
+
+    def drive(self, run_id: str, tenant: str | None) -> None:
+        """Drive the run until it parks or ends (in the calling thread)."""
+        try:
+            agent = agent_from_spec(self.store.load_run(run_id, tenant=tenant).spec)
+            Runner(agent, self.store, approver=DecideLater()).drive(run_id, tenant=tenant, max_wait=self.max_wait)
+        except TetherError as error:  # busy elsewhere, ended meanwhile, tools gone: the row says the rest
+            log.warning("tether ui: run %s was not driven on: %s", run_id, error)
+        except Exception:  # a tool module that fails to import, a model without credentials...
+            log.exception("tether ui: driving run %s failed", run_id)
+
+    def close(self) -> None:
+        """Let running drives finish; drop the queued ones (their runs stay decided, for a resume)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["ACTIONS", "BadForm", "Decider", "DecisionForm", "InProcess", "Resume"]

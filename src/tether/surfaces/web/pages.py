@@ -1,0 +1,332 @@
+"""What each page of the inspector shows, read from the store alone (no tool is imported here).
+
+Each function reads what one page needs, scoped to the viewer's tenant, and returns plain
+data for its template: :func:`runs` for the list, :func:`run_page` for one run (its row, its
+log folded into a timeline, its messages, its tool calls as :mod:`tether.views.audit` reads
+them, its pending calls), :func:`inbox` for every call waiting for a person. The same event
+vocabulary the CLI reads (:mod:`tether.core.events`) is the only source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.core.approvals import PendingApproval, pending_of
+from tether.core.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BudgetExhausted,
+    CacheHit,
+    CallAbandoned,
+    Event,
+    ModelResponded,
+    RetryScheduled,
+    RunFinished,
+    RunStarted,
+    ToolFinished,
+    ToolStarted,
+    Transition,
+    Warned,
+)
+from tether.core.history import text_of
+from tether.core.state import RunState
+from tether.core.status import AWAITING, ENDED, SHOWN, status_name, stored_status
+from tether.drivers.runner import result_of, shown_status
+from tether.models import Usage
+from tether.stores import RunRecord, Store
+from tether.views import audit
+from tether.views.pending import pending_approvals
+
+LIST_LIMIT = 200
+"""Runs a list shows (newest first)."""
+PREVIEW = 160
+"""Characters of a text shown in a timeline row (the whole text is in the messages and calls)."""
+STATUSES = SHOWN
+"""The statuses the list filters on, as people read them."""
+
+
+@dataclass(frozen=True)
+class RunsFilter:
+    """The list's filters, as the query string gave them."""
+
+    status: str | None = None
+    tenant: str | None = None
+    search: str = ""
+
+    @classmethod
+    def of(cls, params: dict[str, str]) -> RunsFilter:
+        """Read the query string; an unknown status or an empty field filters nothing."""
+        status = params.get("status") or None
+        return cls(
+            status=status if status in STATUSES else None,
+            tenant=(params.get("tenant") or "").strip() or None,
+            search=(params.get("q") or "").strip(),
+        )
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the runs list."""
+
+    id: str
+    status: str
+    tenant: str | None
+    steps: int
+    tool_calls: int
+    tokens: int
+    cost_usd: float | None
+    created_at: float
+    updated_at: float
+    pending: int
+    outcome: str
+    """The answer, the error, or what the run waits for (short)."""
+    unreadable: str | None = None
+
+
+def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: int = LIST_LIMIT) -> list[RunRow]:
+    """The runs the viewer may see that match the filters, newest first.
+
+    A viewer bound to a tenant sees that tenant's runs whatever ``wanted.tenant`` says.
+    """
+    tenant = viewer_tenant if viewer_tenant is not None else wanted.tenant
+    stored = stored_status(wanted.status) if wanted.status else None
+    records = store.list_runs(status=stored, tenant=tenant, limit=limit)
+    shown = [record for record in records if wanted.status in (None, shown_status(record))]
+    return [_row(record) for record in shown if _matches(record, wanted.search)]
+
+
+def _row(record: RunRecord) -> RunRow:
+    summary = record.summary
+    usage = Usage.from_dict(summary.get("usage") or {})
+    pending = summary.get("pending_approvals") or []
+    status = shown_status(record)
+    if record.unreadable:
+        outcome = record.unreadable
+    elif summary.get("error"):
+        outcome = str(summary["error"])
+    elif pending:
+        outcome = "waits for a decision on " + ", ".join(str(item.get("tool")) for item in pending)
+    else:
+        outcome = str(summary.get("output") or "")
+    return RunRow(
+        id=record.id,
+        status=status,
+        tenant=record.tenant,
+        steps=int(summary.get("steps") or 0),
+        tool_calls=int(summary.get("tool_calls") or 0),
+        tokens=usage.input_tokens + usage.output_tokens,
+        cost_usd=summary.get("cost_usd"),
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        pending=len(pending),
+        outcome=_preview(outcome),
+        unreadable=record.unreadable,
+    )
+
+
+def _matches(record: RunRecord, search: str) -> bool:
+    """Whether the run's id, tenant, status, answer, error or pending calls hold ``search`` (any case)."""
+    if not search:
+        return True
+    summary = record.summary
+    haystack = [record.id, record.tenant or "", shown_status(record)]
+    haystack += [str(summary.get("output") or ""), str(summary.get("error") or "")]
+    haystack.append(json.dumps(summary.get("pending_approvals") or [], ensure_ascii=False))
+    needle = search.casefold()
+    return any(needle in text.casefold() for text in haystack)
+
+
+def tenants(rows: list[RunRow]) -> list[str]:
+    """The tenants among ``rows``, for the tenant filter's suggestions."""
+    return sorted({row.tenant for row in rows if row.tenant})
+
+
+def digest(store: Store, viewer_tenant: str | None) -> str:
+    """A short hash of every visible run's id and version: it changes whenever any of them moves."""
+    records = store.list_runs(tenant=viewer_tenant, limit=LIST_LIMIT)
+    marks = ",".join(f"{r.id}:{r.version}:{r.updated_at}" for r in records)
+    return hashlib.sha256(marks.encode(errors="surrogatepass")).hexdigest()[:16]
+
+
+# One run ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """One row of a run's timeline: an event worth reading, with its measures."""
+
+    seq: int
+    at: float
+    kind: str
+    """What happened, in words (``step 2``, ``tool finished``, ``approval requested``...)."""
+    detail: str
+    """Short; the whole text is in the messages and the calls."""
+    tone: str = ""
+    """``model``, ``tool``, ``person``, ``error``, ``warning``, ``move`` or ``end``: how it is styled."""
+    call_id: str | None = None
+    """The tool call it is about, linked to its card."""
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    seconds: float | None = None
+    """Model latency, or the tool's duration."""
+
+
+@dataclass
+class RunPage:
+    """Everything the run page shows."""
+
+    state: RunState
+    status: str
+    """As people read it: the machine's, or waiting_retry."""
+    ended: bool
+    """Nothing more will happen unless someone resumes it: no live updates needed."""
+    steps: list[Step]
+    calls: list[audit.AuditEntry]
+    pending: list[PendingApproval]
+    schemas: dict[str, Any] = field(default_factory=dict)
+    """Each tool's input schema, as the run recorded it (shown beside an edit)."""
+    cost_usd: float | None = None
+    model_seconds: float = 0.0
+    tool_seconds: float = 0.0
+
+
+def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
+    """One run, from one consistent read of its log.
+
+    Raises:
+        RunNotFound: no such run, or another tenant's.
+    """
+    log = store.load_log(run_id, tenant=viewer_tenant)
+    state = RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
+    result = result_of(state)
+    return RunPage(
+        state=state,
+        status=result.status,
+        ended=state.status in ENDED,
+        steps=timeline(log.events),
+        calls=audit.entries(run_id, log.events),
+        pending=pending_of(state) if state.status == AWAITING else [],
+        schemas=dict(state.spec.get("tool_schemas") or {}),
+        cost_usd=result.cost_usd,
+        model_seconds=result.model_seconds,
+        tool_seconds=result.tool_seconds,
+    )
+
+
+def timeline(events: list[Event]) -> list[Step]:
+    """The rows of a run's timeline: its moves, model calls, tool calls, decisions, warnings and end."""
+    rows: list[Step] = []
+    model_calls = 0
+    for event in events:
+        seq, at, fact = event.seq, event.at, event.fact
+        match fact:
+            case RunStarted(messages=messages):
+                prompt = text_of(messages[-1]) if messages else ""
+                rows.append(Step(seq, at, "run started", _preview(prompt), "move"))
+            case Transition(event=name, source=source, target=target):
+                moved = f"{status_name(source)} → {status_name(target)}" if source else status_name(target)
+                rows.append(Step(seq, at, "moved", f"{moved} ({name})", "move"))
+            case ModelResponded():
+                model_calls += 1
+                rows.append(_model_step(seq, at, fact, model_calls))
+            case ToolStarted(call_id=call_id, tool=tool, attempt=attempt):
+                rows.append(Step(seq, at, "tool started", f"{tool} (attempt {attempt})", "tool", call_id))
+            case ToolFinished():
+                rows.append(_tool_step(seq, at, fact))
+            case RetryScheduled(call_id=call_id, tool=tool, error=error, duration=duration):
+                rows.append(
+                    Step(seq, at, "retry scheduled", f"{tool}: {_preview(error)}", "warning", call_id, seconds=duration)
+                )
+            case ApprovalRequested(calls=asked):
+                names = ", ".join(f"{call.tool} ({call.reason})" if call.reason else call.tool for call in asked)
+                rows.append(Step(seq, at, "approval requested", names, "person"))
+            case ApprovalDecided(call_id=call_id, tool=tool, approved=approved, actor=actor, reason=reason):
+                verdict = "approved" if approved else "denied"
+                said = f"{tool} {verdict} by {actor}" + (f": {reason}" if reason else "")
+                rows.append(Step(seq, at, verdict, _preview(said), "person", call_id))
+            case CacheHit(call_id=call_id, tool=tool):
+                rows.append(Step(seq, at, "cache hit", tool, "tool", call_id))
+            case CallAbandoned(call_id=call_id, by=by, reason=reason):
+                rows.append(Step(seq, at, "call abandoned", f"by {by}: {reason}", "warning", call_id))
+            case Warned(message=message, call_id=call_id):
+                rows.append(Step(seq, at, "warning", _preview(message), "warning", call_id))
+            case BudgetExhausted(limit=limit, used=used, allowed=allowed):
+                rows.append(Step(seq, at, "budget reached", f"{limit}: {used:g} of {allowed:g}", "warning"))
+            case RunFinished(status=status, error=error, output=output):
+                said = error or output or ""
+                tone = "end" if status_name(status) == "done" else "error"
+                rows.append(Step(seq, at, f"run {status_name(status)}", _preview(said), tone))
+    return rows
+
+
+def _model_step(seq: int, at: float, fact: ModelResponded, number: int) -> Step:
+    texts = [str(block.get("text", "")) for block in fact.content if block.get("type") == "text"]
+    asked = [str(block.get("name")) for block in fact.content if block.get("type") == "tool_use"]
+    parts = [" ".join(texts).strip()]
+    if asked:
+        parts.append("asks for " + ", ".join(asked))
+    parts.append(f"stop: {fact.stop_reason}" + (" (discarded)" if fact.discarded else ""))
+    detail = _preview(" · ".join(part for part in parts if part))
+    return Step(seq, at, f"step {number}", detail, "model", None, fact.usage, fact.cost_usd, fact.latency)
+
+
+def _tool_step(seq: int, at: float, fact: ToolFinished) -> Step:
+    outcome = "error" if fact.is_error else "ok"
+    detail = f"{fact.tool} {outcome}: {_preview(fact.content)}"
+    tone = "error" if fact.is_error else "tool"
+    return Step(seq, at, "tool finished", detail, tone, fact.call_id, seconds=fact.duration)
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= PREVIEW else flat[: PREVIEW - 1] + "…"
+
+
+# The inbox ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InboxItem:
+    """One call waiting for a person, with the schema an edit must meet."""
+
+    call: PendingApproval
+    schema: Any
+
+
+def waiting(store: Store, viewer_tenant: str | None) -> int:
+    """How many calls wait for a decision the viewer may make (the inbox's count, in the header)."""
+    return len(pending_approvals(store, tenant=viewer_tenant))
+
+
+def inbox(store: Store, viewer_tenant: str | None) -> list[InboxItem]:
+    """Every call waiting for a decision that the viewer may decide, oldest parked run first."""
+    found = pending_approvals(store, tenant=viewer_tenant)
+    schemas: dict[str, dict[str, Any]] = {}
+    for call in found:
+        if call.run_id not in schemas:
+            spec = store.load_run(call.run_id, tenant=viewer_tenant).spec
+            schemas[call.run_id] = dict(spec.get("tool_schemas") or {})
+    return [InboxItem(call, schemas[call.run_id].get(call.tool)) for call in found]
+
+
+def pretty(value: Any) -> str:
+    """JSON as a person reads it (indented; any text kept as it is)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+__all__ = [
+    "LIST_LIMIT",
+    "STATUSES",
+    "InboxItem",
+    "RunPage",
+    "RunRow",
+    "RunsFilter",
+    "Step",
+    "digest",
+    "inbox",
+    "pretty",
+    "run_page",
+    "runs",
+    "tenants",
+    "timeline",
+    "waiting",
+]

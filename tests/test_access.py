@@ -1,0 +1,102 @@
+"""Credentials: a token names its tenant (or none, for an operator); nothing else is believed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tether.errors import ConfigError
+from tether.policy.access import MIN_TOKEN_LENGTH, Credentials, Grant, bearer, derive
+
+ACME = "acme-token-0123456789"
+GLOBEX = "globex-token-0123456789"
+ROOT = "operator-token-0123456789"
+
+
+def test_a_token_grants_its_tenant_and_nothing_else() -> None:
+    credentials = Credentials({ACME: "acme", GLOBEX: "globex", ROOT: None})
+    assert credentials.grant(ACME) == Grant("acme")
+    assert credentials.grant(GLOBEX) == Grant("globex")
+    assert credentials.grant(ROOT) == Grant(None)
+    assert credentials.grant(ROOT).operator
+    assert not credentials.grant(ACME).operator
+    for wrong in (None, "", ACME[:-1], ACME + "x", ACME.upper(), "acme"):
+        assert credentials.grant(wrong) is None
+    assert credentials.grant("\udcff" * 20) is None  # any text, even undecodable bytes, is just wrong
+
+
+def test_bearer_reads_the_authorization_header() -> None:
+    assert bearer(f"Bearer {ACME}") == ACME
+    assert bearer(f"bearer   {ACME}  ") == ACME
+    for header in (None, "", "Bearer", "Bearer ", f"Basic {ACME}", ACME):
+        assert bearer(header) is None
+
+
+@pytest.mark.parametrize(
+    ("tokens", "problem"),
+    [
+        ({}, "no tokens"),
+        ({"short": "acme"}, f"at least {MIN_TOKEN_LENGTH} characters"),
+        ({"has space in it 0123456789": "acme"}, "spaces"),
+        ({ACME: ""}, "empty tenant"),
+        ({ACME: 7}, "tenant must be a string or null"),
+    ],
+)
+def test_weak_or_malformed_tokens_are_refused(tokens: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        Credentials(tokens)  # type: ignore[arg-type]
+
+
+def test_the_error_never_repeats_a_token() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Credentials({"tiny-secret": "acme"})
+    assert "tiny-secret" not in str(refused.value)
+
+
+def test_generated_credentials_hold_one_strong_token() -> None:
+    credentials, token = Credentials.generate(tenant="acme")
+    assert len(token) >= 32
+    assert credentials.grant(token) == Grant("acme")
+    assert Credentials.generate()[1] != token
+
+
+def test_tokens_from_a_json_file(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({ACME: "acme", ROOT: None}), encoding="utf-8")
+    credentials = Credentials.from_file(path)
+    assert credentials.grant(ACME) == Grant("acme")
+    assert credentials.grant(ROOT) == Grant(None)
+    assert credentials.tenants == {"acme", None}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "a JSON object"),
+        ("{}", "no tokens"),
+    ],
+)
+def test_a_bad_token_file_is_named(tmp_path: Path, content: str, problem: str) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError, match=problem) as refused:
+        Credentials.from_file(path)
+    assert str(path) in str(refused.value)
+
+
+def test_a_missing_token_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        Credentials.from_file(tmp_path / "absent.json")
+
+
+def test_keyed_credentials_grant_the_same_under_derived_tokens_only() -> None:
+    credentials = Credentials({ACME: "acme", ROOT: None})
+    keyed = credentials.keyed(b"secret of this process")
+    assert keyed.grant(derive(b"secret of this process", ACME)) == Grant("acme")
+    assert keyed.grant(derive(b"secret of this process", ROOT)) == Grant(None)
+    assert keyed.grant(ACME) is None  # the token itself is not a session
+    assert keyed.grant(derive(b"another secret", ACME)) is None
+    assert credentials.grant(derive(b"secret of this process", ACME)) is None

@@ -1,0 +1,523 @@
+"""`tether ui` over HTTP (Starlette's TestClient): who gets in, what each page shows, decisions.
+
+The runs are real (tools from a module on disk, a scripted model, a rule file; see ui_runs.py)
+in SQLite. Decisions resume the run synchronously here (``resume=`` the in-process driver's own
+``drive``), so a test sees the run's end without waiting; the default, a background thread, is
+checked through the live stream, which ends when the run does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from tether.core.events import ApprovalDecided, ToolFinished
+from tether.errors import ConfigError
+from tether.policy.access import Credentials
+from tether.stores.sql import SQLStore
+from tether.surfaces.web import live
+from tether.surfaces.web.app import create_app
+from tether.surfaces.web.decisions import InProcess
+from tether.surfaces.web.guard import check_bind, is_loopback
+from ui_runs import SHOWN_FINGERPRINT, Project
+
+OPERATOR = "operator-token-0123456789"
+ACME = "acme-token-0123456789"
+CREDENTIALS = Credentials({OPERATOR: None, ACME: "acme"})
+HTML = {"Accept": "text/html"}
+TEMPLATES = Path(__file__).resolve().parent.parent / "src" / "tether" / "surfaces" / "web" / "templates"
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLStore]:
+    """SQLite, or a fresh PostgreSQL schema for the tests marked ``ON_BOTH``."""
+    backend = getattr(request, "param", "sqlite")
+    url = f"sqlite:///{tmp_path / 'runs.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema").url
+    opened = SQLStore(url)
+    yield opened
+    opened.close()
+
+
+ON_BOTH = pytest.mark.parametrize(
+    "store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+"""Run a test on SQLite and on PostgreSQL: what the inspector reads must not depend on the backend."""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    return Project.make(tmp_path / "project")
+
+
+@pytest.fixture
+def app(store: SQLStore) -> Any:
+    return create_app(store, CREDENTIALS, resume=InProcess(store, max_wait=0).drive)
+
+
+def client(app: Any, token: str | None = OPERATOR) -> TestClient:
+    """A browser signed in with ``token`` through the printed address (None: not signed in)."""
+    browser = TestClient(app, follow_redirects=False)
+    if token is not None:
+        signed = browser.get(f"/?token={token}")
+        assert signed.status_code == 303, signed.text
+    return browser
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+def decide(browser: TestClient, run_id: str, page: str, **fields: str) -> Any:
+    """Post the decision form as the page rendered it, with ``fields`` filled in."""
+    form = {
+        "csrf": csrf_of(page),
+        "run_id": run_id,
+        "call_id": "toolu_refund",
+        "fingerprint": SHOWN_FINGERPRINT,
+        "next": "/inbox",
+        **fields,
+    }
+    return browser.post("/decide", data=form)
+
+
+# Who gets in ------------------------------------------------------------------------------------
+def test_every_page_needs_a_token(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    stranger = client(app, token=None)
+    for path in ("/", "/inbox", f"/runs/{run.run_id}", f"/runs/{run.run_id}/diagram.svg", "/live"):
+        page = stranger.get(path, headers=HTML)
+        assert page.status_code == 401, path
+        assert page.headers["www-authenticate"] == "Bearer"
+        assert "Sign in" in page.text
+    assert stranger.get(f"/runs/{run.run_id}/live").status_code == 401
+    refused = stranger.post("/decide", data={"run_id": run.run_id, "call_id": "toolu_refund", "action": "approve"})
+    assert refused.status_code == 401
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert stranger.get("/static/ui.css").status_code == 200  # the sign-in page needs its style
+
+
+def test_the_printed_address_signs_in_then_drops_the_token(app: Any) -> None:
+    browser = TestClient(app, follow_redirects=False)
+    signed = browser.get(f"/inbox?token={ACME}&x=1")
+    assert signed.status_code == 303
+    assert signed.headers["location"] == "/inbox?x=1"  # the token leaves the address bar and the history
+    cookie = signed.headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    assert ACME not in cookie  # the session is derived from the token, not the token itself
+    assert browser.get("/inbox").status_code == 200
+
+    wrong = TestClient(app, follow_redirects=False).get("/?token=not-the-token-at-all", headers=HTML)
+    assert wrong.status_code == 401
+    assert "The token in that address is not valid." in wrong.text
+    assert "set-cookie" not in wrong.headers
+
+
+def test_signing_in_with_the_form_and_out_again(app: Any) -> None:
+    browser = TestClient(app, follow_redirects=False)
+    refused = browser.post("/login", data={"token": "not-the-token-at-all"})
+    assert refused.status_code == 401
+    assert "That token is not valid." in refused.text
+    signed = browser.post("/login", data={"token": ACME})
+    assert (signed.status_code, signed.headers["location"]) == (303, "/")
+    page = browser.get("/")
+    assert page.status_code == 200
+    assert "tenant acme" in page.text
+    out = browser.post("/logout", data={"csrf": csrf_of(page.text)})
+    assert out.status_code == 303
+    assert browser.get("/", headers=HTML).status_code == 401
+
+
+def test_a_script_uses_the_bearer_header_and_needs_no_csrf(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    script = TestClient(app, follow_redirects=False, headers={"Authorization": f"Bearer {OPERATOR}"})
+    assert script.get(f"/runs/{run.run_id}").status_code == 200
+    form = {"run_id": run.run_id, "call_id": "toolu_refund", "fingerprint": SHOWN_FINGERPRINT, "action": "approve"}
+    assert script.post("/decide", data=form).status_code == 303
+    assert store.load_run(run.run_id).status == "done"
+    wrong = TestClient(app, headers={"Authorization": "Bearer not-the-token-at-all"})
+    assert wrong.get("/").status_code == 401
+
+
+@ON_BOTH
+def test_a_tenant_token_reaches_its_tenant_only(app: Any, store: SQLStore, project: Project) -> None:
+    mine = project.park(store, tenant="acme")
+    theirs = project.park(store, tenant="globex")
+    acme = client(app, ACME)
+    listed = acme.get("/?tenant=globex").text  # the filter cannot widen what the token reaches
+    assert mine.run_id in listed
+    assert theirs.run_id not in listed
+    assert 'name="tenant"' not in listed  # no tenant filter to offer
+    inbox = acme.get("/inbox").text
+    assert mine.run_id in inbox
+    assert theirs.run_id not in inbox
+    for path in (f"/runs/{theirs.run_id}", f"/runs/{theirs.run_id}/diagram.svg", f"/runs/{theirs.run_id}/live"):
+        assert acme.get(path).status_code == 404, path
+    hidden = decide(acme, theirs.run_id, inbox, action="approve")
+    assert hidden.status_code == 404
+    assert store.load_run(theirs.run_id).status == "awaitingApproval"
+
+    everyone = client(app, OPERATOR).get("/").text
+    assert mine.run_id in everyone
+    assert theirs.run_id in everyone
+
+
+# What the pages show ----------------------------------------------------------------------------
+@ON_BOTH
+def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLStore, project: Project) -> None:
+    parked = project.park(store, tenant="acme")
+    other = project.park(store, tenant="globex", prompt="Refund another.")
+    browser = client(app)
+    decide(browser, other.run_id, browser.get("/inbox").text, action="deny", reason="not today")
+    assert store.load_run(other.run_id).status == "done"
+
+    def listed(query: str) -> set[str]:
+        page = browser.get(f"/?{query}")
+        assert page.status_code == 200
+        return set(re.findall(r'data-run="([^"]+)"', page.text))
+
+    assert listed("") == {parked.run_id, other.run_id}
+    assert listed("status=awaiting_approval") == {parked.run_id}
+    assert listed("status=done") == {other.run_id}
+    assert listed("tenant=globex") == {other.run_id}
+    assert listed("q=REFUND handled") == {other.run_id}  # the answer, any case
+    assert listed(f"q={parked.run_id[-6:]}") == {parked.run_id}
+    assert listed("q=refund") == {parked.run_id, other.run_id}  # the pending call's tool too
+    assert listed("q=nothing+like+this") == set()
+    assert listed("status=no_such_status") == {parked.run_id, other.run_id}  # an unknown status filters nothing
+
+
+def test_the_run_page_shows_the_timeline_calls_and_messages(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    page = client(app).get(f"/runs/{run.run_id}")
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert 'data-testid="run-status">awaiting_approval<' in text
+    assert "step 1" in text  # the one model call, with its tokens
+    assert "1 / 1 / 0 / 0" in text
+    assert "approval requested" in text
+    assert "refund (the tool is marked approval=True)" in text  # why it waits
+    assert "echo ok" in text  # the echo call's result in the timeline
+    assert '"invoice": "INV-7"' in text  # the full input of every call
+    assert SHOWN_FINGERPRINT in text  # the pending call's form carries what it shows
+    assert "Refund INV-7." in text  # the prompt, in the messages
+    assert f'src="/runs/{run.run_id}/diagram.svg?v=' in text
+    assert f'data-live="/runs/{run.run_id}/live?since=' in text  # still moving: the page listens
+
+
+def test_text_from_models_and_tools_stays_text(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    decide(browser, run.run_id, browser.get("/inbox").text, action="approve")
+    page = browser.get(f"/runs/{run.run_id}")
+    assert page.status_code == 200
+    assert "<script>window" not in page.text
+    assert "<img src=x" not in page.text
+    assert "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page.text  # shown, as text
+    assert "script-src 'self'" in page.headers["content-security-policy"]  # and nothing inline could run anyway
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-content-type-options"] == "nosniff"
+
+
+def test_templates_never_turn_escaping_off() -> None:
+    for template in TEMPLATES.glob("*.html"):
+        text = template.read_text(encoding="utf-8")
+        assert "|safe" not in text.replace(" ", ""), template.name
+        assert "autoescape false" not in text, template.name
+
+
+def test_undecodable_text_is_shown_escaped(app: Any, store: SQLStore, tmp_path: Path) -> None:
+    binary = Project.make(
+        tmp_path / "binary", echoed="bytes \udcff\udcfe end"
+    )  # a lone surrogate, as a binary file gives
+    run = binary.park(store)
+    page = client(app).get(f"/runs/{run.run_id}")
+    assert page.status_code == 200
+    assert "bytes \\udcff\\udcfe end" in page.text
+
+
+def test_an_unknown_run_is_404(app: Any) -> None:
+    page = client(app).get("/runs/run_nope", headers=HTML)
+    assert page.status_code == 404
+    assert "run_nope" in page.text
+
+
+def test_the_diagram_is_svg_that_runs_nothing(app: Any, store: SQLStore, project: Project, graphviz: None) -> None:
+    run = project.park(store)
+    svg = client(app).get(f"/runs/{run.run_id}/diagram.svg")
+    assert svg.status_code == 200
+    assert svg.headers["content-type"] == "image/svg+xml"
+    assert svg.headers["content-security-policy"] == "default-src 'none'; style-src 'unsafe-inline'"
+    assert svg.content.startswith(b"<?xml")
+    assert b"Awaiting approval" in svg.content
+    assert b"#40E0D0" in svg.content.upper()  # the current state, highlighted
+
+
+# Decisions ------------------------------------------------------------------------------------
+@ON_BOTH
+def test_approving_in_the_inbox_runs_the_call_and_the_run_ends(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    assert '"amount": 20' in html.unescape(inbox)
+    decided = decide(browser, run.run_id, inbox, action="approve", by="alice")
+    assert decided.status_code == 303
+    assert decided.headers["location"] == "/inbox?decided=toolu_refund"
+    assert store.load_run(run.run_id).status == "done"
+    events = store.load_events(run.run_id)
+    [approval] = [e.fact for e in events if isinstance(e.fact, ApprovalDecided)]
+    assert (approval.approved, approval.actor, approval.fingerprint) == (True, "alice", SHOWN_FINGERPRINT)
+    results = {e.fact.call_id: e.fact.content for e in events if isinstance(e.fact, ToolFinished)}
+    assert results["toolu_refund"] == "refunded 20.0 on INV-7"
+    after = browser.get("/inbox?decided=toolu_refund").text
+    assert "Decision recorded for <code>toolu_refund</code>" in after
+    assert "Nothing waits for a decision." in after
+
+
+def test_denying_tells_the_model_why(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    decided = decide(browser, run.run_id, page, action="deny", reason="no refunds today", next=f"/runs/{run.run_id}")
+    assert decided.headers["location"] == f"/runs/{run.run_id}?decided=toolu_refund"
+    events = store.load_events(run.run_id)
+    [approval] = [e.fact for e in events if isinstance(e.fact, ApprovalDecided)]
+    assert (approval.approved, approval.reason, approval.actor) == (False, "no refunds today", "tether ui")
+    results = {e.fact.call_id: e.fact for e in events if isinstance(e.fact, ToolFinished)}
+    assert results["toolu_refund"].is_error
+    assert "no refunds today" in results["toolu_refund"].content
+
+
+@pytest.mark.parametrize(
+    ("edited", "status", "said"),
+    [
+        ("{not json", 422, "the edited input is not valid JSON"),
+        ('["a list"]', 422, "the edited input must be a JSON object"),
+        ('{"invoice": "INV-7", "amount": "lots"}', 422, "amount"),
+        ('{"invoice": "INV-7", "amount": 500}', 409, "rule 1 (deny-large-refunds): refunds over 100 need a manager"),
+    ],
+)
+def test_an_edit_the_schema_or_the_rules_refuse_changes_nothing(
+    app: Any, store: SQLStore, project: Project, edited: str, status: int, said: str
+) -> None:
+    run = project.park(store)
+    browser = client(app)
+    refused = decide(browser, run.run_id, browser.get("/inbox").text, action="edit", input=edited)
+    assert refused.status_code == status
+    [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
+    assert said in error.replace("&#39;", "'")
+    assert f">{_escaped(edited)}</textarea>" in refused.text  # what they typed is kept, to fix
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+
+
+def test_an_edit_within_the_rules_runs_with_the_edited_input(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    edited = '{"invoice": "INV-7", "amount": 15}'
+    assert decide(browser, run.run_id, browser.get("/inbox").text, action="edit", input=edited).status_code == 303
+    results = {
+        e.fact.call_id: e.fact.content for e in store.load_events(run.run_id) if isinstance(e.fact, ToolFinished)
+    }
+    assert results["toolu_refund"].endswith("edited the input before running the tool.)\nrefunded 15.0 on INV-7")
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert "Input as edited by a person" in page
+
+
+@ON_BOTH
+def test_a_decision_is_bound_to_what_was_shown_and_made_once(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    stale = decide(browser, run.run_id, inbox, action="approve", fingerprint="0123456789abcdef")
+    assert stale.status_code == 409
+    assert "fingerprint" in stale.text
+    assert decide(browser, run.run_id, inbox, action="approve").status_code == 303
+    again = decide(browser, run.run_id, inbox, action="deny")  # a second tab, still showing the call
+    assert again.status_code == 409
+    assert [e.fact.approved for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)] == [True]
+
+
+@pytest.mark.parametrize(
+    ("csrf", "headers"),
+    [
+        ("", {}),
+        ("0" * 32, {}),
+        (None, {"Origin": "http://evil.example"}),
+        (None, {"Sec-Fetch-Site": "cross-site"}),
+        (None, {"Sec-Fetch-Site": "same-site"}),  # another port of the same host is another site's page
+    ],
+)
+def test_a_forged_decision_is_refused_unread(
+    app: Any, store: SQLStore, project: Project, csrf: str | None, headers: dict[str, str]
+) -> None:
+    run = project.park(store)
+    browser = client(app)
+    page = browser.get("/inbox").text
+    form = {
+        "csrf": csrf_of(page) if csrf is None else csrf,
+        "run_id": run.run_id,
+        "call_id": "toolu_refund",
+        "fingerprint": SHOWN_FINGERPRINT,
+        "action": "approve",
+    }
+    refused = browser.post("/decide", data=form, headers=headers)
+    assert refused.status_code == 403
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+
+
+def test_an_unknown_action_or_a_form_without_fingerprint_is_422(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    assert decide(browser, run.run_id, inbox, action="maybe").status_code == 422
+    assert decide(browser, run.run_id, inbox, action="approve", fingerprint="").status_code == 422
+    assert decide(browser, run.run_id, inbox, action="approve", call_id="toolu_nope").status_code == 404
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+
+
+# Live updates -----------------------------------------------------------------------------------
+def test_by_default_a_decided_run_is_driven_in_the_background_and_its_stream_ends(
+    store: SQLStore, project: Project
+) -> None:
+    run = project.park(store)
+    with TestClient(create_app(store, CREDENTIALS), follow_redirects=False) as browser:  # lifespan: the pool closes
+        browser.get(f"/?token={OPERATOR}")
+        page = browser.get(f"/runs/{run.run_id}").text
+        version = re.search(r"live\?since=(\d+)", page)
+        assert version is not None
+        assert decide(browser, run.run_id, page, action="approve").status_code == 303
+        with browser.stream("GET", f"/runs/{run.run_id}/live?since={version.group(1)}") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            said = "".join(stream.iter_text())  # the stream ends when the run does
+    assert "event: changed" in said
+    version_now = _version(store, run.run_id)
+    assert said.rstrip().endswith(f'event: end\ndata: {{"version": {version_now}, "status": "done"}}')
+    assert store.load_run(run.run_id).status == "done"
+
+
+@ON_BOTH
+def test_the_list_stream_says_when_any_visible_run_moves(store: SQLStore, project: Project) -> None:
+    first = project.park(store, tenant="acme")
+    project.park(store, tenant="globex")
+
+    async def listen(since: str | None, tenant: str | None, polls: int) -> list[str]:
+        left = [polls]
+
+        async def gone() -> bool:
+            left[0] -= 1
+            return left[0] < 0
+
+        return [m async for m in live.list_changes(store, tenant, since, poll=0, gone=gone)]
+
+    said = asyncio.run(listen(None, "acme", 1))
+    assert len(said) == 1
+    assert said[0].startswith("event: changed\n")
+    digest = re.search(r'"digest": "([0-9a-f]+)"', said[0])
+    assert digest is not None
+    assert asyncio.run(listen(digest.group(1), "acme", 3)) == []  # nothing moved
+    project.park(store, tenant="globex")
+    assert asyncio.run(listen(digest.group(1), "acme", 3)) == []  # another tenant's run moved
+    store.append(*_touch(store, first.run_id))
+    assert len(asyncio.run(listen(digest.group(1), "acme", 3))) == 1
+
+
+# Binding and the command ------------------------------------------------------------------------
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "::1", "[::1]"])
+def test_loopback_addresses(host: str) -> None:
+    assert is_loopback(host)
+    check_bind(host, token_given=False)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.com"])
+def test_another_address_needs_a_token_given_for_it(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(ConfigError, match="give it a token"):
+        check_bind(host, token_given=False)
+    check_bind(host, token_given=True)
+
+
+def test_tether_ui_refuses_an_open_bind_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tether.surfaces.cli import main
+
+    monkeypatch.delenv("TETHER_UI_TOKEN", raising=False)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    assert main(["ui", "--db", db, "--host", "0.0.0.0"]) == 2
+    assert "--host 0.0.0.0 lets other machines reach the inspector: give it a token" in capsys.readouterr().err
+    assert main(["ui", "--db", db, "--tokens", str(tmp_path / "absent.json")]) == 2
+    assert "cannot read the token file" in capsys.readouterr().err
+    assert main(["ui", "--db", db, "--token", "short"]) == 2
+    assert "too weak" in capsys.readouterr().err
+    assert main(["ui", "--db", db, "--tokens", "t.json", "--tenant", "acme"]) == 2
+    assert "give it alone" in capsys.readouterr().err
+
+
+def _version(store: SQLStore, run_id: str) -> int:
+    return store.load_run(run_id).version
+
+
+def _touch(store: SQLStore, run_id: str) -> tuple[Any, int, list[Any]]:
+    """A row rewritten at the next version (what any step does to a run), for the list stream to see."""
+    from dataclasses import replace
+
+    record = store.load_run(run_id)
+    return replace(record, version=record.version + 1, updated_at=record.updated_at + 1), record.version, []
+
+
+def _escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+
+
+def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
+    from tether.core.events import (
+        BudgetExhausted,
+        CacheHit,
+        CallAbandoned,
+        Event,
+        ModelResponded,
+        RetryScheduled,
+        RunFinished,
+        Warned,
+    )
+    from tether.models import Usage
+    from tether.surfaces.web.pages import timeline
+
+    facts = [
+        ModelResponded(
+            content=[{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "t1", "name": "fetch"}],
+            stop_reason="tool_use",
+            usage=Usage(10, 5, 3, 2),
+            cost_usd=0.0012,
+            latency=0.25,
+        ),
+        RetryScheduled("t1", "fetch", 1, 0.5, "ConnectionError", 99.0, "upstream reset", "retryable"),
+        CacheHit("t2", "fetch", "key"),
+        Warned("80% of max_steps used", limit="max_steps"),
+        BudgetExhausted("max_cost_usd", 1.2, 1.0, "answer now"),
+        CallAbandoned("t3", "host:1:a", "host:2:b", "resumed with --force"),
+        RunFinished("failed", "the model API failed: 529", None, None, True),
+    ]
+    rows = timeline([Event(seq, 100.0 + seq, fact) for seq, fact in enumerate(facts)])
+    said = [(row.kind, row.detail, row.tone, row.call_id) for row in rows]
+    assert said == [
+        ("step 1", "Let me look. · asks for fetch · stop: tool_use", "model", None),
+        ("retry scheduled", "fetch: upstream reset", "warning", "t1"),
+        ("cache hit", "fetch", "tool", "t2"),
+        ("warning", "80% of max_steps used", "warning", None),
+        ("budget reached", "max_cost_usd: 1.2 of 1", "warning", None),
+        ("call abandoned", "by host:2:b: resumed with --force", "warning", "t3"),
+        ("run failed", "the model API failed: 529", "error", None),
+    ]
+    assert (rows[0].usage, rows[0].cost_usd, rows[0].seconds) == (Usage(10, 5, 3, 2), 0.0012, 0.25)
+    assert rows[1].seconds == 0.5

@@ -1,0 +1,100 @@
+"""Runs for the inspector's tests: real tools from a module on disk, a scripted model, a rule file.
+
+The runs are made the way ``tether run`` makes them (an agent rebuilt from a spec), so the
+inspector, which rebuilds each run's agent from its spec to resume it, drives them for real.
+Imported as ``from ui_runs import ...`` (tests/ is on sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from support import model_reply, tool_use, tool_use_turn
+from tether.core.approvals import DecideLater, fingerprint
+from tether.drivers.loader import agent_from_spec
+from tether.drivers.runner import Runner, RunResult
+from tether.stores import Store
+
+XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+"""Text a model or a tool might return: shown, it must stay text and never run."""
+REFUND = {"invoice": "INV-7", "amount": 20}
+TOOLS = textwrap.dedent(
+    '''
+    """Tools for the inspector's tests."""
+
+    from tether import tool
+
+
+    @tool
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return text
+
+
+    @tool(approval=True)
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        return f"refunded {amount} on {invoice}"
+
+
+    TOOLS = [echo, refund]
+    '''
+)
+RULES = textwrap.dedent(
+    """
+    [[rules]]
+    name = "deny-large-refunds"
+    tool = "refund"
+    when = { amount = { gt = 100 } }
+    action = "deny"
+    message = "refunds over 100 need a manager"
+    """
+)
+
+
+def script(echoed: str = XSS) -> list[dict[str, Any]]:
+    """The model: echo ``echoed`` and ask for a refund in one turn, then answer (quoting the XSS)."""
+    return [
+        tool_use_turn(tool_use("toolu_echo", "echo", {"text": echoed}), tool_use("toolu_refund", "refund", REFUND)),
+        model_reply([{"type": "text", "text": f"Refund handled. {XSS}"}], "end_turn"),
+    ]
+
+
+@dataclass
+class Project:
+    """A directory holding the tools module, the model's script and the rules."""
+
+    root: Path
+
+    @classmethod
+    def make(cls, root: Path, *, echoed: str = XSS) -> Project:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "uitools.py").write_text(TOOLS, encoding="utf-8")
+        (root / "script.json").write_text(json.dumps(script(echoed)), encoding="utf-8")
+        (root / "rules.toml").write_text(RULES, encoding="utf-8")
+        return cls(root)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """What ``tether run --tools uitools:TOOLS --model scripted:script.json --policy rules.toml`` records."""
+        return {
+            "tools": ["uitools:TOOLS"],
+            "cwd": str(self.root),
+            "model": f"scripted:{self.root / 'script.json'}",
+            "policy": str(self.root / "rules.toml"),
+        }
+
+    def park(self, store: Store, *, tenant: str | None = None, prompt: str = "Refund INV-7.") -> RunResult:
+        """A run that echoed, then parked before ``refund`` (``toolu_refund``)."""
+        runner = Runner(agent_from_spec(self.spec), store, approver=DecideLater())
+        result = runner.run(prompt, tenant=tenant)
+        assert result.status == "awaiting_approval", result
+        return result
+
+
+SHOWN_FINGERPRINT = fingerprint(REFUND)
+"""What the inbox shows for the parked refund, and a decision must carry."""
