@@ -533,8 +533,10 @@ def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
     store.close()
     first_attempt, second_attempt = (float(t) for t in log.read_text().split())
     # the persisted due time was kept: the resumer waited for exactly it (not a fresh delay of
-    # its own), and the attempt did not run before it
-    assert {float(line) for line in waits_log.read_text().split()} == {due_at}
+    # its own), and the attempt did not run before it. On a loaded machine the resumer may
+    # start after the due time: then it has nothing to wait for, and says no wait at all.
+    waits = {float(line) for line in waits_log.read_text().split()} if waits_log.exists() else set()
+    assert waits <= {due_at}
     assert second_attempt >= due_at >= first_attempt + 1.5
 
 
