@@ -33,7 +33,7 @@ from tether.core.events import (
 )
 from tether.core.history import text_of
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, status_name, stored_status
+from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_status
 from tether.drivers.runner import result_of, shown_status
 from tether.models import Usage
 from tether.stores import RunRecord, Store
@@ -255,7 +255,7 @@ def timeline(events: list[Event]) -> list[Step]:
                 rows.append(Step(seq, at, "budget reached", f"{limit}: {used:g} of {allowed:g}", "warning"))
             case RunFinished(status=status, error=error, output=output):
                 said = error or output or ""
-                tone = "end" if status_name(status) == "done" else "error"
+                tone = "end" if status == RunStatus.done else "error"
                 rows.append(Step(seq, at, f"run {status_name(status)}", _preview(said), tone))
     return rows
 
