@@ -24,6 +24,7 @@ import pydantic
 
 from tether.errors import ToolDefinitionError
 from tether.execution import attempts
+from tether.execution.attempts import OutcomeUnknown as OutcomeUnknown
 from tether.execution.attempts import ToolExit as ToolExit
 from tether.execution.attempts import ToolTimeout as ToolTimeout
 from tether.policy.policies import NO_RETRY, ApprovalSetting, RetryPolicy
