@@ -13,6 +13,7 @@ from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
 from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
+from tether.toolsets import Toolset
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Agent:
 
     ``spec`` records how to rebuild the agent in another process (e.g. the CLI's
     ``--tools`` and ``--model`` values); it is stored with each run so ``resume`` needs
-    neither.
+    neither. ``toolsets`` (MCP servers, OpenAPI services: see :mod:`tether.toolsets`) add
+    their tools to ``tools`` and their records to what a run stores.
     """
 
     model: ModelAdapter
@@ -41,6 +43,8 @@ class Agent:
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
     ``"error"``: the model gets an ``is_error`` result saying it was interrupted and not re-run."""
+    toolsets: Sequence[Toolset] = ()
+    """Tools from outside the program, listed when first needed (connecting to their servers)."""
 
     def __post_init__(self) -> None:
         if self.on_interrupted not in INTERRUPTED_POLICIES:
@@ -55,11 +59,23 @@ class Agent:
             )
 
     @cached_property
+    def all_tools(self) -> tuple[Tool, ...]:
+        """``tools``, then each toolset's (listed once: the first use connects to their servers)."""
+        return (*self.tools, *(tool for toolset in self.toolsets for tool in toolset.tools()))
+
+    @cached_property
     def tool_index(self) -> dict[str, Tool]:
         """Tools by name, validated once (never per step)."""
-        return tools_by_name(self.tools)
+        return tools_by_name(self.all_tools)
 
     @cached_property
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The Messages API ``tools`` list, built once."""
-        return [tool.definition() for tool in self.tools]
+        return [tool.definition() for tool in self.all_tools]
+
+    @cached_property
+    def recorded_spec(self) -> dict[str, Any]:
+        """What a run stores of this agent: ``spec``, and each toolset's record (how to reach it, what it gave)."""
+        if not self.toolsets:
+            return dict(self.spec)
+        return {**self.spec, "toolsets": [toolset.record() for toolset in self.toolsets]}
