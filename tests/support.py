@@ -30,7 +30,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pexpect
 import pytest
 
-from tether.testing import FakeMessagesAPI
+from tether import Agent, Runner, RunResult
+from tether.core.approvals import DecideLater
+from tether.stores.sql import SQLStore
+from tether.testing import FakeMessagesAPI, ScriptedModel
 
 if TYPE_CHECKING:
     from tether.models.anthropic import AnthropicModel
@@ -122,6 +125,30 @@ def token_usage(inp: int, out: int, created: int = 0, read: int = 0) -> dict[str
         "cache_creation_input_tokens": created,
         "cache_read_input_tokens": read,
     }
+
+
+DONE = {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "usage": {"input_tokens": 1}}
+"""A model reply ending the run."""
+
+
+def results_by_call(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
+    """The ``tool_result`` blocks of a stored run's history, by ``tool_use_id``."""
+    return {
+        block["tool_use_id"]: block
+        for message in runner.load(run_id).messages
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    }
+
+
+def parked_with(toolset: Any, use: dict[str, Any], db: str) -> tuple[Runner, RunResult]:
+    """A run in the database ``db`` with ``toolset``, parked on its one (gated) call ``use``."""
+    script = [tool_use_turn(use), DONE]
+    runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
+    parked = runner.run("go")
+    assert parked.status == "awaiting_approval"
+    return runner, parked
 
 
 # What `tether show --json` printed -----------------------------------------------------------

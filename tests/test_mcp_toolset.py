@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from support import closed_port, tool_use, tool_use_turn
+from support import DONE, closed_port, parked_with, results_by_call, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, AutoApprover, Policy, Rule, Runner
 from tether.core.approvals import DecideLater
 from tether.errors import IncompatibleRun, ToolDefinitionError, ToolsetError
@@ -31,7 +31,6 @@ from tether.toolsets.mcp import MCPToolset
 pytestmark = pytest.mark.slow  # MCP servers are subprocesses
 
 SERVER = Path(__file__).parent / "fixtures" / "mcp_server.py"
-DONE = {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "usage": {"input_tokens": 1}}
 
 
 def stdio(where: Path, **options: Any) -> MCPToolset:
@@ -41,16 +40,6 @@ def stdio(where: Path, **options: Any) -> MCPToolset:
 def calls(where: Path) -> list[str]:
     log = where / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
-
-
-def results(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
-    return {
-        block["tool_use_id"]: block
-        for message in runner.load(run_id).messages
-        if message["role"] == "user" and isinstance(message["content"], list)
-        for block in message["content"]
-        if block.get("type") == "tool_result"
-    }
 
 
 @pytest.fixture
@@ -124,7 +113,7 @@ def test_a_run_calls_the_server_and_reads_structured_content_text_images_and_err
     runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), approver=AutoApprover(approve=True))
     result = runner.run("go")
     assert result.status == "done"
-    got = results(runner, result.run_id)
+    got = results_by_call(runner, result.run_id)
     assert got["t_add"]["content"] == '{"result": 5}'
     assert json.loads(got["t_stat"]["content"]) == {"path": "a.txt", "size": 3}
     assert got["t_pic"]["content"] == "a tiny picture\n[image: image/png, 15 bytes]"
@@ -164,11 +153,8 @@ def test_the_async_runner_awaits_the_calls(toolset: MCPToolset, server_dir: Path
 # Durability ----------------------------------------------------------------------------------
 def test_the_run_records_the_server_and_resume_in_another_runner_reconnects(server_dir: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    script = [tool_use_turn(tool_use("t1", "delete_file", {"path": "report.txt"})), DONE]
     with stdio(server_dir) as toolset:
-        runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
-        parked = runner.run("delete it")
-    assert parked.status == "awaiting_approval"
+        runner, parked = parked_with(toolset, tool_use("t1", "delete_file", {"path": "report.txt"}), db)
     (record,) = runner.load(parked.run_id).spec["toolsets"]
     assert record["kind"] == "mcp"
     assert record["command"] == [sys.executable, str(SERVER)]
@@ -178,7 +164,7 @@ def test_the_run_records_the_server_and_resume_in_another_runner_reconnects(serv
 
     with from_record(record) as again:  # as `tether resume` does in another process
         assert changes([record], [again]) == []
-        resumed = Runner(Agent(model=ScriptedModel(script), toolsets=[again]), SQLStore(db))
+        resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         resumed.decide(parked.run_id, "t1", Approve(actor="ada"))
         assert resumed.drive(parked.run_id).status == "done"
     assert calls(server_dir) == ["delete_file report.txt"]
@@ -186,17 +172,15 @@ def test_the_run_records_the_server_and_resume_in_another_runner_reconnects(serv
 
 def test_a_tool_list_changed_incompatibly_is_refused_on_resume(server_dir: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    script = [tool_use_turn(tool_use("t1", "delete_file", {"path": "x"})), DONE]
     with stdio(server_dir) as toolset:
-        runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
-        parked = runner.run("go")
+        runner, parked = parked_with(toolset, tool_use("t1", "delete_file", {"path": "x"}), db)
     (server_dir / "variant").write_text("v2")  # add takes a third required field; delete_file is gone
     (record,) = runner.load(parked.run_id).spec["toolsets"]
     with from_record(record) as changed:
         assert changes([record], [changed]) == [
             f"{changed.source} offers different tools than when the run started (gone: delete_file)"
         ]
-        resumed = Runner(Agent(model=ScriptedModel(script), toolsets=[changed]), SQLStore(db))
+        resumed = Runner(Agent(model=runner.agent.model, toolsets=[changed]), SQLStore(db))
         with pytest.raises(IncompatibleRun) as refused:
             resumed.drive(parked.run_id)
     assert "tool 'add': field 'c' is now required" in str(refused.value)
@@ -211,7 +195,7 @@ def test_a_server_that_dies_mid_call_leaves_the_call_in_doubt_and_the_next_call_
     runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]))
     result = runner.run("go")
     assert result.status == "done"
-    got = results(runner, result.run_id)
+    got = results_by_call(runner, result.run_id)
     assert got["t1"]["is_error"] is True
     assert "closed the connection during the call" in got["t1"]["content"]
     assert "it may still complete, so it was not run again automatically" in got["t1"]["content"]
@@ -228,7 +212,7 @@ def test_a_server_that_hangs_times_out_and_the_call_is_in_doubt(server_dir: Path
         runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]))
         result = runner.run("go")
         (server_dir / "release").touch()
-    got = results(runner, result.run_id)
+    got = results_by_call(runner, result.run_id)
     assert result.status == "done"
     assert got["t1"]["is_error"] is True
     assert "did not answer within 0.5s; the call may still complete there" in got["t1"]["content"]
@@ -311,7 +295,7 @@ def test_a_server_over_http_gets_its_header_from_the_named_variable(
         runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]))
         result = runner.run("go")
         record = runner.load(result.run_id).spec["toolsets"][0]
-    assert results(runner, result.run_id)["t1"]["content"] == '{"result": 42}'
+    assert results_by_call(runner, result.run_id)["t1"]["content"] == '{"result": 42}'
     assert calls(server_dir) == ["add 20 22"]
     assert record["url"] == http_server
     assert record["headers"] == {"X-Token": "FIXTURE_TOKEN"}
@@ -326,7 +310,7 @@ def test_a_server_over_http_that_dies_mid_call_leaves_the_call_in_doubt(
     with MCPToolset(url=http_server, headers={"X-Token": "FIXTURE_TOKEN"}, timeout=10) as toolset:
         runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]))
         result = runner.run("go")
-    got = results(runner, result.run_id)["t1"]
+    got = results_by_call(runner, result.run_id)["t1"]
     assert got["is_error"] is True
     assert "it may still complete, so it was not run again automatically" in got["content"]
     assert calls(server_dir) == ["crash"]

@@ -17,16 +17,13 @@ from typing import Any
 import pytest
 
 from fixtures.pets_api import SPEC, TOKEN, make_app, spec_30
-from support import closed_port, serving_app, tool_use, tool_use_turn
+from support import DONE, closed_port, parked_with, results_by_call, serving_app, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, AutoApprover, Policy, Rule, Runner
-from tether.core.approvals import DecideLater
 from tether.errors import IncompatibleRun, ToolsetError
 from tether.models.scripted import ScriptedModel
 from tether.stores.sql import SQLStore
 from tether.toolsets import from_record
 from tether.toolsets.openapi import OpenAPIToolset
-
-DONE = {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "usage": {"input_tokens": 1}}
 
 
 class Api:
@@ -68,16 +65,6 @@ def run(toolset: OpenAPIToolset, *uses: dict[str, Any], **options: Any) -> tuple
     agent = Agent(model=ScriptedModel(script), toolsets=[toolset], policy=options.pop("policy", None))
     runner = Runner(agent, **{"approver": AutoApprover(approve=True), **options})
     return runner, runner.run("go").run_id
-
-
-def results(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
-    return {
-        block["tool_use_id"]: block
-        for message in runner.load(run_id).messages
-        if message["role"] == "user" and isinstance(message["content"], list)
-        for block in message["content"]
-        if block.get("type") == "tool_result"
-    }
 
 
 def finished(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
@@ -155,7 +142,7 @@ def test_arguments_go_where_the_spec_puts_them_and_answers_come_back(toolset: Op
         tool_use("t_note", "addNote", {"body": {"text": "hello"}}),
         tool_use("t_delete", "deletePet", {"petId": 1, "X-Reason": "adopted"}),
     )
-    got = results(runner, run_id)
+    got = results_by_call(runner, run_id)
     assert json.loads(got["t_create"]["content"]) == {"id": 1, "name": "Rex", "category": {"name": "dogs"}}
     assert json.loads(got["t_list"]["content"]) == [{"id": 1, "name": "Rex", "category": {"name": "dogs"}}]
     assert json.loads(got["t_get"]["content"])["name"] == "Rex"
@@ -188,7 +175,7 @@ def test_http_errors_are_classed_by_status(toolset: OpenAPIToolset) -> None:
         "t429": "retryable",
         "t503": "retryable",
     }
-    got = results(runner, run_id)
+    got = results_by_call(runner, run_id)
     assert got["t404"]["is_error"] is True
     assert "HTTP 404 Not Found from GET " in got["t404"]["content"]
     assert '{"detail":"no pet 99"}' in got["t404"]["content"]  # the service's own words reach the model
@@ -200,7 +187,7 @@ def test_a_bearer_token_comes_from_the_named_variable_and_is_never_stored(
     monkeypatch.setenv("PETS_TOKEN", TOKEN)
     with OpenAPIToolset(api.spec_url, bearer="PETS_TOKEN") as toolset:
         runner, run_id = run(toolset, tool_use("t1", "readSecret", {}))
-    assert results(runner, run_id)["t1"]["content"] == "the secret"
+    assert results_by_call(runner, run_id)["t1"]["content"] == "the secret"
     (record,) = runner.load(run_id).spec["toolsets"]
     assert record["bearer"] == "PETS_TOKEN"
     assert TOKEN not in json.dumps(runner.load(run_id).spec)
@@ -234,16 +221,13 @@ def test_a_write_left_unanswered_is_in_doubt_and_a_read_is_only_retryable(api: A
 # Durability ------------------------------------------------------------------------------------
 def test_a_parked_run_resumes_with_the_toolset_its_spec_records(api: Api, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    script = [tool_use_turn(tool_use("t1", "createPet", {"body": {"name": "Rex"}})), DONE]
     with OpenAPIToolset(api.spec_url) as toolset:
-        runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
-        parked = runner.run("add Rex")
-    assert parked.status == "awaiting_approval"
+        runner, parked = parked_with(toolset, tool_use("t1", "createPet", {"body": {"name": "Rex"}}), db)
     assert api.seen == []
     (record,) = runner.load(parked.run_id).spec["toolsets"]
     assert (record["kind"], record["spec"], record["base_url"]) == ("openapi", api.spec_url, None)
     with from_record(record) as again:
-        resumed = Runner(Agent(model=ScriptedModel(script), toolsets=[again]), SQLStore(db))
+        resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         resumed.decide(parked.run_id, "t1", Approve(actor="ada"))
         assert resumed.drive(parked.run_id).status == "done"
     assert api.seen == [("POST", "/v1/pets", "", {"name": "Rex"})]
@@ -251,15 +235,13 @@ def test_a_parked_run_resumes_with_the_toolset_its_spec_records(api: Api, tmp_pa
 
 def test_a_spec_changed_incompatibly_since_the_run_started_is_refused(api: Api, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    script = [tool_use_turn(tool_use("t1", "createPet", {"body": {"name": "Rex"}})), DONE]
     with OpenAPIToolset(api.spec_url) as toolset:
-        runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
-        parked = runner.run("add Rex")
+        runner, parked = parked_with(toolset, tool_use("t1", "createPet", {"body": {"name": "Rex"}}), db)
     changed = json.loads(json.dumps(SPEC))
     changed["components"]["schemas"]["Pet"]["required"] = ["id", "name", "owner"]
     api.app.state.spec = changed
     with from_record(runner.load(parked.run_id).spec["toolsets"][0]) as again:
-        resumed = Runner(Agent(model=ScriptedModel(script), toolsets=[again]), SQLStore(db))
+        resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         with pytest.raises(IncompatibleRun, match=r"tool 'createPet': field 'body.owner' is now required"):
             resumed.drive(parked.run_id)
     assert api.seen == []
