@@ -36,8 +36,12 @@ class Toolset(Protocol):
         """The tools, connecting (or reading the spec) the first time; the same list afterwards."""
         ...
 
+    def options(self) -> dict[str, Any]:
+        """How to reach the tools again, as JSON (what :func:`from_record` takes, with the ``kind``)."""
+        ...
+
     def record(self) -> dict[str, Any]:
-        """JSON for a run's spec: ``kind``, how to reconnect, ``fingerprint`` and ``tools`` (their names)."""
+        """JSON for a run's spec: ``kind``, :meth:`options`, ``fingerprint`` and ``tools`` (their names)."""
         ...
 
     def close(self) -> None:
