@@ -142,6 +142,14 @@ def results_by_call(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def asks(tool: Any) -> str | None:
+    """Why a call of ``tool`` waits for a person by the tool's own setting, or None when it does not."""
+    from tether.policy.policies import ApprovalContext, decide_approval
+
+    verdict = decide_approval(tool.approval, {}, ApprovalContext(run_id="run", tool=tool.name, call_id="call"))
+    return verdict.reason if verdict.verdict == "require_approval" else None
+
+
 def parked_with(toolset: Any, use: dict[str, Any], db: str) -> tuple[Runner, RunResult]:
     """A run in the database ``db`` with ``toolset``, parked on its one (gated) call ``use``."""
     script = [tool_use_turn(use), DONE]

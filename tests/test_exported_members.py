@@ -47,6 +47,17 @@ PUBLIC = {
         "tool",
     ],
     "tether.testing": ["FakeMessagesAPI", "RecordingApprover", "ScriptedModel", "validate_messages_request"],
+    "tether.toolsets": [
+        "KINDS",
+        "Toolset",
+        "asking",
+        "changes",
+        "describe",
+        "fingerprint",
+        "from_record",
+        "local_name",
+        "recorded",
+    ],
 }
 
 

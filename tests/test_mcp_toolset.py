@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from support import DONE, closed_port, parked_with, results_by_call, tool_use, tool_use_turn
+from support import DONE, asks, closed_port, parked_with, results_by_call, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, AutoApprover, Policy, Rule, Runner
 from tether.core.approvals import DecideLater
 from tether.errors import IncompatibleRun, ToolDefinitionError, ToolsetError
@@ -72,19 +72,23 @@ def test_the_servers_tools_become_tools_with_their_schemas_and_safe_names(toolse
 
 def test_annotations_set_approval_tags_and_idempotence(toolset: MCPToolset) -> None:
     tools = {tool.name: tool for tool in toolset.tools()}
-    seen = {name: (t.approval, sorted(t.tags), t.idempotent) for name, t in tools.items()}
+    seen = {name: (asks(t) is not None, sorted(t.tags), t.idempotent) for name, t in tools.items()}
     assert seen["add"] == (False, ["mcp", "read_only"], True)  # read-only: no approval
     assert seen["delete_file"] == (True, ["destructive", "mcp", "mutates"], False)
     assert seen["crash"] == (False, ["mcp", "mutates"], False)  # says it is not destructive
     assert seen["files_stat"] == (False, ["mcp", "network", "read_only"], True)  # open world unless it says not
     assert seen["fail"] == (True, ["destructive", "mcp", "mutates", "network"], False)  # the spec's defaults
+    assert asks(tools["delete_file"]) == f"{toolset.source} says it may change or delete things (MCP destructiveHint)"
+    assert asks(tools["fail"]) == (
+        f"{toolset.source} does not say it is read-only, so it may change or delete things (MCP destructiveHint)"
+    )
 
 
 def test_a_prefix_and_an_approval_setting_apply_to_every_tool(server_dir: Path) -> None:
     with stdio(server_dir, prefix="fx_", approval=True) as toolset:
         tools = toolset.tools()
     assert {tool.name for tool in tools} >= {"fx_add", "fx_files_stat"}
-    assert all(tool.approval is True for tool in tools)
+    assert {asks(tool) for tool in tools} == {f"every call to {toolset.source} is asked about (approval=True)"}
 
 
 def test_two_servers_offering_one_name_are_refused_naming_both(server_dir: Path, tmp_path: Path) -> None:
@@ -114,7 +118,7 @@ def test_a_run_calls_the_server_and_reads_structured_content_text_images_and_err
     result = runner.run("go")
     assert result.status == "done"
     got = results_by_call(runner, result.run_id)
-    assert got["t_add"]["content"] == '{"result": 5}'
+    assert got["t_add"]["content"] == "5"  # the text, not the SDK's {"result": 5} that repeats it
     assert json.loads(got["t_stat"]["content"]) == {"path": "a.txt", "size": 3}
     assert got["t_pic"]["content"] == "a tiny picture\n[image: image/png, 15 bytes]"
     assert got["t_fail"]["is_error"] is True
@@ -201,7 +205,7 @@ def test_a_server_that_dies_mid_call_leaves_the_call_in_doubt_and_the_next_call_
     assert "it may still complete, so it was not run again automatically" in got["t1"]["content"]
     finished = [e.data for e in runner.store.load_events(result.run_id) if e.type == "tool_finished"]
     assert finished[0]["in_doubt"] is True
-    assert got["t2"]["content"] == '{"result": 3}'  # a new server process answered
+    assert got["t2"]["content"] == "3"  # a new server process answered
     assert calls(server_dir) == ["crash", "add 1 2"]
 
 
@@ -295,7 +299,7 @@ def test_a_server_over_http_gets_its_header_from_the_named_variable(
         runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]))
         result = runner.run("go")
         record = runner.load(result.run_id).spec["toolsets"][0]
-    assert results_by_call(runner, result.run_id)["t1"]["content"] == '{"result": 42}'
+    assert results_by_call(runner, result.run_id)["t1"]["content"] == "42"
     assert calls(server_dir) == ["add 20 22"]
     assert record["url"] == http_server
     assert record["headers"] == {"X-Token": "FIXTURE_TOKEN"}

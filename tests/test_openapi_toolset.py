@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fixtures.pets_api import SPEC, TOKEN, make_app, spec_30
-from support import DONE, closed_port, parked_with, results_by_call, serving_app, tool_use, tool_use_turn
+from support import DONE, asks, closed_port, parked_with, results_by_call, serving_app, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, AutoApprover, Policy, Rule, Runner
 from tether.errors import IncompatibleRun, ToolsetError
 from tether.models.scripted import ScriptedModel
@@ -126,10 +126,12 @@ def test_openapi_30_words_become_json_schema(api: Api) -> None:
 
 def test_reading_methods_run_ungated_and_changing_ones_ask_first(toolset: OpenAPIToolset) -> None:
     tools = {tool.name: tool for tool in toolset.tools()}
-    seen = {name: (t.approval, sorted(t.tags), t.idempotent) for name, t in tools.items()}
-    assert seen["listPets"] == (False, ["network", "openapi", "read_only"], True)
-    assert seen["createPet"] == (True, ["mutates", "network", "openapi"], False)
-    assert seen["deletePet"] == (True, ["destructive", "mutates", "network", "openapi"], False)
+    seen = {name: (asks(t), sorted(t.tags), t.idempotent) for name, t in tools.items()}
+    assert seen["listPets"] == (None, ["network", "openapi", "read_only"], True)
+    why = f"POST /pets changes things on the service ({toolset.source})"
+    assert seen["createPet"] == (why, ["mutates", "network", "openapi"], False)
+    why = f"DELETE /pets/{{petId}} changes things on the service ({toolset.source})"
+    assert seen["deletePet"] == (why, ["destructive", "mutates", "network", "openapi"], False)
 
 
 # Calls -----------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tether.core.cache import canonical_json
 from tether.errors import ConfigError
+from tether.policy.policies import ApprovalContext, ApprovalSetting, ApprovalVerdict
 from tether.tools import TOOL_NAME, Tool
 
 KINDS = ("mcp", "openapi")
@@ -69,6 +70,18 @@ def local_name(remote: str, prefix: str, source: str) -> str:
     if not TOOL_NAME.match(name):
         raise ConfigError(f"{source}: tool {remote!r} cannot be named {name!r}: names must match {TOOL_NAME.pattern}")
     return name
+
+
+def asking(reason: str | None) -> ApprovalSetting:
+    """A tool's ``approval=``: ask a person before each call, saying ``reason``; None asks nobody."""
+    if reason is None:
+        return False
+    verdict = ApprovalVerdict("require_approval", reason)
+
+    def ask(arguments: Any, context: ApprovalContext) -> ApprovalVerdict:
+        return verdict
+
+    return ask
 
 
 def from_record(record: Mapping[str, Any]) -> Toolset:
@@ -125,4 +138,14 @@ def describe(record: Mapping[str, Any]) -> str:
     return f"OpenAPI spec {record.get('spec')}"
 
 
-__all__ = ["KINDS", "Toolset", "changes", "describe", "fingerprint", "from_record", "local_name", "recorded"]
+__all__ = [
+    "KINDS",
+    "Toolset",
+    "asking",
+    "changes",
+    "describe",
+    "fingerprint",
+    "from_record",
+    "local_name",
+    "recorded",
+]

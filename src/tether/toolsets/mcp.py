@@ -11,12 +11,11 @@ input schema. Its annotations set defaults a policy rule can override: ``destruc
 (true unless the tool says otherwise, as the MCP spec has it) requires approval,
 ``readOnlyHint`` needs none and makes the tool idempotent (as ``idempotentHint`` does),
 ``openWorldHint`` (true by default) tags it ``network``; every tool is tagged ``mcp`` and
-``read_only`` or ``mutates`` (and ``destructive``). The result is the structured content
-(JSON) when there is some, else the text; images, audio and resources are described in
-words. An ``isError`` result reaches the model as an ``is_error`` result
-(:class:`MCPToolError`). A call the server never answers, within ``timeout`` or because it
-died, may have taken effect: :class:`~tether.tools.OutcomeUnknown`, so the engine treats it
-as in doubt.
+``read_only`` or ``mutates`` (and ``destructive``). The result is the text and the structured
+content (JSON), each once; images, audio and resources are described in words. An ``isError``
+result reaches the model as an ``is_error`` result (:class:`MCPToolError`). A call the server
+never answers, within ``timeout`` or because it died, may have taken effect:
+:class:`~tether.tools.OutcomeUnknown`, so the engine treats it as in doubt.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from mcp.types import Tool as ListedTool
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import ModelRetry, OutcomeUnknown, Tool
 from tether.tools.schema import schema_tool
-from tether.toolsets import credentials, describe, local_name, recorded
+from tether.toolsets import asking, credentials, describe, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 
 DEFAULT_TIMEOUT = 60.0
@@ -203,13 +202,20 @@ class MCPToolset:
             return await loop.arun(session.call(remote, arguments))
 
         name = local_name(remote, self.prefix, self.source)
+        if self.approval is not None:
+            why = f"every call to {self.source} is asked about (approval=True)" if self.approval else None
+        elif destructive:
+            said = "says it" if hints.destructive_hint else "does not say it is read-only, so it"
+            why = f"{self.source} {said} may change or delete things (MCP destructiveHint)"
+        else:
+            why = None
         try:
             return schema_tool(
                 call,
                 listed.input_schema,
                 name=name,
                 description=listed.description or f"The tool {remote!r} of {self.source}.",
-                approval=destructive if self.approval is None else self.approval,
+                approval=asking(why),
                 idempotent=read_only or hints.idempotent_hint is True,
                 tags=tags,
                 source=self.source,
@@ -382,16 +388,37 @@ def _closed(client: Client) -> bool:
 
 
 def _result(result: CallToolResult) -> Any:
-    """What the model reads: the structured content when there is some, else the text; the rest described."""
+    """What the model reads: the text, or the structured content where the text only repeats it; the rest described.
+
+    Servers send structured content with its JSON as text too (the spec asks them to), and
+    the SDK's servers wrap a plain value as ``{"result": value}``: the model reads each thing once.
+    """
+    text = "\n".join(block.text for block in result.content if block.type == "text")
     described = [_describe(block) for block in result.content if block.type != "text"]
     if result.is_error:
-        texts = [block.text for block in result.content if block.type == "text"]
-        raise MCPToolError("\n".join(texts + described) or "the tool reported an error")
-    if result.structured_content is not None:  # its text blocks repeat it as JSON (the spec asks servers to)
-        if not described:
-            return result.structured_content
-        return "\n".join([json.dumps(result.structured_content, ensure_ascii=False), *described])
-    return "\n".join(block.text if block.type == "text" else _describe(block) for block in result.content)
+        raise MCPToolError("\n".join([text, *described]).strip() or "the tool reported an error")
+    data = result.structured_content
+    if data is None:
+        return "\n".join(block.text if block.type == "text" else _describe(block) for block in result.content)
+    if not text or _says(text, data):
+        main: Any = data
+    elif isinstance(data, dict) and len(data) == 1 and _says(text, next(iter(data.values()))):
+        main = text
+    else:
+        main = f"{text}\n{json.dumps(data, ensure_ascii=False)}"
+    if not described:
+        return main
+    return "\n".join([main if isinstance(main, str) else json.dumps(main, ensure_ascii=False), *described])
+
+
+def _says(text: str, value: Any) -> bool:
+    """Whether ``text`` is ``value`` written out (as itself, or as JSON)."""
+    if text == value:
+        return True
+    try:
+        return bool(json.loads(text) == value)
+    except ValueError:
+        return False
 
 
 def _describe(block: ContentBlock) -> str:

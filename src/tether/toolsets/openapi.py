@@ -31,7 +31,7 @@ import httpx
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import OutcomeUnknown, Tool
 from tether.tools.schema import schema_tool
-from tether.toolsets import credentials, describe, local_name, recorded
+from tether.toolsets import asking, credentials, describe, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 from tether.toolsets.openapi_spec import BODY, FORM, JSON_TYPES, Operation, Parameter, read
 
@@ -190,13 +190,21 @@ class OpenAPIToolset:
                 operation.input_schema,
                 name=local_name(operation.name, self.prefix, self.source),
                 description=operation.description,
-                approval=(not reading) if self.approval is None else self.approval,
+                approval=asking(self._why(operation)),
                 idempotent=reading,
                 tags=tags,
                 source=self.source,
             )
         except ToolDefinitionError as error:
             raise ToolsetError(str(error), toolset=self.source, path=f"paths.{operation.path}") from error
+
+    def _why(self, operation: Operation) -> str | None:
+        """Why a call is asked about, or None when it is not."""
+        if self.approval is not None:
+            return f"every call to {self.source} is asked about (approval=True)" if self.approval else None
+        if operation.method in READING:
+            return None
+        return f"{operation.method} {operation.path} changes things on the service ({self.source})"
 
     def _background(self) -> BackgroundLoop:
         with self._lock:
