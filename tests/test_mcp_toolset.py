@@ -253,9 +253,12 @@ def test_a_variable_to_pass_that_is_not_set_is_named(tmp_path: Path, monkeypatch
     monkeypatch.delenv("FIXTURE_TOKEN", raising=False)
     with (
         MCPToolset(command=[sys.executable, str(SERVER)], env=["FIXTURE_TOKEN"], cwd=str(tmp_path)) as toolset,
-        pytest.raises(ToolsetError, match=r"environment variable FIXTURE_TOKEN .* is not set"),
+        pytest.raises(ToolsetError) as refused,
     ):
         toolset.tools()
+    assert str(refused.value) == (
+        f"{toolset.source}: environment variable FIXTURE_TOKEN (to pass to the server) is not set"
+    )
 
 
 # Streamable HTTP -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from support import tool_use, tool_use_turn
+from support import DONE, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, InvalidEditedInput, Policy, Rule, Runner
 from tether.core.approvals import DecideLater
 from tether.errors import ToolDefinitionError
@@ -40,7 +40,6 @@ ORDER_SCHEMA: dict[str, Any] = {
     },
 }
 ORDER = {"customer": "ada", "items": [{"sku": "A-1", "qty": 2}], "amount": 12.5}
-DONE = {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "usage": {"input_tokens": 1}}
 
 
 def order_tool(seen: list[tuple[dict[str, Any], str]], **options: Any) -> Any:

@@ -8,6 +8,7 @@ this process, on a loopback port. The model is scripted (``--model scripted:FILE
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,3 +151,30 @@ def test_an_unreachable_server_is_an_error_and_no_run_is_made(cli: Cli) -> None:
     assert refused.returncode == 2, refused
     assert flat(f"error: MCP server '{url}': cannot list its tools:") in refused.err
     assert cli("runs", "--json").data["runs"] == []
+
+
+def test_the_readme_mcp_example_runs_as_it_says(cli: Cli) -> None:
+    """README's notes server, and its ``tether run --mcp`` command, with a scripted model."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    start = readme.index("```python\n", readme.index("(`notes_server.py`)")) + len("```python\n")
+    (cli.cwd / "notes_server.py").write_text(readme[start : readme.index("```\n", start)])
+    command = readme[readme.index("tether run ", start) : readme.index("\n", readme.index("tether run ", start))]
+    (cli.cwd / "notes").mkdir()
+    (cli.cwd / "notes" / "old.txt").write_text("stale")
+    model = script(
+        cli.cwd,
+        tool_use_turn(tool_use("t1", "list_notes", {})),
+        tool_use_turn(tool_use("t2", "delete_note", {"name": "old"})),
+    )
+    args = shlex.split(command)[1:]
+    assert args[2:] == ["--mcp", "python notes_server.py"]
+    parked = cli(*args, "--model", model, "--json")  # `python` is the venv's: it is first on PATH
+    assert parked.returncode == 3, parked
+    (pending,) = parked.data["pending_approvals"]
+    assert pending["reason"] == (
+        "MCP server 'python notes_server.py' says it may change or delete things (MCP destructiveHint)"
+    )
+    assert (cli.cwd / "notes" / "old.txt").exists()
+    assert cli("approve", parked.data["run_id"], "t2").returncode == 0
+    assert cli("resume", parked.data["run_id"]).returncode == 0
+    assert not (cli.cwd / "notes" / "old.txt").exists()

@@ -35,14 +35,14 @@ def check_names(names: Sequence[str], toolset: str) -> list[str]:
 
 def variables(names: Sequence[str], toolset: str) -> dict[str, str]:
     """The named variables' values, read now (a stdio server's environment)."""
-    return {name: _value(name, f"variable {name}", toolset) for name in names}
+    return {name: _value(name, "to pass to the server", toolset) for name in names}
 
 
 def headers(named: Mapping[str, str], bearer: str | None, toolset: str) -> dict[str, str]:
     """HTTP headers whose values come from the named variables; ``bearer`` names the token's variable."""
-    sent = {header: _value(variable, f"header {header}", toolset) for header, variable in named.items()}
+    sent = {header: _value(variable, f"for header {header}", toolset) for header, variable in named.items()}
     if bearer is not None:
-        sent["Authorization"] = f"Bearer {_value(bearer, 'its bearer token', toolset)}"
+        sent["Authorization"] = f"Bearer {_value(bearer, 'for its bearer token', toolset)}"
     return sent
 
 
@@ -61,8 +61,8 @@ def check_url(url: str, toolset: str) -> str:
     return url
 
 
-def _value(variable: str, what: str, toolset: str) -> str:
+def _value(variable: str, purpose: str, toolset: str) -> str:
     value = os.environ.get(variable)
     if value is None:
-        raise ToolsetError(f"environment variable {variable} (for {what}) is not set", toolset=toolset)
+        raise ToolsetError(f"environment variable {variable} ({purpose}) is not set", toolset=toolset)
     return value

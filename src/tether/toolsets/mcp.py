@@ -251,6 +251,9 @@ class _Session:
                     cursor = page.next_cursor
                     if cursor is None:
                         return listed
+        except ToolsetError:  # a credential's variable is not set: said as it is
+            await self.drop()
+            raise
         except TimeoutError:
             await self.drop()
             raise ToolsetError(
