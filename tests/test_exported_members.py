@@ -55,6 +55,7 @@ PUBLIC = {
         "describe",
         "fingerprint",
         "from_record",
+        "included",
         "local_name",
         "recorded",
     ],

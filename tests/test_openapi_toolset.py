@@ -91,6 +91,12 @@ def test_one_tool_per_operation_named_by_operation_id_else_method_and_path(tools
     assert shown.description == "Show one pet.\n\nGET /pets/{petId}"
 
 
+def test_include_keeps_the_operations_whose_names_match(api: Api) -> None:
+    with OpenAPIToolset(api.spec_url, include=["*Pet*", "get_*"]) as toolset:
+        names = [tool.name for tool in toolset.tools()]
+    assert names == ["listPets", "createPet", "get_pets_petId", "deletePet", "adoptPet"]
+
+
 def test_parameters_and_body_make_one_input_schema_with_refs_in_defs(toolset: OpenAPIToolset) -> None:
     tools = {tool.name: tool.input_schema() for tool in toolset.tools()}
     assert tools["listPets"] == {

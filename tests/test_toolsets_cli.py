@@ -121,14 +121,19 @@ def test_an_openapi_spec_with_a_bearer_token_from_a_variable(cli: Cli, pets_api:
     assert resumed.data["status"] == "done"
 
 
-def test_a_base_url_and_a_prefix_shape_the_toolset_before_them(cli: Cli, pets_api: str, tmp_path: Path) -> None:
+def test_a_base_url_a_prefix_and_an_include_shape_the_toolset_before_them(
+    cli: Cli, pets_api: str, tmp_path: Path
+) -> None:
     spec = tmp_path / "pets.json"
     spec.write_text(json.dumps(make_app().state.spec), encoding="utf-8")  # a file: its server URL is relative
     model = script(cli.cwd, tool_use_turn(tool_use("t1", "pets_listPets", {"limit": 1})))
-    args = ["--openapi", str(spec), "--base-url", f"{pets_api}/v1", "--prefix", "pets_", "--model", model]
-    done = cli("run", "list", *args, "--json")
+    args = ["--openapi", str(spec), "--base-url", f"{pets_api}/v1", "--prefix", "pets_", "--include", "list*"]
+    done = cli("run", "list", *args, "--model", model, "--json")
     assert done.returncode == 0, done
     assert done.data["status"] == "done"
+    (record,) = spec_of(cli.cwd, done.data["run_id"])["toolsets"]
+    assert (record["base_url"], record["prefix"], record["include"]) == (f"{pets_api}/v1", "pets_", ["list*"])
+    assert record["tools"] == ["pets_listPets"]
 
 
 @pytest.mark.parametrize(

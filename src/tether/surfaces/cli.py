@@ -767,8 +767,9 @@ class _ToolsetOption(argparse.Action):
             if not (header and variable):
                 parser.error(f"--header {value!r}: expected NAME=VARIABLE (the variable holds the value)")
             toolset["headers"] = {**toolset.get("headers", {}), header: variable}
-        elif name == "--env":
-            toolset["env"] = [*toolset.get("env", []), value]
+        elif name in ("--env", "--include"):
+            key = name.removeprefix("--")
+            toolset[key] = [*toolset.get(key, []), value]
         else:
             toolset[name.removeprefix("--").replace("-", "_")] = value
         namespace.toolsets = [*namespace.toolsets[:-1], toolset]
@@ -782,6 +783,7 @@ TOOLSET_OPTIONS = {
     "--env": ("--mcp",),
     "--base-url": ("--openapi",),
     "--prefix": ("--mcp", "--mcp-url", "--openapi"),
+    "--include": ("--mcp", "--mcp-url", "--openapi"),
 }
 """The options that shape the toolset before them, and the flags they may follow."""
 
@@ -816,6 +818,9 @@ def _add_toolsets(run: argparse.ArgumentParser) -> None:
         "--env", action=_ToolsetOption, metavar="VARIABLE", help="pass this variable to the --mcp server"
     )
     group.add_argument("--prefix", action=_ToolsetOption, metavar="TEXT", help="put before the toolset's tool names")
+    group.add_argument(
+        "--include", action=_ToolsetOption, metavar="GLOB", help="offer only the tools whose names match (repeatable)"
+    )
 
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:

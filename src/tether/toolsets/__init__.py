@@ -15,6 +15,7 @@ those are imported only when such a toolset is used.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -70,6 +71,11 @@ def local_name(remote: str, prefix: str, source: str) -> str:
     if not TOOL_NAME.match(name):
         raise ConfigError(f"{source}: tool {remote!r} cannot be named {name!r}: names must match {TOOL_NAME.pattern}")
     return name
+
+
+def included(name: str, globs: Sequence[str] | None) -> bool:
+    """Whether a remote tool named ``name`` is offered: it matches one of ``globs`` (None: every tool is)."""
+    return globs is None or any(fnmatch.fnmatchcase(name, glob) for glob in globs)
 
 
 def asking(reason: str | None) -> ApprovalSetting:
@@ -146,6 +152,7 @@ __all__ = [
     "describe",
     "fingerprint",
     "from_record",
+    "included",
     "local_name",
     "recorded",
 ]

@@ -42,7 +42,7 @@ from mcp.types import Tool as ListedTool
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import ModelRetry, OutcomeUnknown, Tool
 from tether.tools.schema import schema_tool
-from tether.toolsets import asking, credentials, describe, local_name, recorded
+from tether.toolsets import asking, credentials, describe, included, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 
 DEFAULT_TIMEOUT = 60.0
@@ -53,7 +53,19 @@ MAX_PAGES = 100
 """Pages of a tool listing read at most: a server that pages forever cannot hang a run."""
 STDERR_TAIL = 2000
 """Characters of a stdio server's stderr quoted when it could not be started."""
-OPTIONS = ("command", "url", "cwd", "env", "headers", "bearer", "prefix", "timeout", "connect_timeout", "approval")
+OPTIONS = (
+    "command",
+    "url",
+    "cwd",
+    "env",
+    "headers",
+    "bearer",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "approval",
+    "include",
+)
 """What a record keeps (and :meth:`MCPToolset.from_record` passes back)."""
 
 
@@ -86,6 +98,7 @@ class MCPToolset:
         connect_timeout: seconds to start or reach the server and list its tools.
         approval: True asks a person before every call, False before none; None (the
             default) follows each tool's annotations.
+        include: only the tools whose names (the server's) match these globs (default: all).
     """
 
     def __init__(
@@ -101,6 +114,7 @@ class MCPToolset:
         timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = CONNECT_TIMEOUT,
         approval: bool | None = None,
+        include: Sequence[str] | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ConfigError("an MCP toolset needs the server's command or its URL (one of them)")
@@ -124,6 +138,7 @@ class MCPToolset:
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
         self.approval = approval
+        self.include = list(include) if include is not None else None
         self._lock = threading.Lock()
         self._tools: list[Tool] | None = None
         self._loop: BackgroundLoop | None = None
@@ -146,6 +161,7 @@ class MCPToolset:
             "timeout": self.timeout,
             "connect_timeout": self.connect_timeout,
             "approval": self.approval,
+            **({"include": self.include} if self.include is not None else {}),
         }
 
     def tools(self) -> list[Tool]:
@@ -158,7 +174,8 @@ class MCPToolset:
         with self._lock:
             if self._tools is None:
                 loop, session = self._connected()
-                self._tools = [self._tool(item) for item in loop.run(session.listing())]
+                listed = loop.run(session.listing())
+                self._tools = [self._tool(item) for item in listed if included(item.name, self.include)]
             return list(self._tools)
 
     def record(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ doubt.
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ import httpx
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import OutcomeUnknown, Tool
 from tether.tools.schema import schema_tool
-from tether.toolsets import asking, credentials, describe, local_name, recorded
+from tether.toolsets import asking, credentials, describe, included, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 from tether.toolsets.openapi_spec import BODY, FORM, JSON_TYPES, Operation, Parameter, read
 
@@ -41,7 +40,7 @@ READING = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 """Methods that only read: no approval, safe to repeat."""
 ERROR_BODY = 2000
 """Characters of an error response's body quoted in the error."""
-OPTIONS = ("spec", "base_url", "headers", "bearer", "prefix", "timeout", "approval", "operations")
+OPTIONS = ("spec", "base_url", "headers", "bearer", "prefix", "timeout", "approval", "include")
 """What a record keeps (and :meth:`OpenAPIToolset.from_record` passes back)."""
 
 
@@ -65,7 +64,7 @@ class OpenAPIToolset:
         timeout: seconds a request may take.
         approval: True asks a person before every call, False before none; None (the default)
             asks before the methods that change things.
-        operations: only the operations whose names match these globs (default: all).
+        include: only the operations whose names match these globs (default: all).
     """
 
     def __init__(
@@ -78,7 +77,7 @@ class OpenAPIToolset:
         prefix: str = "",
         timeout: float = DEFAULT_TIMEOUT,
         approval: bool | None = None,
-        operations: Sequence[str] | None = None,
+        include: Sequence[str] | None = None,
     ) -> None:
         self.spec = spec if urlsplit(spec).scheme in ("http", "https") else str(Path(spec).resolve())
         self.source = describe({"kind": "openapi", "spec": self.spec})
@@ -93,7 +92,7 @@ class OpenAPIToolset:
             raise ConfigError(f"{self.source}: timeout must be positive seconds")
         self.timeout = float(timeout)
         self.approval = approval
-        self.operations = list(operations) if operations is not None else None
+        self.include = list(include) if include is not None else None
         self._lock = threading.Lock()
         self._tools: list[Tool] | None = None
         self._loop: BackgroundLoop | None = None
@@ -116,7 +115,7 @@ class OpenAPIToolset:
             "prefix": self.prefix,
             "timeout": self.timeout,
             "approval": self.approval,
-            **({"operations": self.operations} if self.operations is not None else {}),
+            **({"include": self.include} if self.include is not None else {}),
         }
 
     def tools(self) -> list[Tool]:
@@ -136,7 +135,7 @@ class OpenAPIToolset:
                         "no base URL: the spec names no http(s) server; give one (base_url=, --base-url)",
                         toolset=self.source,
                     )
-                wanted = [op for op in spec.operations if self._wanted(op)]
+                wanted = [op for op in spec.operations if included(op.name, self.include)]
                 self._tools = [self._tool(operation, base) for operation in wanted]
             return list(self._tools)
 
@@ -159,9 +158,6 @@ class OpenAPIToolset:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def _wanted(self, operation: Operation) -> bool:
-        return self.operations is None or any(fnmatch.fnmatchcase(operation.name, glob) for glob in self.operations)
 
     def _fetch(self, uri: str) -> str:
         if uri.startswith("file:"):
