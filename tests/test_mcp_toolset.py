@@ -58,7 +58,7 @@ def toolset(server_dir: Path) -> Iterator[MCPToolset]:
 # Tools from a server ------------------------------------------------------------------------
 def test_the_servers_tools_become_tools_with_their_schemas_and_safe_names(toolset: MCPToolset) -> None:
     tools = {tool.name: tool for tool in toolset.tools()}
-    assert sorted(tools) == ["add", "crash", "delete_file", "fail", "files_stat", "picture", "slow"]
+    assert sorted(tools) == ["add", "crash", "delete_file", "documents", "fail", "files_stat", "picture", "slow"]
     add = tools["add"]
     assert add.description == "Add two integers."
     assert add.input_schema()["properties"] == {
@@ -109,6 +109,7 @@ def test_a_run_calls_the_server_and_reads_structured_content_text_images_and_err
             tool_use("t_add", "add", {"a": 2, "b": 3}),
             tool_use("t_stat", "files_stat", {"path": "a.txt"}),
             tool_use("t_pic", "picture", {}),
+            tool_use("t_docs", "documents", {}),
             tool_use("t_fail", "fail", {"reason": "no disk"}),
             tool_use("t_bad", "add", {"a": "two", "b": 3}),
         ),
@@ -121,11 +122,16 @@ def test_a_run_calls_the_server_and_reads_structured_content_text_images_and_err
     assert got["t_add"]["content"] == "5"  # the text, not the SDK's {"result": 5} that repeats it
     assert json.loads(got["t_stat"]["content"]) == {"path": "a.txt", "size": 3}
     assert got["t_pic"]["content"] == "a tiny picture\n[image: image/png, 15 bytes]"
+    assert got["t_docs"]["content"] == (
+        "[resource link guide <file:///guide.md> (text/markdown): the guide]\n"
+        "[resource <file:///a.txt> (text/plain)]\nalpha\n"
+        "[resource <file:///b.zip> (application/zip), 7 bytes]"
+    )
     assert got["t_fail"]["is_error"] is True
     assert got["t_fail"]["content"] == "Error: Error executing tool fail"
     assert got["t_bad"]["is_error"] is True  # refused by the schema: the server never saw it
     assert "a\n  'two' is not of type 'integer'" in got["t_bad"]["content"]
-    assert calls(server_dir) == ["add 2 3", "stat a.txt", "picture", "fail no disk"]
+    assert calls(server_dir) == ["add 2 3", "stat a.txt", "picture", "documents", "fail no disk"]
 
 
 def test_a_destructive_tool_waits_for_a_person_and_a_rule_can_lift_or_add_the_gate(

@@ -327,3 +327,10 @@ def test_a_spec_without_a_server_needs_a_base_url(tmp_path: Path) -> None:
         OpenAPIToolset(spec).tools()
     (tool,) = OpenAPIToolset(spec, base_url="http://127.0.0.1:9/api").tools()
     assert tool.name == "listThings"
+
+
+def test_an_operation_whose_name_the_messages_api_refuses_is_named_in_the_error(tmp_path: Path) -> None:
+    long = "x" * 70
+    spec = write(tmp_path, "api.yaml", (MINIMAL % "query").replace("listThings", long))
+    with pytest.raises(ToolsetError, match=f"tool '{long}' cannot be named '{long}': names must match"):
+        OpenAPIToolset(spec).tools()

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from tether.core.cache import canonical_json
-from tether.errors import ConfigError
+from tether.errors import ConfigError, ToolsetError
 from tether.policy.policies import ApprovalContext, ApprovalSetting, ApprovalVerdict
 from tether.tools import TOOL_NAME, Tool
 
@@ -69,7 +69,9 @@ def local_name(remote: str, prefix: str, source: str) -> str:
     """The tool's name here: ``prefix`` plus the remote name, characters the Messages API refuses as ``_``."""
     name = prefix + re.sub(r"[^a-zA-Z0-9_-]", "_", remote)
     if not TOOL_NAME.match(name):
-        raise ConfigError(f"{source}: tool {remote!r} cannot be named {name!r}: names must match {TOOL_NAME.pattern}")
+        raise ToolsetError(
+            f"tool {remote!r} cannot be named {name!r}: names must match {TOOL_NAME.pattern}", toolset=source
+        )
     return name
 
 

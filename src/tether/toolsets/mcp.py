@@ -139,7 +139,7 @@ class MCPToolset:
         self.connect_timeout = float(connect_timeout)
         self.approval = approval
         self.include = list(include) if include is not None else None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # tools() holds it while connecting, and _connected() takes it too
         self._tools: list[Tool] | None = None
         self._loop: BackgroundLoop | None = None
         self._session: _Session | None = None
@@ -200,10 +200,11 @@ class MCPToolset:
 
     def _connected(self) -> tuple[BackgroundLoop, _Session]:
         """The loop and session, made on first use (again after :meth:`close`)."""
-        if self._loop is None or self._session is None:
-            self._loop = BackgroundLoop(name=f"tether-mcp {self.source}")
-            self._session = _Session(self)
-        return self._loop, self._session
+        with self._lock:
+            if self._loop is None or self._session is None:
+                self._loop = BackgroundLoop(name=f"tether-mcp {self.source}")
+                self._session = _Session(self)
+            return self._loop, self._session
 
     def _tool(self, listed: ListedTool) -> Tool:
         hints = listed.annotations or ToolAnnotations()
