@@ -47,6 +47,9 @@ class Agent:
     """Tools from outside the program, listed when first needed (connecting to their servers)."""
 
     def __post_init__(self) -> None:
+        for toolset in self.toolsets:
+            if not isinstance(toolset, Toolset):
+                raise ConfigError(f"{toolset!r} is not a toolset (tether.toolsets: MCPToolset, OpenAPIToolset...)")
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
         budget = self.limits.budget
