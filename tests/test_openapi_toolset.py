@@ -104,6 +104,7 @@ def test_parameters_and_body_make_one_input_schema_with_refs_in_defs(toolset: Op
         "properties": {
             "limit": {"type": "integer", "minimum": 1},
             "tags": {"type": "array", "items": {"type": "string"}},
+            "session": {"type": "string"},
         },
         "additionalProperties": False,
     }
@@ -145,7 +146,7 @@ def test_arguments_go_where_the_spec_puts_them_and_answers_come_back(toolset: Op
     runner, run_id = run(
         toolset,
         tool_use("t_create", "createPet", {"body": {"name": "Rex", "category": {"name": "dogs"}}}),
-        tool_use("t_list", "listPets", {"limit": 5, "tags": ["a", "b"]}),
+        tool_use("t_list", "listPets", {"limit": 5, "tags": ["a", "b"], "session": "s 1"}),
         tool_use("t_get", "get_pets_petId", {"petId": 1}),
         tool_use("t_note", "addNote", {"body": {"text": "hello"}}),
         tool_use("t_delete", "deletePet", {"petId": 1, "X-Reason": "adopted"}),
@@ -163,6 +164,7 @@ def test_arguments_go_where_the_spec_puts_them_and_answers_come_back(toolset: Op
         ("POST", "/v1/notes", "", {"text": "hello"}),
         ("DELETE", "/v1/pets/1", "", None),
     ]
+    assert api.headers(1)["cookie"] == "session=s%201"
     assert api.headers(4)["x-reason"] == "adopted"
 
 
@@ -299,6 +301,10 @@ def test_refs_into_another_file_are_followed(tmp_path: Path) -> None:
     (tool,) = OpenAPIToolset(spec).tools()
     assert tool.input_schema()["properties"]["kind"] == {"$ref": "#/$defs/Kind"}
     assert tool.input_schema()["$defs"] == {"Kind": {"type": "string", "enum": ["a", "b"]}}
+    write(tmp_path, "colour.json", '{"type": "string", "enum": ["red"]}')  # a whole file is the schema
+    spec = write(tmp_path, "api.yaml", (MINIMAL % "query").replace("{type: string}", "{$ref: colour.json}"))
+    (tool,) = OpenAPIToolset(spec).tools()
+    assert tool.input_schema()["$defs"] == {"colour": {"type": "string", "enum": ["red"]}}
 
 
 def test_a_spec_that_is_not_openapi_3_is_refused(tmp_path: Path) -> None:

@@ -245,12 +245,13 @@ def _request(operation: Operation, base: str, arguments: Mapping[str, Any]) -> d
             headers[parameter.name] = _joined(value)
         else:
             cookies[parameter.name] = _joined(value)
+    if cookies:
+        headers["Cookie"] = "; ".join(f"{name}={quote(value, safe='')}" for name, value in cookies.items())
     request: dict[str, Any] = {
         "method": operation.method,
         "url": urljoin(base.rstrip("/") + "/", path.lstrip("/")),
         "params": query,
         "headers": headers,
-        "cookies": cookies,
     }
     if operation.body_type is not None and BODY in arguments:
         body = arguments[BODY]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 import yaml
 
@@ -220,7 +220,8 @@ class _Reader:
         required: list[str] = []
         parameters = []
         for (location, name), parameter in by_place.items():
-            key = name if names.count(name) == 1 and name != BODY else f"{location}_{name}"
+            clash = names.count(name) > 1 or (name == BODY and "requestBody" in operation)
+            key = f"{location}_{name}" if clash else name
             schema = self._parameter_schema(parameter, f"{where}.parameters({location} {name})")
             if parameter.get("description") and isinstance(schema, dict):
                 schema = {**schema, "description": str(parameter["description"])}
@@ -353,7 +354,8 @@ class _Reader:
         document, pointer, target = self.documents.resolve(ref, base, where)
         key = (document, pointer)
         if key not in self.def_names:
-            stem = re.sub(r"[^\w.-]", "_", unquote(pointer.rsplit("/", 1)[-1]) or "Root")
+            last = unquote(pointer.rsplit("/", 1)[-1]) or Path(urlsplit(document).path).stem or "Root"
+            stem = re.sub(r"[^\w.-]", "_", last)
             name, number = stem, 1
             while name in self.defs:
                 number += 1
