@@ -64,6 +64,17 @@ def test_an_mcp_server_given_on_the_command_line_is_remembered_for_approve_and_r
     assert calls(cli.cwd) == ["delete_file old.txt"]
 
 
+def test_a_run_continuing_another_keeps_its_toolsets(cli: Cli) -> None:
+    model = script(cli.cwd, tool_use_turn(tool_use("t1", "fx_add", {"a": 1, "b": 2})))
+    first = cli("run", "add", "--mcp", MCP, "--prefix", "fx_", "--model", model, "--json")
+    assert first.returncode == 0, first
+    later = cli("run", "again", "--continue", first.data["run_id"], "--json")
+    assert later.returncode == 0, later
+    assert calls(cli.cwd) == ["add 1 2", "add 1 2"]  # the continued run reached the same server
+    (record,) = spec_of(cli.cwd, later.data["run_id"])["toolsets"]
+    assert (record["command"], record["prefix"]) == ([sys.executable, str(SERVER)], "fx_")
+
+
 def test_a_tool_list_that_changed_is_refused_or_warned_about_on_resume(cli: Cli) -> None:
     model = script(cli.cwd, tool_use_turn(tool_use("t1", "delete_file", {"path": "a"})))
     first = cli("run", "go", "--mcp", MCP, "--model", model, "--json")
