@@ -800,7 +800,7 @@ def _add_toolsets(run: argparse.ArgumentParser) -> None:
         "--mcp",
         action=_NewToolset,
         metavar="COMMAND",
-        help='an MCP server to start, e.g. "npx -y server-x" (repeatable)',
+        help='an MCP server to start, e.g. "python server.py" (repeatable, as are --mcp-url and --openapi)',
     )
     group.add_argument("--mcp-url", action=_NewToolset, metavar="URL", help="an MCP server over streamable HTTP")
     group.add_argument("--openapi", action=_NewToolset, metavar="SPEC", help="an OpenAPI 3 spec: a file or a URL")
@@ -809,13 +809,13 @@ def _add_toolsets(run: argparse.ArgumentParser) -> None:
         "--header",
         action=_ToolsetOption,
         metavar="NAME=VARIABLE",
-        help="send header NAME, its value read from environment variable VARIABLE (never stored)",
+        help="send header NAME, its value read from environment variable VARIABLE (never stored; repeatable)",
     )
     group.add_argument(
         "--bearer", action=_ToolsetOption, metavar="VARIABLE", help="send Authorization: Bearer $VARIABLE"
     )
     group.add_argument(
-        "--env", action=_ToolsetOption, metavar="VARIABLE", help="pass this variable to the --mcp server"
+        "--env", action=_ToolsetOption, metavar="VARIABLE", help="pass this variable to an --mcp server (repeatable)"
     )
     group.add_argument("--prefix", action=_ToolsetOption, metavar="TEXT", help="put before the toolset's tool names")
     group.add_argument(
