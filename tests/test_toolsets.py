@@ -7,6 +7,8 @@ fingerprint, what changed since is said, and credentials are only ever named.
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any
 
 import pytest
@@ -121,3 +123,13 @@ def test_credentials_are_named_never_given() -> None:
     assert check_names(["GITHUB_TOKEN", "_X1"], "MCP server") == ["GITHUB_TOKEN", "_X1"]
     with pytest.raises(ToolsetError, match="'ghp_abc-123' is not the name of an environment variable"):
         check_names(["ghp_abc-123"], "MCP server")
+
+
+@pytest.mark.parametrize(("kind", "module", "extra"), [("mcp", "mcp", "mcp"), ("openapi", "httpx", "openapi")])
+def test_a_missing_client_is_a_config_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, kind: str, module: str, extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # what `import` finds when the package is not installed
+    monkeypatch.delitem(sys.modules, f"tether.toolsets.{kind}", raising=False)
+    with pytest.raises(ConfigError, match=re.escape(f"pip install 'tether[{extra}]'")):
+        from_record({"kind": kind, "command": ["server"], "spec": "api.yaml"})

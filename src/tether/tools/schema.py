@@ -25,7 +25,7 @@ try:
     from jsonschema.protocols import Validator
 except ImportError as missing:  # pragma: no cover - the extras install it
     raise ImportError(
-        "tools from a JSON schema need jsonschema: pip install 'tether[mcp]' or 'tether[openapi]'"
+        f"tools from a JSON schema need jsonschema: pip install 'tether[mcp]' or 'tether[openapi]' ({missing})"
     ) from missing
 
 DEFAULT_DIALECT = jsonschema.Draft202012Validator

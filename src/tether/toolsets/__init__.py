@@ -96,17 +96,21 @@ def from_record(record: Mapping[str, Any]) -> Toolset:
     """The toolset a run's spec describes (not yet connected).
 
     Raises:
-        ConfigError: the record names an unknown kind or misses what that kind needs.
+        ConfigError: the record names an unknown kind or misses what that kind needs, or the
+            kind's client is not installed (the error says which extra to install).
     """
     kind = record.get("kind")
-    if kind == "mcp":
-        from tether.toolsets.mcp import MCPToolset
+    try:
+        if kind == "mcp":
+            from tether.toolsets.mcp import MCPToolset
 
-        return MCPToolset.from_record(record)
-    if kind == "openapi":
-        from tether.toolsets.openapi import OpenAPIToolset
+            return MCPToolset.from_record(record)
+        if kind == "openapi":
+            from tether.toolsets.openapi import OpenAPIToolset
 
-        return OpenAPIToolset.from_record(record)
+            return OpenAPIToolset.from_record(record)
+    except ImportError as missing:
+        raise ConfigError(str(missing)) from missing
     raise ConfigError(f"unknown toolset kind {kind!r} in the run's spec (known: {', '.join(KINDS)})")
 
 

@@ -25,7 +25,10 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 from urllib.request import url2pathname
 
-import httpx
+try:
+    import httpx
+except ImportError as missing:  # pragma: no cover - the extra installs it
+    raise ImportError(f"OpenAPI toolsets need httpx: pip install 'tether[openapi]' ({missing})") from missing
 
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import OutcomeUnknown, Tool
