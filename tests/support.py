@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,7 +30,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pexpect
 import pytest
 
-from tether.testing import FakeMessagesAPI
+from tether import Agent, Runner, RunResult
+from tether.core.approvals import DecideLater
+from tether.stores.sql import SQLStore
+from tether.testing import FakeMessagesAPI, ScriptedModel
 
 if TYPE_CHECKING:
     from tether.models.anthropic import AnthropicModel
@@ -120,6 +125,38 @@ def token_usage(inp: int, out: int, created: int = 0, read: int = 0) -> dict[str
         "cache_creation_input_tokens": created,
         "cache_read_input_tokens": read,
     }
+
+
+DONE = {"content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "usage": {"input_tokens": 1}}
+"""A model reply ending the run."""
+
+
+def results_by_call(runner: Runner, run_id: str) -> dict[str, dict[str, Any]]:
+    """The ``tool_result`` blocks of a stored run's history, by ``tool_use_id``."""
+    return {
+        block["tool_use_id"]: block
+        for message in runner.load(run_id).messages
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    }
+
+
+def asks(tool: Any) -> str | None:
+    """Why a call of ``tool`` waits for a person by the tool's own setting, or None when it does not."""
+    from tether.policy.policies import ApprovalContext, decide_approval
+
+    verdict = decide_approval(tool.approval, {}, ApprovalContext(run_id="run", tool=tool.name, call_id="call"))
+    return verdict.reason if verdict.verdict == "require_approval" else None
+
+
+def parked_with(toolset: Any, use: dict[str, Any], db: str) -> tuple[Runner, RunResult]:
+    """A run in the database ``db`` with ``toolset``, parked on its one (gated) call ``use``."""
+    script = [tool_use_turn(use), DONE]
+    runner = Runner(Agent(model=ScriptedModel(script), toolsets=[toolset]), SQLStore(db), approver=DecideLater())
+    parked = runner.run("go")
+    assert parked.status == "awaiting_approval"
+    return runner, parked
 
 
 # What `tether show --json` printed -----------------------------------------------------------
@@ -445,3 +482,25 @@ def closed_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving_app(app: Any) -> Iterator[str]:
+    """An ASGI ``app`` on uvicorn at a free loopback port, in a thread, until the block ends: its base URL."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive(), "uvicorn stopped before serving"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)

@@ -47,6 +47,18 @@ PUBLIC = {
         "tool",
     ],
     "tether.testing": ["FakeMessagesAPI", "RecordingApprover", "ScriptedModel", "validate_messages_request"],
+    "tether.toolsets": [
+        "KINDS",
+        "Toolset",
+        "asking",
+        "changes",
+        "describe",
+        "fingerprint",
+        "from_record",
+        "included",
+        "local_name",
+        "recorded",
+    ],
 }
 
 

@@ -19,7 +19,7 @@ import tether
 from tether._moved import MOVED
 
 SRC = Path(tether.__file__).parent
-LOWER = ("core", "policy", "execution", "tools", "models", "stores")
+LOWER = ("core", "policy", "execution", "tools", "models", "stores", "toolsets")
 """The layers that decide and adapt: they know nothing of who drives or shows a run."""
 UPPER = ("drivers", "views", "surfaces", "examples")
 

@@ -24,7 +24,7 @@ from tether.errors import RunNotFound, StoreError
 from tether.execution.faults import classify
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
-from tether.tools import ModelRetry
+from tether.tools import ModelRetry, OutcomeUnknown
 
 
 def use(call_id: str, name: str, arguments: dict[str, object] | None = None) -> dict[str, object]:
@@ -207,6 +207,35 @@ def test_hung_sync_tool_times_out_without_hanging_the_run() -> None:
     (warning,) = events_of(runner, result.run_id, "warning")
     assert warning["abandoned_thread"] is True
     assert warning["call_id"] == "t1"
+
+
+def test_a_call_whose_outcome_is_unknown_is_in_doubt_and_not_run_again_unless_idempotent() -> None:
+    """A remote server that died or went silent mid-call may have acted: never re-run it unasked."""
+    calls: list[str] = []
+
+    def remote(idempotent: bool) -> Tool:
+        @tool(name=f"remote_{idempotent}", retry=RetryPolicy(max_attempts=2, initial_delay=0), idempotent=idempotent)
+        def call() -> str:
+            """Sent to a server that closes the connection before answering, the first time."""
+            calls.append(f"idempotent={idempotent}")
+            if len([c for c in calls if c == f"idempotent={idempotent}"]) == 1:
+                raise OutcomeUnknown("the server closed the connection before answering")
+            return "answered"
+
+        return call
+
+    script = [use("t1", "remote_False"), use("t2", "remote_True"), answer()]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[remote(False), remote(True)]))
+    result = runner.run("go")
+    assert result.status == "done"
+    assert calls == ["idempotent=False", "idempotent=True", "idempotent=True"]  # only the idempotent one again
+    first, second = tool_results(runner, result.run_id)
+    assert first["is_error"] is True
+    assert "closed the connection before answering; it may still complete" in str(first["content"])
+    assert second["content"] == "answered"
+    finished = events_of(runner, result.run_id, "tool_finished")
+    assert [(e["call_id"], e.get("in_doubt", False)) for e in finished] == [("t1", True), ("t2", False)]
+    assert events_of(runner, result.run_id, "warning") == []  # no thread was abandoned
 
 
 class Overlap:

@@ -25,7 +25,8 @@ uvicorn = pytest.importorskip(
     "uvicorn", reason="the service example needs the 'service' extra: pip install -e '.[service]'"
 )
 
-from tether import Agent, RetryPolicy, tool  # noqa: E402 - after the skip: the service module needs the extra
+from support import serving_app  # noqa: E402 - after the skip: the service module needs the extra
+from tether import Agent, RetryPolicy, tool  # noqa: E402
 from tether.core.approvals import fingerprint  # noqa: E402
 from tether.errors import ConfigError  # noqa: E402
 from tether.examples.service import create_app  # noqa: E402
@@ -90,21 +91,8 @@ class Service:
 @contextlib.contextmanager
 def serving(app: Any, store: SQLStore, workspace: Path) -> Iterator[Service]:
     """``app`` on uvicorn at a free loopback port, in a thread, until the block ends."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive(), "uvicorn stopped before serving"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Service(f"http://127.0.0.1:{port}", store, workspace)
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with serving_app(app) as url:
+        yield Service(url, store, workspace)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ layers, dependencies pointing down:
 - ``drivers``: the runners that perform I/O for a flow;
 - ``core``: the facts, the machine and the decisions (no I/O); ``policy``: what it applies;
 - ``tools`` (run by ``execution``), and the adapters: ``models`` (``tether.models.anthropic``,
-  ...) and ``stores`` (``tether.stores.sql``, ...).
+  ...), ``stores`` (``tether.stores.sql``, ...) and ``toolsets`` (``tether.toolsets.mcp``,
+  ``tether.toolsets.openapi``: tools from MCP servers and OpenAPI services).
 """
 
 from tether import _moved

@@ -13,6 +13,7 @@ from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
 from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
+from tether.toolsets import Toolset
 
 DEFAULT_MAX_CONCURRENT_TOOLS = 8
 """Enough for the parallel calls a model asks for in one turn, few enough to stay polite to the services they call."""
@@ -24,7 +25,8 @@ class Agent:
 
     ``spec`` records how to rebuild the agent in another process (e.g. the CLI's
     ``--tools`` and ``--model`` values); it is stored with each run so ``resume`` needs
-    neither.
+    neither. ``toolsets`` (MCP servers, OpenAPI services: see :mod:`tether.toolsets`) add
+    their tools to ``tools`` and their records to what a run stores.
     """
 
     model: ModelAdapter
@@ -50,12 +52,17 @@ class Agent:
     max_concurrent_tools: int = DEFAULT_MAX_CONCURRENT_TOOLS
     """At most this many attempts of one run's concurrent calls run at once (threads for sync
     tools, tasks for async ones on :class:`~tether.AsyncRunner`); further calls start as they end."""
+    toolsets: Sequence[Toolset] = ()
+    """Tools from outside the program, listed when first needed (connecting to their servers)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_concurrent_tools, bool) or not (
             isinstance(self.max_concurrent_tools, int) and self.max_concurrent_tools >= 1
         ):
             raise ConfigError(f"Agent.max_concurrent_tools must be at least 1, not {self.max_concurrent_tools!r}")
+        for toolset in self.toolsets:
+            if not isinstance(toolset, Toolset):
+                raise ConfigError(f"{toolset!r} is not a toolset (tether.toolsets: MCPToolset, OpenAPIToolset...)")
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
         budget = self.limits.budget
@@ -75,11 +82,23 @@ class Agent:
         return self.concurrent_tools if tool.concurrent is None else tool.concurrent
 
     @cached_property
+    def all_tools(self) -> tuple[Tool, ...]:
+        """``tools``, then each toolset's (listed once: the first use connects to their servers)."""
+        return (*self.tools, *(tool for toolset in self.toolsets for tool in toolset.tools()))
+
+    @cached_property
     def tool_index(self) -> dict[str, Tool]:
         """Tools by name, validated once (never per step)."""
-        return tools_by_name(self.tools)
+        return tools_by_name(self.all_tools)
 
     @cached_property
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The Messages API ``tools`` list, built once."""
-        return [tool.definition() for tool in self.tools]
+        return [tool.definition() for tool in self.all_tools]
+
+    @cached_property
+    def recorded_spec(self) -> dict[str, Any]:
+        """What a run stores of this agent: ``spec``, and each toolset's record (how to reach it, what it gave)."""
+        if not self.toolsets:
+            return dict(self.spec)
+        return {**self.spec, "toolsets": [toolset.record() for toolset in self.toolsets]}

@@ -22,7 +22,9 @@ The tree::
     ├── StoreError               the database could not be read or written (.transient: may pass)
     │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     └── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
-                                 values (also a ValueError, as Python's own bad-value errors are)
+        │                        values (also a ValueError, as Python's own bad-value errors are)
+        └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
+                                 invalid spec (.path), a credential's variable unset (.toolset)
 
 Signals are not errors: a denial is data, and a tool that wants a retry raises
 :class:`tether.tools.RetryLater`, which is not a TetherError.
@@ -51,6 +53,21 @@ class ConfigError(TetherError, ValueError):
     Also a :class:`ValueError`: a bad value passed to a constructor (``RetryPolicy(max_attempts=0)``)
     is what Python code expects ``except ValueError`` to catch, and callers that did keep working.
     """
+
+
+class ToolsetError(ConfigError):
+    """A toolset cannot give its tools: its server is unreachable, its spec invalid, a credential unset.
+
+    Attributes:
+        toolset: the toolset, in words (``MCP server 'python server.py'``, ``OpenAPI spec api.yaml``).
+        path: where in its spec the problem is (``paths./pets.get.parameters.0``), when it is in one.
+    """
+
+    def __init__(self, message: str, *, toolset: str, path: str | None = None) -> None:
+        where = f" at {path}" if path else ""
+        super().__init__(f"{toolset}{where}: {message}")
+        self.toolset = toolset
+        self.path = path
 
 
 class ModelError(TetherError):

@@ -58,7 +58,7 @@ from tether.policy import budgets
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.pricing import price_for
 from tether.policy.rules import decide_call, denial
-from tether.tools import ModelRetry, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
+from tether.tools import ModelRetry, OutcomeUnknown, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 CONTEXT_EXCEEDED = "model_context_window_exceeded"
@@ -613,7 +613,7 @@ def on_tool_error(
     decision = policy.decide(error, action.attempt, rng=rng)
     lingering = isinstance(error, ToolTimeout) and error.still_running
     records: list[Fact] = [_abandoned_thread(action)] if lingering else []
-    in_doubt = lingering and not tool.idempotent  # it may still complete: never run twice unasked
+    in_doubt = (lingering or isinstance(error, OutcomeUnknown)) and not tool.idempotent  # never run twice unasked
     if decision.retry_in is not None and not in_doubt:
         due = now + decision.retry_in
         retry = RetryScheduled(call.call_id, tool.name, action.attempt, took, error_type, due, message, error_class)

@@ -1,7 +1,8 @@
 """Rebuild an agent from a spec: what ``tether run`` was given, stored with each run.
 
-A run remembers its tools spec (``module:attr``), its model spec and the directory it was
-started from, so ``resume``, ``approve`` and ``deny`` in another process need none of them.
+A run remembers its tools spec (``module:attr``), its model spec, the directory it was
+started from and its toolsets (MCP servers, OpenAPI specs: see :mod:`tether.toolsets`), so
+``resume``, ``approve`` and ``deny`` in another process need none of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
 from tether.tools import Tool, tools_by_name
+from tether.toolsets import changes, from_record
 
 SCRIPTED_PREFIX = "scripted:"
 ENV_PREFIX = "TETHER_"
@@ -130,6 +132,8 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     ``spec["policy"]`` is an absolute rule file path, read again here: a missing or
     invalid file is a :class:`ConfigError`, never a run without its rules. The agent's
     spec carries the rules' digest, which a new run records (see :func:`policy_change`).
+    ``spec["toolsets"]`` are toolsets' records or options: they are made again, not yet
+    connected (the first use of the agent's tools connects; the run records them anew).
     """
     env = {k: str(v) for k, v in (spec.get("env") or {}).items() if k.startswith(ENV_PREFIX)}
     os.environ.update(env)
@@ -142,6 +146,7 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     policy_file = spec.get("policy")
     policy = Policy.from_file(policy_file) if policy_file else None
     prices = spec.get("prices") or {}
+    toolsets = [from_record(record) for record in spec.get("toolsets") or []]
     return Agent(
         model=model or load_model(model_spec),
         tools=tools,
@@ -158,6 +163,7 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
             **({"prices": prices} if prices else {}),
         },
         policy=policy,
+        toolsets=toolsets,
     )
 
 
@@ -174,7 +180,19 @@ def reader_agent() -> Agent:
     return Agent(model=NoModel())
 
 
-CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget", "prices")
+CONTINUED = (
+    "tools",
+    "cwd",
+    "env",
+    "model",
+    "system",
+    "policy",
+    "max_steps",
+    "max_tool_calls",
+    "budget",
+    "prices",
+    "toolsets",
+)
 """What a run continuing another keeps from the earlier run's spec, unless set anew."""
 
 
@@ -201,6 +219,15 @@ def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None
     if recorded is None or policy is None or policy.digest == recorded:
         return None
     return f"policy file {spec.get('policy')} changed since run {run_id} started: its current rules apply"
+
+
+def toolset_changes(spec: dict[str, Any], agent: Agent) -> list[str]:
+    """Warnings for the toolsets that offer other tools than when the run started (connecting to them).
+
+    Whatever breaks the run is refused when it is loaded (:mod:`tether.core.compat`); these
+    say what changed besides, as :func:`policy_change` does for rules.
+    """
+    return changes(spec.get("toolsets") or [], agent.toolsets)
 
 
 def limits_from_spec(spec: dict[str, Any]) -> Limits:

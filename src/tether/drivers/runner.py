@@ -277,15 +277,15 @@ class _RunnerBase:
         """Persist a new run (its prompt, spec and any earlier history) without driving it."""
         messages: list[dict[str, Any]] = []
         spec = {
-            **self.agent.spec,
+            **self.agent.recorded_spec,
             "model": self.agent.model_name,
             "max_steps": self.agent.limits.max_steps,
             "max_tool_calls": self.agent.limits.max_tool_calls,
             "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
             "machine_version": MACHINE_VERSION,
             "schema_version": SCHEMA_VERSION,
-            "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.tools},
-            "tool_settings": {tool.name: tool.settings() for tool in self.agent.tools},
+            "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.all_tools},
+            "tool_settings": {tool.name: tool.settings() for tool in self.agent.all_tools},
         }
         if continue_from is not None:
             parent = self.load(continue_from, tenant=tenant)

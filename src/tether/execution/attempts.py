@@ -41,6 +41,16 @@ class ToolTimeout(TimeoutError):
         """A sync tool's thread was abandoned and is still running: the call may yet complete."""
 
 
+class OutcomeUnknown(ConnectionError):
+    """The call reached something that may have acted on it, and no answer came back.
+
+    A remote server that died, dropped the connection or went silent mid-call: like a sync
+    tool abandoned at its timeout, it may have taken effect, so a call of a tool that is not
+    idempotent is never re-run automatically (the engine marks it in doubt). Transient, so an
+    idempotent tool's retry policy retries it.
+    """
+
+
 class ToolExit(Exception):
     """A tool raised a ``BaseException`` that is not an ``Exception``: its error, not the program's end."""
 

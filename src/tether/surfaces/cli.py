@@ -45,6 +45,7 @@ from tether.drivers.loader import (
     normalise_model_spec,
     policy_change,
     reader_agent,
+    toolset_changes,
 )
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.errors import (
@@ -61,6 +62,7 @@ from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.toolsets import Toolset, from_record
 
 if TYPE_CHECKING:
     from tether.surfaces.terminal import LiveView
@@ -256,6 +258,14 @@ class _Session:
         self.live: LiveView | None = None
         self.run_id: str | None = args.run_id if args.command == "resume" else None
         """The run being driven, once known: named when Ctrl-C stops the command."""
+        self.toolsets: list[Toolset] = []
+        """Toolsets of the agents made here: closed at the end (their servers stopped)."""
+
+    def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
+        """The agent ``spec`` describes; its toolsets are closed when the command ends."""
+        agent = agent_from_spec(spec, model=model)
+        self.toolsets.extend(agent.toolsets)
+        return agent
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
         if getattr(args, "approve_all", False):
@@ -319,10 +329,12 @@ class _Session:
         self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s (retry {retry})[/]")
 
     def close(self) -> None:
-        """Clear a spinner left by an error, so the message and the cursor show."""
+        """Clear a spinner left by an error, so the message and the cursor show; stop toolsets' servers."""
         if self.live is not None:
             with suppress(OSError):  # the terminal is gone (SIGHUP): nothing left to clear
                 self.live.stop()
+        while self.toolsets:
+            self.toolsets.pop().close()
 
     def finish(self, result: RunResult) -> int:
         if self.json:
@@ -383,7 +395,7 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
-    agent = agent_from_spec(spec)
+    agent = session.agent(spec)
     runner = session.runner(args, agent)
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
 
@@ -402,6 +414,7 @@ def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
         "on_limit": args.on_limit,
     }
     flags = {
+        "toolsets": [{"kind": given["kind"], **from_record(given).options()} for given in args.toolsets] or None,
         "tools": list(args.tools) or None,
         "cwd": os.getcwd() if args.tools else None,
         "model": normalise_model_spec(args.model) if args.model else None,
@@ -414,12 +427,15 @@ def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
-    """The run's agent (importing its tools module), warning on stderr when its rule file changed since it started."""
+    """The run's agent (importing its tools module, reaching its toolsets).
+
+    Warns on stderr of what changed since the run started: its rule file, its toolsets' tools.
+    """
     spec = session.store.load_run(run_id).spec
-    agent = agent_from_spec(spec, model=model)
+    agent = session.agent(spec, model=model)
     changed = policy_change(run_id, spec, agent)
-    if changed is not None:
-        session.err.print(Text.assemble(("warning:", "yellow"), " ", changed))
+    for warning in ([changed] if changed is not None else []) + toolset_changes(spec, agent):
+        session.err.print(Text.assemble(("warning:", "yellow"), " ", warning))
     return agent
 
 
@@ -562,7 +578,7 @@ def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
         "model": normalise_model_spec(None) if os.environ.get("ANTHROPIC_API_KEY") else DEMO_MODEL,
         "env": {demo.WORKSPACE_ENV: str(demo.workspace())},
     }
-    agent = agent_from_spec(spec)
+    agent = session.agent(spec)
     if not session.json:
         model = "Claude (" + agent.model_name + ")" if agent.model_name != DEMO_MODEL else "the offline scripted model"
         about = f"workspace {demo.workspace()}, database {shown_url(session.db_url)}, {model}"
@@ -728,6 +744,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="USD per million tokens, for --max-cost with a model tether has no price for (default MODEL: the "
         "run's; cache prices default to 1.25x and 0.1x INPUT; repeatable)",
     )
+    _add_toolsets(run)
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
         "--continue",
@@ -738,6 +755,98 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(run)
+
+
+class _NewToolset(argparse.Action):
+    """``--mcp``, ``--mcp-url``, ``--openapi``: one more toolset, which the options after it shape."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        kind, field = TOOLSET_FLAGS[str(option_string)]
+        value = shlex.split(str(values)) if field == "command" else str(values)
+        namespace.toolsets = [*namespace.toolsets, {"kind": kind, field: value, "flag": option_string}]
+
+
+class _ToolsetOption(argparse.Action):
+    """An option of the toolset given just before it (``--openapi api.yaml --base-url URL``)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        name, value = str(option_string), str(values)
+        if not namespace.toolsets:
+            parser.error(f"{name} applies to the --mcp, --mcp-url or --openapi given before it: give that first")
+        toolset = dict(namespace.toolsets[-1])  # a copy: the parser's default list stays empty
+        if toolset["flag"] not in TOOLSET_OPTIONS[name]:
+            parser.error(f"{name} does not apply to {toolset['flag']} (only to {' or '.join(TOOLSET_OPTIONS[name])})")
+        if name == "--header":
+            header, _, variable = value.partition("=")
+            if not (header and variable):
+                parser.error(f"--header {value!r}: expected NAME=VARIABLE (the variable holds the value)")
+            toolset["headers"] = {**toolset.get("headers", {}), header: variable}
+        elif name in ("--env", "--include"):
+            key = name.removeprefix("--")
+            toolset[key] = [*toolset.get(key, []), value]
+        else:
+            toolset[name.removeprefix("--").replace("-", "_")] = value
+        namespace.toolsets = [*namespace.toolsets[:-1], toolset]
+
+
+TOOLSET_FLAGS = {"--mcp": ("mcp", "command"), "--mcp-url": ("mcp", "url"), "--openapi": ("openapi", "spec")}
+"""The flags that add a toolset: its kind, and what their value is."""
+TOOLSET_OPTIONS = {
+    "--header": ("--mcp-url", "--openapi"),
+    "--bearer": ("--mcp-url", "--openapi"),
+    "--env": ("--mcp",),
+    "--base-url": ("--openapi",),
+    "--prefix": ("--mcp", "--mcp-url", "--openapi"),
+    "--include": ("--mcp", "--mcp-url", "--openapi"),
+}
+"""The options that shape the toolset before them, and the flags they may follow."""
+
+
+def _add_toolsets(run: argparse.ArgumentParser) -> None:
+    """``tether run``'s toolsets: MCP servers and OpenAPI specs, each shaped by the options after it."""
+    group = run.add_argument_group(
+        "toolsets",
+        "tools from MCP servers and OpenAPI services (pip install 'tether[mcp]' / 'tether[openapi]'); "
+        "the options below apply to the toolset given just before them; the run remembers them all",
+    )
+    group.set_defaults(toolsets=[])
+    group.add_argument(
+        "--mcp",
+        action=_NewToolset,
+        metavar="COMMAND",
+        help='an MCP server to start, e.g. "python server.py" (repeatable, as are --mcp-url and --openapi)',
+    )
+    group.add_argument("--mcp-url", action=_NewToolset, metavar="URL", help="an MCP server over streamable HTTP")
+    group.add_argument("--openapi", action=_NewToolset, metavar="SPEC", help="an OpenAPI 3 spec: a file or a URL")
+    group.add_argument("--base-url", action=_ToolsetOption, metavar="URL", help="where the spec's requests go")
+    group.add_argument(
+        "--header",
+        action=_ToolsetOption,
+        metavar="NAME=VARIABLE",
+        help="send header NAME, its value read from environment variable VARIABLE (never stored; repeatable)",
+    )
+    group.add_argument(
+        "--bearer", action=_ToolsetOption, metavar="VARIABLE", help="send Authorization: Bearer $VARIABLE"
+    )
+    group.add_argument(
+        "--env", action=_ToolsetOption, metavar="VARIABLE", help="pass this variable to an --mcp server (repeatable)"
+    )
+    group.add_argument("--prefix", action=_ToolsetOption, metavar="TEXT", help="put before the toolset's tool names")
+    group.add_argument(
+        "--include", action=_ToolsetOption, metavar="GLOB", help="offer only the tools whose names match (repeatable)"
+    )
 
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:

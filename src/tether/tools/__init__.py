@@ -1,9 +1,10 @@
 """Tools: plain Python functions the host runs on the model's behalf.
 
 ``@tool`` reads the function's type hints once, at decoration time, into a pydantic input
-model; each call validates the model's arguments against it before anything runs. The
-model never executes anything: the engine calls :meth:`Tool.execute` itself. Attempts
-run under their timeouts in :mod:`tether.execution`.
+model; each call validates the model's arguments against it before anything runs. A tool
+described by a raw JSON schema instead (an MCP server's, an OpenAPI operation's) is made by
+:func:`tether.tools.schema.schema_tool`. The model never executes anything: the engine calls
+:meth:`Tool.execute` itself. Attempts run under their timeouts in :mod:`tether.execution`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, Unpack, overload
+from typing import Any, ClassVar, Literal, TypedDict, Unpack, overload
 
 import pydantic
 
 from tether.errors import ToolDefinitionError
 from tether.execution import attempts
+from tether.execution.attempts import OutcomeUnknown as OutcomeUnknown
 from tether.execution.attempts import ToolExit as ToolExit
 from tether.execution.attempts import ToolTimeout as ToolTimeout
 from tether.policy.policies import NO_RETRY, ApprovalSetting, RetryPolicy
@@ -47,6 +49,22 @@ class ModelRetry(Exception):
 
 class UnserializableResult(TypeError):
     """The tool returned something that is neither text, JSON-able, nor a pydantic model."""
+
+
+class SchemaInput(pydantic.RootModel[dict[str, Any]]):
+    """The arguments of a tool described by a raw JSON schema, as one dict.
+
+    Each such tool has a subclass (see :func:`tether.tools.schema.schema_tool`) holding its
+    schema and the check of its arguments against it; the function receives the dict as
+    ``arguments``.
+    """
+
+    raw_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    """The schema as given: what the model sees and arguments are checked against."""
+
+    @classmethod
+    def check(cls, arguments: Any) -> None:
+        """Raise :class:`pydantic.ValidationError` naming each place the schema refuses ``arguments``."""
 
 
 _SCHEMAS: weakref.WeakKeyDictionary[type[pydantic.BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -91,6 +109,8 @@ class Tool:
     concurrent: bool | None = None
     """May run at the same time as the other concurrent calls of the same model turn (see
     :meth:`tether.Agent.runs_concurrently`); None = the agent's ``concurrent_tools`` setting."""
+    source: str | None = None
+    """Where the tool comes from when not from Python code (``MCP server 'files'``), named in errors."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (tools stay ordinary functions)."""
@@ -119,8 +139,18 @@ class Tool:
             "timeout": self.timeout,
         }
 
+    @property
+    def origin(self) -> str:
+        """Where the tool comes from, in words: its :attr:`source`, else its Python function."""
+        if self.source is not None:
+            return self.source
+        module, name = getattr(self.function, "__module__", None), getattr(self.function, "__qualname__", None)
+        return f"function {module}.{name}" if module and name else f"{self.function!r}"
+
     def input_schema(self) -> dict[str, Any]:
         """JSON schema of the input, as the model sees it (a fresh copy each call)."""
+        if issubclass(self.input_model, SchemaInput):
+            return copy.deepcopy(self.input_model.raw_schema)
         schema = _SCHEMAS.get(self.input_model)
         if schema is None:  # pydantic rebuilds it on every call (~1 ms); runs ask per create and resume
             schema = self.input_model.model_json_schema()
@@ -130,10 +160,15 @@ class Tool:
 
     def validate(self, arguments: Any) -> pydantic.BaseModel:
         """Validate the model's arguments; raises :class:`pydantic.ValidationError`."""
+        if issubclass(self.input_model, SchemaInput):
+            self.input_model.check(arguments)
         return self.input_model.model_validate(arguments)
 
     def _kwargs(self, validated: pydantic.BaseModel, call_id: str, cancel: threading.Event) -> dict[str, Any]:
-        kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
+        if isinstance(validated, SchemaInput):
+            kwargs: dict[str, Any] = {"arguments": validated.root}
+        else:
+            kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
         if self.wants_call_id:
             kwargs[CALL_ID_PARAMETER] = call_id
         if self.cancel_parameter is not None:
@@ -248,19 +283,50 @@ class ToolOptions(TypedDict, total=False):
     tags: Iterable[str]
     cache_ttl: float | None
     concurrent: bool | None
+    source: str | None
 
 
 def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> Tool:
     """Build a :class:`Tool` from a function (what ``@tool`` does)."""
+    tool_name = checked_name(options, function.__name__)
+    model, wants_call_id, cancel_parameter = _input_model(function, tool_name)
+    return built_tool(
+        function,
+        options,
+        name=tool_name,
+        input_model=model,
+        wants_call_id=wants_call_id,
+        cancel_parameter=cancel_parameter,
+        description=options.get("description") or _description(function),
+    )
+
+
+def checked_name(options: ToolOptions, default: str) -> str:
+    """The tool's name, once the options are known to be real ones (a misspelt one is an error)."""
     unknown = sorted(set(options) - set(ToolOptions.__annotations__))
     if unknown:  # a misspelt option (``aproval=True``) must never silently drop a gate
         known = ", ".join(ToolOptions.__annotations__)
         raise ToolDefinitionError(f"@tool got unknown option(s) {', '.join(unknown)}; known: {known}")
-    tool_name = options.get("name") or function.__name__
-    timeout, cache_ttl = options.get("timeout"), options.get("cache_ttl")
-    on_interrupted = options.get("on_interrupted")
+    tool_name = options.get("name") or default
     if not TOOL_NAME.match(tool_name):
         raise ToolDefinitionError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}", tool=tool_name)
+    return tool_name
+
+
+def built_tool(
+    function: Callable[..., Any],
+    options: ToolOptions,
+    *,
+    name: str,
+    input_model: type[pydantic.BaseModel],
+    wants_call_id: bool,
+    cancel_parameter: str | None,
+    description: str,
+) -> Tool:
+    """A :class:`Tool` of ``function`` with its input model and its options, each checked."""
+    tool_name = name
+    timeout, cache_ttl = options.get("timeout"), options.get("cache_ttl")
+    on_interrupted = options.get("on_interrupted")
     if timeout is not None and timeout <= 0:
         raise ToolDefinitionError(f"tool {tool_name!r}: timeout must be positive", tool=tool_name)
     if cache_ttl is not None and not cache_ttl > 0:
@@ -276,12 +342,11 @@ def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> T
     labels = frozenset([tags] if isinstance(tags, str) else tags)  # one string is one tag, not its letters
     if not all(isinstance(tag, str) and tag for tag in labels):
         raise ToolDefinitionError(f"tool {tool_name!r}: tags must be non-empty strings", tool=tool_name)
-    model, wants_call_id, cancel_parameter = _input_model(function, tool_name)
     return Tool(
         name=tool_name,
-        description=options.get("description") or _description(function),
+        description=description,
         function=function,
-        input_model=model,
+        input_model=input_model,
         approval=options.get("approval", False),
         retry=options.get("retry") or NO_RETRY,
         timeout=timeout,
@@ -293,6 +358,7 @@ def make_tool(function: Callable[..., Any], **options: Unpack[ToolOptions]) -> T
         tags=labels,
         cache_ttl=cache_ttl,
         concurrent=concurrent,
+        source=options.get("source"),
     )
 
 
@@ -326,6 +392,9 @@ def tools_by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
         if not isinstance(item, Tool):
             raise ToolDefinitionError(f"{item!r} is not a tool; decorate it with @tool")
         if item.name in index:
-            raise ToolDefinitionError(f"two tools are named {item.name!r}", tool=item.name)
+            first = index[item.name]
+            raise ToolDefinitionError(
+                f"two tools are named {item.name!r}: one from {first.origin}, one from {item.origin}", tool=item.name
+            )
         index[item.name] = item
     return index

@@ -197,7 +197,7 @@ def build(
     graph = extract(machine)
     diagram = Diagram(graph)
     if agent is not None:
-        tools = [ToolNote.of(tool) for tool in agent.tools]
+        tools = [ToolNote.of(tool) for tool in agent.all_tools]
     if tools is not None:
         diagram.tools = list(tools)
         ids = {state.id for state in _states(graph.states)}
