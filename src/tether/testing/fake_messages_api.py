@@ -29,20 +29,15 @@ library, so it cannot drift with the client it is testing, and needs no test fra
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import json
 import re
-import socket
-import threading
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, NoReturn, Self, cast
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, cast
+
+from tether.testing.fake_server import Answer, FakeServer
 
 __all__ = [
     "DEFAULT_ERROR_TYPES",
@@ -80,7 +75,6 @@ _DEFAULT_USAGE: Mapping[str, int] = {
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAX_CACHE_BREAKPOINTS = 4
 _MIN_THINKING_BUDGET = 1024
-_POLL_INTERVAL = 0.01  # seconds
 
 # Top-level request fields the client may send (the GA and beta `MessageCreateParams`,
 # plus sampling knobs older API versions accepted). Anything else is a typo that the
@@ -635,17 +629,6 @@ class _Events:
 _Scripted = _Reply | _Dynamic | _Failure | _Events
 
 
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    body: dict[str, Any]
-    headers: Mapping[str, str] = field(default_factory=dict)
-    events: list[dict[str, Any]] | None = None
-    """Served as server-sent events instead of ``body``."""
-    drop_connection: bool = False
-    """Close the connection after ``events``, without ending the stream."""
-
-
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
@@ -656,80 +639,12 @@ def _default_error_type(status: int) -> str:
     return "api_error" if status >= 500 else "invalid_request_error"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    api: FakeMessagesAPI
+def _encoded(events: list[dict[str, Any]]) -> list[bytes]:
+    """Each event as the API writes it: ``event: TYPE`` then its JSON ``data``."""
+    return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Thin HTTP shell; all behaviour lives in `FakeMessagesAPI.answer`."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
-    disable_nagle_algorithm = True  # headers and body go out in two writes; avoid a 40 ms stall
-
-    def setup(self) -> None:
-        super().setup()
-        self._api().track(self.connection, open_=True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self._api().track(self.connection, open_=False)
-
-    def _api(self) -> FakeMessagesAPI:
-        return cast(_Server, self.server).api
-
-    def handle(self) -> None:
-        """Serve until the client leaves; one that drops a stream half read resets the connection."""
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            super().handle()
-
-    def do_POST(self) -> None:
-        """Serve an API call."""
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        self._send(self._api().answer(urlsplit(self.path).path, headers, raw))
-
-    def do_GET(self) -> None:
-        """Nothing is served over GET; answer like the API does for unknown routes."""
-        self._send(_Answer(404, _error_body("not_found_error", f"Not found: {self.path}")))
-
-    def _send(self, answer: _Answer) -> None:
-        if answer.events is not None:
-            self._send_events(answer)
-            return
-        payload = json.dumps(answer.body).encode()
-        self.send_response(answer.status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _send_events(self, answer: _Answer) -> None:
-        """One chunk per event, each written at once, as the real API streams (chunked HTTP/1.1)."""
-        self.send_response(answer.status)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("transfer-encoding", "chunked")
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        for event in answer.events or []:
-            data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        if answer.drop_connection:
-            self.close_connection = True  # no terminating chunk: the client sees a cut body
-            return
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Keep test output quiet."""
-
-
-class FakeMessagesAPI:
+class FakeMessagesAPI(FakeServer):
     """A scripted Anthropic Messages API on ``127.0.0.1`` for the real client to call.
 
     Why: scripted replies make agent runs deterministic, while validation of every
@@ -753,68 +668,15 @@ class FakeMessagesAPI:
                 retry loop does not sleep its default 0.5-8 s back-off. The real API
                 does not send this header; it changes only timing, never behaviour.
         """
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.paths: list[str] = []
         self._fast_retries = fast_retries
-        self._queue: deque[_Scripted] = deque()
-        self._lock = threading.Lock()
-        self._request_ids = itertools.count(1)
         self._message_ids = itertools.count(1)
         self._tool_use_ids = itertools.count(1)
-        self._connections: set[socket.socket] = set()
-        self._closed = False
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.api = self
-        # A short poll interval keeps `close` (which waits for the loop to notice) near-instant.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL},
-            name="FakeMessagesAPI",
-            daemon=True,
-        )
-        self._thread.start()
-
-    # -- lifecycle
+        super().__init__(name="FakeMessagesAPI")
 
     @property
     def url(self) -> str:
         """Base URL to pass as ``base_url`` to ``anthropic.Anthropic``."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the server and drop kept-alive connections (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
-
-    def track(self, conn: socket.socket, *, open_: bool) -> None:
-        """Record live connections so `close` can end kept-alive ones (server internal)."""
-        with self._lock:
-            if open_:
-                self._connections.add(conn)
-            else:
-                self._connections.discard(conn)
+        return self.origin
 
     # -- scripting
 
@@ -827,8 +689,7 @@ class FakeMessagesAPI:
         ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
         Anything else is served as given, malformed or not, to test how a client copes.
         """
-        with self._lock:
-            self._queue.append(_Reply(copy.deepcopy(dict(response))))
+        self.enqueue(_Reply(copy.deepcopy(dict(response))))
 
     def reply_text(self, text: str, **fields: Any) -> None:
         """Queue an ``end_turn`` reply holding one text block."""
@@ -858,8 +719,7 @@ class FakeMessagesAPI:
         Defaults are filled as for `reply`. If the responder raises, the client gets
         500 ``api_error`` naming the exception.
         """
-        with self._lock:
-            self._queue.append(_Dynamic(responder))
+        self.enqueue(_Dynamic(responder))
 
     def fail(
         self,
@@ -874,9 +734,7 @@ class FakeMessagesAPI:
         carries a ``request-id`` header, ``retry-after: 0`` for 429, and ``headers``
         on top (which may override those).
         """
-        failure = _Failure(status, message, error_type or _default_error_type(status), headers or {})
-        with self._lock:
-            self._queue.append(failure)
+        self.enqueue(_Failure(status, message, error_type or _default_error_type(status), headers or {}))
 
     def reply_events(self, events: list[dict[str, Any]], *, drop_connection: bool = False) -> None:
         """Queue a stream served exactly as given, for a ``stream: true`` request.
@@ -886,102 +744,70 @@ class FakeMessagesAPI:
         the connection after the events without ending the HTTP body. A non-streaming
         request meeting this item gets 500 ``api_error``, so the test fails loudly.
         """
-        with self._lock:
-            self._queue.append(_Events(copy.deepcopy(events), drop_connection))
+        self.enqueue(_Events(copy.deepcopy(events), drop_connection))
 
-    def reset(self) -> None:
-        """Forget the script, the recorded requests and the id counters.
-
-        Why: lets one server (and one client, whose construction is the slow part)
-        serve a whole test module; call it between tests.
-        """
-        with self._lock:
-            self._queue.clear()
-            self.requests.clear()
-            self.headers.clear()
-            self.paths.clear()
-            self._request_ids = itertools.count(1)
-            self._message_ids = itertools.count(1)
-            self._tool_use_ids = itertools.count(1)
-
-    @property
-    def pending(self) -> int:
-        """Number of scripted items not yet consumed."""
-        with self._lock:
-            return len(self._queue)
+    def reset_counters(self) -> None:
+        """Restart the message and tool_use ids (see :meth:`FakeServer.reset`)."""
+        self._message_ids = itertools.count(1)
+        self._tool_use_ids = itertools.count(1)
 
     # -- serving
 
-    def answer(self, path: str, headers: dict[str, str], raw: bytes) -> _Answer:
-        """Decide the response to one POST (server internal; runs on handler threads)."""
-        try:
-            parsed: object = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = None
-            body: dict[str, Any] = {"_unparsed": raw.decode("utf-8", "replace")}
-        else:
-            body = cast(dict[str, Any], parsed) if isinstance(parsed, dict) else {"_body": parsed}
-        with self._lock:
-            self.requests.append(body)
-            self.headers.append(dict(headers))
-            self.paths.append(path)
-            request_id = f"req_fake_{next(self._request_ids)}"
+    def not_found(self, path: str) -> Answer:
+        """Answer like the API does for unknown routes."""
+        return Answer(404, _error_body("not_found_error", f"Not found: {path}"))
 
-        answer = self._check_request(path, headers, parsed)
-        if answer is None:
-            answer = self._scripted(body)
-        return replace(answer, headers={"request-id": request_id, **answer.headers})
-
-    def _check_request(self, path: str, headers: Mapping[str, str], parsed: object) -> _Answer | None:
+    def check_request(self, path: str, headers: dict[str, str], parsed: object) -> Answer | None:
+        """Route, key, version header and the body as :func:`validate_messages_request` judges it."""
         if path.rstrip("/") != "/v1/messages":
-            return _Answer(404, _error_body("not_found_error", f"Not found: {path}"))
+            return self.not_found(path)
         auth = headers.get("authorization", "")
         if not headers.get("x-api-key") and not auth.lower().startswith("bearer "):
             # This client version sends the key as a Bearer token; older ones used x-api-key.
-            return _Answer(401, _error_body("authentication_error", "x-api-key header is required"))
+            return Answer(401, _error_body("authentication_error", "x-api-key header is required"))
         if not headers.get("anthropic-version"):
-            return _Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
+            return Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
         if parsed is None:
-            return _Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
+            return Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
         error = validate_messages_request(parsed)
         if error is not None:
-            return _Answer(400, _error_body("invalid_request_error", error))
+            return Answer(400, _error_body("invalid_request_error", error))
         return None
 
-    def _scripted(self, request: dict[str, Any]) -> _Answer:
-        with self._lock:
-            item = self._queue.popleft() if self._queue else None
+    def scripted(self, request: dict[str, Any]) -> Answer:
+        """The next scripted item as an answer: a stream when the request asked for one."""
+        item = self.next_item()
         if item is None:
-            return _Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
+            return Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
         streaming = request.get("stream") is True
         if isinstance(item, _Failure):  # before a stream starts, errors are plain HTTP errors
             return self._failure(item)
         if isinstance(item, _Events):
             if not streaming:
                 message = "fake API: a stream was scripted for a non-streaming call"
-                return _Answer(500, _error_body("api_error", message))
-            return _Answer(200, {}, events=item.events, drop_connection=item.drop_connection)
+                return Answer(500, _error_body("api_error", message))
+            return Answer(200, {}, events=_encoded(item.events), drop_connection=item.drop_connection)
         if isinstance(item, _Dynamic):
             try:
                 response = item.responder(copy.deepcopy(request))
             except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
                 message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
-                return _Answer(500, _error_body("api_error", message))
+                return Answer(500, _error_body("api_error", message))
             message_body = self._complete(dict(response), request)
         else:
             message_body = self._complete(copy.deepcopy(item.body), request)
         if streaming:
-            return _Answer(200, {}, events=sse_events(message_body))
-        return _Answer(200, message_body)
+            return Answer(200, {}, events=_encoded(sse_events(message_body)))
+        return Answer(200, message_body)
 
-    def _failure(self, item: _Failure) -> _Answer:
+    def _failure(self, item: _Failure) -> Answer:
         headers: dict[str, str] = {}
         if item.status == 429:
             headers["retry-after"] = "0"
         if self._fast_retries and (item.status in (408, 409, 429) or item.status >= 500):
             headers["retry-after-ms"] = "1"
         headers.update(item.headers)
-        return _Answer(item.status, _error_body(item.error_type, item.message), headers)
+        return Answer(item.status, _error_body(item.error_type, item.message), headers)
 
     def _complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
         with self._lock:
