@@ -33,11 +33,10 @@ import copy
 import itertools
 import json
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, NoReturn, cast
 
-from tether.testing.fake_server import Answer, FakeServer
+from tether.testing.fake_server import Answer, Failure, FakeServer, Reply, Responder, Stream
 
 __all__ = [
     "DEFAULT_ERROR_TYPES",
@@ -48,8 +47,6 @@ __all__ = [
     "validate_messages_request",
 ]
 
-Responder = Callable[[dict[str, Any]], dict[str, Any]]
-"""Builds a response dict from the parsed request body (see `FakeMessagesAPI.reply_with`)."""
 
 DEFAULT_ERROR_TYPES: Mapping[int, str] = {
     400: "invalid_request_error",
@@ -602,33 +599,6 @@ def error_event(error_type: str = "overloaded_error", message: str = "Overloaded
 # --------------------------------------------------------------------------- server
 
 
-@dataclass(frozen=True)
-class _Reply:
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _Dynamic:
-    responder: Responder
-
-
-@dataclass(frozen=True)
-class _Failure:
-    status: int
-    message: str
-    error_type: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Events:
-    events: list[dict[str, Any]]
-    drop_connection: bool
-
-
-_Scripted = _Reply | _Dynamic | _Failure | _Events
-
-
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
@@ -668,10 +638,9 @@ class FakeMessagesAPI(FakeServer):
                 retry loop does not sleep its default 0.5-8 s back-off. The real API
                 does not send this header; it changes only timing, never behaviour.
         """
-        self._fast_retries = fast_retries
         self._message_ids = itertools.count(1)
         self._tool_use_ids = itertools.count(1)
-        super().__init__(name="FakeMessagesAPI")
+        super().__init__(name="FakeMessagesAPI", fast_retries=fast_retries)
 
     @property
     def url(self) -> str:
@@ -689,7 +658,7 @@ class FakeMessagesAPI(FakeServer):
         ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
         Anything else is served as given, malformed or not, to test how a client copes.
         """
-        self.enqueue(_Reply(copy.deepcopy(dict(response))))
+        self.enqueue(Reply(copy.deepcopy(dict(response))))
 
     def reply_text(self, text: str, **fields: Any) -> None:
         """Queue an ``end_turn`` reply holding one text block."""
@@ -713,14 +682,6 @@ class FakeMessagesAPI(FakeServer):
         self.reply({"content": content, **fields})
         return tool_id
 
-    def reply_with(self, responder: Responder) -> None:
-        """Queue a dynamic reply: ``responder(request_body)`` returns the response dict.
-
-        Defaults are filled as for `reply`. If the responder raises, the client gets
-        500 ``api_error`` naming the exception.
-        """
-        self.enqueue(_Dynamic(responder))
-
     def fail(
         self,
         status: int,
@@ -734,7 +695,8 @@ class FakeMessagesAPI(FakeServer):
         carries a ``request-id`` header, ``retry-after: 0`` for 429, and ``headers``
         on top (which may override those).
         """
-        self.enqueue(_Failure(status, message, error_type or _default_error_type(status), headers or {}))
+        body = _error_body(error_type or _default_error_type(status), message)
+        self.enqueue(Failure(status, body, headers or {}))
 
     def reply_events(self, events: list[dict[str, Any]], *, drop_connection: bool = False) -> None:
         """Queue a stream served exactly as given, for a ``stream: true`` request.
@@ -744,7 +706,7 @@ class FakeMessagesAPI(FakeServer):
         the connection after the events without ending the HTTP body. A non-streaming
         request meeting this item gets 500 ``api_error``, so the test fails loudly.
         """
-        self.enqueue(_Events(copy.deepcopy(events), drop_connection))
+        self.enqueue(Stream(_encoded(copy.deepcopy(events)), drop_connection))
 
     def reset_counters(self) -> None:
         """Restart the message and tool_use ids (see :meth:`FakeServer.reset`)."""
@@ -774,42 +736,16 @@ class FakeMessagesAPI(FakeServer):
             return Answer(400, _error_body("invalid_request_error", error))
         return None
 
-    def scripted(self, request: dict[str, Any]) -> Answer:
-        """The next scripted item as an answer: a stream when the request asked for one."""
-        item = self.next_item()
-        if item is None:
-            return Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
-        streaming = request.get("stream") is True
-        if isinstance(item, _Failure):  # before a stream starts, errors are plain HTTP errors
-            return self._failure(item)
-        if isinstance(item, _Events):
-            if not streaming:
-                message = "fake API: a stream was scripted for a non-streaming call"
-                return Answer(500, _error_body("api_error", message))
-            return Answer(200, {}, events=_encoded(item.events), drop_connection=item.drop_connection)
-        if isinstance(item, _Dynamic):
-            try:
-                response = item.responder(copy.deepcopy(request))
-            except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
-                message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
-                return Answer(500, _error_body("api_error", message))
-            message_body = self._complete(dict(response), request)
-        else:
-            message_body = self._complete(copy.deepcopy(item.body), request)
-        if streaming:
-            return Answer(200, {}, events=_encoded(sse_events(message_body)))
-        return Answer(200, message_body)
+    def error_body(self, message: str) -> dict[str, Any]:
+        """An ``api_error`` body."""
+        return _error_body("api_error", message)
 
-    def _failure(self, item: _Failure) -> Answer:
-        headers: dict[str, str] = {}
-        if item.status == 429:
-            headers["retry-after"] = "0"
-        if self._fast_retries and (item.status in (408, 409, 429) or item.status >= 500):
-            headers["retry-after-ms"] = "1"
-        headers.update(item.headers)
-        return Answer(item.status, _error_body(item.error_type, item.message), headers)
+    def stream_of(self, body: dict[str, Any], request: Mapping[str, Any]) -> list[bytes]:
+        """The Message as the API streams it (see :func:`sse_events`)."""
+        return _encoded(sse_events(body))
 
-    def _complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    def complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill a Message's missing fields (see :meth:`reply`)."""
         with self._lock:
             n = next(self._message_ids)
         response.setdefault("id", f"msg_fake_{n}")

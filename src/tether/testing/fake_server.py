@@ -13,11 +13,13 @@ drift with the clients it tests.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import json
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -26,7 +28,10 @@ from urllib.parse import urlsplit
 
 _POLL_INTERVAL = 0.01  # seconds
 
-__all__ = ["Answer", "FakeServer"]
+__all__ = ["Answer", "Dynamic", "Failure", "FakeServer", "Reply", "Stream"]
+
+Responder = Callable[[dict[str, Any]], dict[str, Any]]
+"""Builds a response dict from the parsed request body."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,40 @@ class Answer:
     """Served as a ``text/event-stream`` instead of ``body``: each item already encoded."""
     drop_connection: bool = False
     """Close the connection after ``events``, without ending the stream."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted response body (the fake fills in defaults when it serves it)."""
+
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """A response built from the request when it arrives."""
+
+    responder: Responder
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A scripted HTTP error, its body in the API's shape."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A scripted stream served exactly as given, for a streaming request only."""
+
+    events: list[bytes]
+    drop_connection: bool
+
+
+Scripted = Reply | Dynamic | Failure | Stream
 
 
 class _Server(ThreadingHTTPServer):
@@ -126,11 +165,14 @@ class FakeServer:
     request_id_prefix = "req_fake_"
     """How the ``request-id`` header of each answer starts."""
 
-    def __init__(self, *, name: str) -> None:
+    def __init__(self, *, name: str, fast_retries: bool) -> None:
+        self.fast_retries = fast_retries
+        """Retryable errors carry ``retry-after-ms: 1`` so a client's retry loop does not sleep
+        its default back-off (the real APIs do not send it; it changes timing, never behaviour)."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
-        self._queue: deque[Any] = deque()
+        self._queue: deque[Scripted] = deque()
         self._lock = threading.Lock()
         self._request_ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
@@ -186,15 +228,18 @@ class FakeServer:
 
     # -- scripting
 
-    def enqueue(self, item: object) -> None:
-        """Add one scripted item (what it is, the subclass knows)."""
+    def enqueue(self, item: Scripted) -> None:
+        """Add one scripted item."""
         with self._lock:
             self._queue.append(item)
 
-    def next_item(self) -> Any | None:
-        """Take the next scripted item, or None when the script is used up."""
-        with self._lock:
-            return self._queue.popleft() if self._queue else None
+    def reply_with(self, responder: Responder) -> None:
+        """Queue a dynamic reply: ``responder(request_body)`` returns the response dict.
+
+        Defaults are filled as for ``reply``. If the responder raises, the client gets a 500
+        naming the exception.
+        """
+        self.enqueue(Dynamic(responder))
 
     def reset(self) -> None:
         """Forget the script, the recorded requests and the id counters.
@@ -241,12 +286,56 @@ class FakeServer:
             answer = self.scripted(body)
         return replace(answer, headers={"request-id": request_id, **answer.headers})
 
+    def scripted(self, request: dict[str, Any]) -> Answer:
+        """The next scripted item as the answer to a valid ``request``: a stream when it asked for one."""
+        with self._lock:
+            item = self._queue.popleft() if self._queue else None
+        if item is None:
+            return Answer(500, self.error_body("fake API: no scripted reply left"))
+        if isinstance(item, Failure):  # before a stream starts, errors are plain HTTP errors
+            return self._failure(item)
+        streaming = request.get("stream") is True
+        if isinstance(item, Stream):
+            if not streaming:
+                return Answer(500, self.error_body("fake API: a stream was scripted for a non-streaming call"))
+            return Answer(200, {}, events=item.events, drop_connection=item.drop_connection)
+        if isinstance(item, Dynamic):
+            try:
+                response = item.responder(copy.deepcopy(request))
+            except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
+                return Answer(500, self.error_body(f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"))
+            body = self.complete(dict(response), request)
+        else:
+            body = self.complete(copy.deepcopy(item.body), request)
+        if streaming:
+            return Answer(200, {}, events=self.stream_of(body, request))
+        return Answer(200, body)
+
+    def _failure(self, item: Failure) -> Answer:
+        headers: dict[str, str] = {}
+        if item.status == 429:
+            headers["retry-after"] = "0"
+        if self.fast_retries and (item.status in (408, 409, 429) or item.status >= 500):
+            headers["retry-after-ms"] = "1"
+        headers.update(item.headers)
+        return Answer(item.status, item.body, headers)
+
+    # -- what each fake API says
+
     def check_request(self, path: str, headers: dict[str, str], parsed: object) -> Answer | None:
         """The error answer for an invalid request (route, auth, body), or None when it is valid."""
         raise NotImplementedError
 
-    def scripted(self, request: dict[str, Any]) -> Answer:
-        """The answer the next scripted item gives to a valid ``request``."""
+    def complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+        """A scripted response with its missing fields filled in for ``request``."""
+        raise NotImplementedError
+
+    def stream_of(self, body: dict[str, Any], request: Mapping[str, Any]) -> list[bytes]:
+        """``body`` as the encoded events of a stream answering ``request``."""
+        raise NotImplementedError
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        """The API's body for a server error (HTTP 500) with ``message``."""
         raise NotImplementedError
 
     def not_found(self, path: str) -> Answer:
