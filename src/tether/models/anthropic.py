@@ -9,14 +9,11 @@ connection) is not retried by the SDK and reaches tether as the same kind of err
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import dataclasses
 import os
-import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anthropic
 import httpx2
@@ -24,63 +21,28 @@ import httpx2
 from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.errors import ModelError
 from tether.models import ModelRequest, ModelResponse, TextListener
+from tether.models.sdk import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT,
+    DEFAULT_TIMEOUT,
+    CappedRetries,
+    RetryWaitListener,
+    SdkAdapter,
+    collecting_waits,
+    transient,
+)
 from tether.redact import scrub
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
-DEFAULT_MAX_RETRIES = 4
-DEFAULT_TIMEOUT = 600.0
-DEFAULT_MAX_RETRY_WAIT = 60.0
-"""Cap on one SDK retry wait: the SDK honours any Retry-After the API sends, without bound."""
-
-RetryWaitListener = Callable[[float, int], None]
-"""Told how long the SDK is about to wait before a retry, and which retry (1 = the first),
-for a live view."""
-_call_waits: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("tether_call_waits", default=None)
-"""The waits of the call under way in this thread or task (see :func:`_collecting_waits`)."""
 
 
-@contextmanager
-def _collecting_waits() -> Iterator[list[float]]:
-    waits: list[float] = []
-    token = _call_waits.set(waits)
-    try:
-        yield waits
-    finally:
-        _call_waits.reset(token)
-
-
-class _CappedRetries:
-    """Mixin for the SDK clients: the SDK's own retries, with each wait capped and reported.
-
-    It overrides the SDK's retry-delay hook, the one place the wait is computed; the
-    retrying itself (which statuses, Retry-After parsing, backoff) stays the SDK's.
-    """
-
-    max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT
-    on_retry_wait: RetryWaitListener | None = None
-
-    def _calculate_retry_timeout(self, remaining_retries: int, options: Any, *args: Any, **kwargs: Any) -> float:
-        computed = super()._calculate_retry_timeout(remaining_retries, options, *args, **kwargs)  # type: ignore[misc]
-        wait = min(float(computed), self.max_retry_wait)
-        retry = options.get_max_retries(self.max_retries) - remaining_retries + 1  # type: ignore[attr-defined]
-        waits = _call_waits.get()
-        if waits is not None:
-            waits.append(round(wait, 3))
-        if self.on_retry_wait is not None:
-            self.on_retry_wait(wait, retry)
-        return wait
-
-
-class _Client(_CappedRetries, anthropic.Anthropic):
+class _Client(CappedRetries, anthropic.Anthropic):
     pass
 
 
-class _AsyncClient(_CappedRetries, anthropic.AsyncAnthropic):
+class _AsyncClient(CappedRetries, anthropic.AsyncAnthropic):
     pass
-
-
-_ClientT = TypeVar("_ClientT", bound=_CappedRetries)
 
 
 def default_model_name() -> str:
@@ -88,7 +50,7 @@ def default_model_name() -> str:
     return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
 
 
-class AnthropicModel:
+class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
     """One Messages API call per :meth:`complete`, with prompt caching on by default.
 
     Credentials and endpoint come from ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``
@@ -108,20 +70,25 @@ class AnthropicModel:
         on_retry_wait: RetryWaitListener | None = None,
         stream_fallback: bool = True,
     ) -> None:
+        super().__init__(
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=max_retries,
+            timeout=timeout,
+            max_retry_wait=max_retry_wait,
+            on_retry_wait=on_retry_wait,
+            stream_fallback=stream_fallback,
+        )
         self.name = model or default_model_name()
-        self.stream_fallback = stream_fallback
-        """A stream that breaks after it started is asked again once, unstreamed (see :meth:`stream`)."""
         self.prompt_caching = prompt_caching
-        self.max_retry_wait = max_retry_wait
-        self.on_retry_wait = on_retry_wait
-        self._options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
-        if api_key is not None:
-            self._options["api_key"] = api_key
-        if base_url is not None:
-            self._options["base_url"] = base_url
-        self._client: anthropic.Anthropic | None = None
-        self._async_client: anthropic.AsyncAnthropic | None = None
-        self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    def new_client(self, options: dict[str, Any]) -> _Client:
+        """The sync ``anthropic`` client."""
+        return _Client(**options)
+
+    def new_async_client(self, options: dict[str, Any]) -> _AsyncClient:
+        """The async ``anthropic`` client."""
+        return _AsyncClient(**options)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         messages = request.messages
@@ -168,7 +135,7 @@ class AnthropicModel:
                     relay.see(event)
                 message = relay.finished(events.get_final_message())
         except ModelError as error:
-            if not self._falls_back(relay, error):
+            if not self._falls_back_from(relay, error):
                 raise
             return self.complete(request)
         return _response(message, waits)
@@ -183,43 +150,14 @@ class AnthropicModel:
                         relay.see(event)
                     message = relay.finished(await events.get_final_message())
         except ModelError as error:
-            if not self._falls_back(relay, error):
+            if not self._falls_back_from(relay, error):
                 raise
             return await self.acomplete(request)
         return _response(message, waits)
 
-    def _falls_back(self, relay: _TextRelay, error: ModelError) -> bool:
+    def _falls_back_from(self, relay: _TextRelay, error: ModelError) -> bool:
         """A broken stream is asked again unstreamed; a malformed one is not (it answered, badly)."""
-        return self.stream_fallback and relay.started and error.retryable and not isinstance(error, _MalformedStream)
-
-    def _sync_client(self) -> anthropic.Anthropic:
-        if self._client is None:
-            self._client = self._configure(_Client(**self._options))
-        return self._client
-
-    def _loop_client(self) -> anthropic.AsyncAnthropic:
-        loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
-            self._async_client = self._configure(_AsyncClient(**self._options))
-            self._async_loop = weakref.ref(loop)
-        return self._async_client
-
-    def _configure(self, client: _ClientT) -> _ClientT:
-        client.max_retry_wait = self.max_retry_wait
-        client.on_retry_wait = self.on_retry_wait
-        return client
-
-    def close(self) -> None:
-        """Close the sync client's connections."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    async def aclose(self) -> None:
-        """Close the async client's connections."""
-        if self._async_client is not None:
-            await self._async_client.close()
-            self._async_client = None
+        return self._falls_back(relay.started, error) and not isinstance(error, _MalformedStream)
 
 
 class _MalformedStream(ModelError):
@@ -289,7 +227,7 @@ def _translated_errors() -> Iterator[list[float]]:
 
     Mid-stream, the SDK's HTTP client raises its own errors past the SDK's wrapping: those too.
     """
-    with _collecting_waits() as waits:
+    with collecting_waits() as waits:
         try:
             yield waits
         except anthropic.AnthropicError as error:
@@ -358,7 +296,7 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
         return ModelError(
             f"Anthropic API error {status}: {message}",
             status=status,
-            retryable=_transient(status),
+            retryable=transient(status),
             retry_waits=retry_waits,
         )
     if isinstance(error, anthropic.APIConnectionError):
@@ -389,11 +327,6 @@ def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...
     """An ``error`` event in a stream that had started (HTTP 200): judged as its HTTP twin."""
     kind = error.type or "unknown error"
     status = STREAM_ERROR_STATUS.get(kind)
-    retryable = status is not None and _transient(status)
+    retryable = status is not None and transient(status)
     message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
     return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)
-
-
-def _transient(status: int) -> bool:
-    """Whether an error with this HTTP status may pass if the call is made again later."""
-    return status in (408, 409, 429) or status >= 500
