@@ -19,7 +19,7 @@ from support import (
     mermaid_missing,
     need_tool,
 )
-from tether.testing import FakeMessagesAPI
+from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
 
 
 # PostgreSQL -----------------------------------------------------------------------------
@@ -92,3 +92,18 @@ def api(fake_api_server: FakeMessagesAPI) -> FakeMessagesAPI:
     """The module's FakeMessagesAPI, reset: no queued replies, no recorded requests."""
     fake_api_server.reset()
     return fake_api_server
+
+
+# FakeChatCompletionsAPI -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fake_chat_server() -> Iterator[FakeChatCompletionsAPI]:
+    """One FakeChatCompletionsAPI server per test module."""
+    with FakeChatCompletionsAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def chat_api(fake_chat_server: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
+    """The module's FakeChatCompletionsAPI, reset: no queued replies, no recorded requests."""
+    fake_chat_server.reset()
+    return fake_chat_server

@@ -17,21 +17,14 @@ USER: dict[str, Any] = {"role": "user", "content": "hi"}
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeChatCompletionsAPI]:
-    with FakeChatCompletionsAPI() as fake:
-        yield fake
-
-
 @pytest.fixture
-def api(server: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
-    server.reset()
-    return server
+def api(chat_api: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
+    return chat_api
 
 
 @pytest.fixture(scope="module")
-def client(server: FakeChatCompletionsAPI) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url, api_key="k", max_retries=0) as c:
+def client(fake_chat_server: FakeChatCompletionsAPI) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fake_chat_server.url, api_key="k", max_retries=0) as c:
         yield c
 
 
@@ -151,20 +144,22 @@ def test_fail_answers_with_the_apis_error_shape(api: FakeChatCompletionsAPI, cli
     }
 
 
-def test_429_is_retried_by_the_client(api: FakeChatCompletionsAPI, server: FakeChatCompletionsAPI) -> None:
+def test_429_is_retried_by_the_client(api: FakeChatCompletionsAPI, fake_chat_server: FakeChatCompletionsAPI) -> None:
     api.fail(429, "Rate limit reached")
     api.reply_text("made it")
 
-    with openai.OpenAI(base_url=server.url, api_key="k", max_retries=1) as retrying:
+    with openai.OpenAI(base_url=fake_chat_server.url, api_key="k", max_retries=1) as retrying:
         completion = retrying.chat.completions.create(model=MODEL, messages=[USER])
 
     assert completion.choices[0].message.content == "made it"
     assert len(api.requests) == 2
 
 
-def test_no_key_is_a_401(api: FakeChatCompletionsAPI, server: FakeChatCompletionsAPI) -> None:
+def test_no_key_is_a_401(api: FakeChatCompletionsAPI, fake_chat_server: FakeChatCompletionsAPI) -> None:
     with (
-        openai.OpenAI(base_url=server.url, api_key="k", max_retries=0, default_headers={"Authorization": ""}) as c,
+        openai.OpenAI(
+            base_url=fake_chat_server.url, api_key="k", max_retries=0, default_headers={"Authorization": ""}
+        ) as c,
         pytest.raises(openai.AuthenticationError),
     ):
         c.chat.completions.create(model=MODEL, messages=[USER])

@@ -19,16 +19,9 @@ PROMPT: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "
 TOOLS = [{"name": "lookup", "description": "Look up.", "input_schema": {"type": "object", "properties": {}}}]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeChatCompletionsAPI]:
-    with FakeChatCompletionsAPI() as fake:
-        yield fake
-
-
 @pytest.fixture
-def api(server: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
-    server.reset()
-    return server
+def api(chat_api: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
+    return chat_api
 
 
 @pytest.fixture

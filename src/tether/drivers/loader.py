@@ -18,13 +18,12 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
-from tether.models import ModelAdapter
+from tether.models import ModelAdapter, providers
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
 from tether.tools import Tool, tools_by_name
 
-SCRIPTED_PREFIX = "scripted:"
 ENV_PREFIX = "TETHER_"
 """Only these environment settings are stored with a run: never credentials."""
 PRIVATE_PREFIX = "_tether_tools_"
@@ -96,30 +95,22 @@ def import_tools_module(name: str, base: Path) -> ModuleType:
 
 
 def load_model(spec: str) -> ModelAdapter:
-    """``scripted:PATH`` replays a JSON file offline; anything else names a Claude model."""
+    """The offline demo model, or the adapter a model name stands for (see :mod:`tether.models.providers`)."""
     if spec == DEMO_MODEL:
         from tether.examples.demo import DemoScript
         from tether.models.scripted import ScriptedModel
 
         return ScriptedModel(DemoScript(), name=DEMO_MODEL)
-    if spec.startswith(SCRIPTED_PREFIX):
-        from tether.models.scripted import ScriptedModel
-
-        return ScriptedModel.from_file(spec[len(SCRIPTED_PREFIX) :])
-    from tether.models.anthropic import AnthropicModel
-
-    return AnthropicModel(spec)
+    return providers.model_for(spec)
 
 
 def normalise_model_spec(spec: str | None) -> str:
-    """Resolve the default model and make a scripted path absolute (resume may run elsewhere)."""
+    """Resolve the default model, check the provider, and make a scripted path absolute (resume may run elsewhere)."""
     if not spec:
         from tether.models.anthropic import default_model_name
 
-        return default_model_name()
-    if spec.startswith(SCRIPTED_PREFIX):
-        return SCRIPTED_PREFIX + str(Path(spec[len(SCRIPTED_PREFIX) :]).resolve())
-    return spec
+        spec = default_model_name()
+    return spec if spec == DEMO_MODEL else providers.normalise(spec)
 
 
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:

@@ -50,6 +50,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.models import ModelAdapter
+from tether.models.sdk import SdkAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
@@ -245,11 +246,8 @@ class _Session:
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
             listeners += [self.live, ProgressPrinter(self.out)]
-            if "tether.models.anthropic" in sys.modules:  # only then can the model be Claude's
-                from tether.models.anthropic import AnthropicModel
-
-                if isinstance(agent.model, AnthropicModel):  # surface the SDK's retry waits
-                    agent.model.on_retry_wait = self._show_retry_wait
+            if isinstance(agent.model, SdkAdapter):  # Claude's or OpenAI's: surface the SDK's retry waits
+                agent.model.on_retry_wait = self._show_retry_wait
         on_action = self.live.on_action if self.live is not None else None
         on_text = self.live.on_text if self.live is not None and self.live.enabled else None  # stream to a screen only
         return Runner(
@@ -669,7 +667,11 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--tools", action="append", default=[], metavar="MODULE:ATTR", help="a tool or list of tools (repeatable)"
     )
-    run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
+    run.add_argument(
+        "--model",
+        help="anthropic:NAME, openai:NAME or scripted:PATH; a bare name is Claude's (default $TETHER_MODEL). "
+        "Keys and base URLs come from ANTHROPIC_API_KEY/ANTHROPIC_BASE_URL and OPENAI_API_KEY/OPENAI_BASE_URL",
+    )
     run.add_argument("--system", help="system prompt")
     run.add_argument(
         "--max-steps", type=_positive(int), metavar="N", help="cap on model invocations: reaching it fails the run"
