@@ -39,7 +39,7 @@ def env(api: FakeChatCompletionsAPI) -> dict[str, str]:
     return {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": api.url}
 
 
-def test_a_run_on_the_openai_adapter_parks_resumes_and_stores_no_credential(
+def test_a_run_on_the_openai_adapter_keeps_its_model_and_settings_through_a_resume_and_stores_no_key(
     chat_api: FakeChatCompletionsAPI, tmp_path: Path
 ) -> None:
     (tmp_path / "mytools.py").write_text(TOOLS, encoding="utf-8")
@@ -53,6 +53,14 @@ def test_a_run_on_the_openai_adapter_parks_resumes_and_stores_no_credential(
         "Deploy it",
         "--model",
         "openai:gpt-6-sol",
+        "--temperature",
+        "0.2",
+        "--stop",
+        "END",
+        "--tool-choice",
+        "auto",
+        "--max-tokens-per-call",
+        "500",
         "--tools",
         "mytools:TOOLS",
         "--json",
@@ -68,6 +76,13 @@ def test_a_run_on_the_openai_adapter_parks_resumes_and_stores_no_credential(
     assert resumed.returncode == 0, resumed
     assert resumed.data["output"] == "Deployed to staging."
     assert [body["model"] for body in chat_api.requests] == ["gpt-6-sol", "gpt-6-sol"]
+    for body in chat_api.requests:  # the resumed process asked exactly as the run started
+        assert (body["temperature"], body["stop"], body["tool_choice"], body["max_completion_tokens"]) == (
+            0.2,
+            ["END"],
+            "auto",
+            500,
+        )
     assert chat_api.requests[1]["messages"][-1] == {
         "role": "tool",
         "tool_call_id": call_id,
@@ -80,9 +95,20 @@ def test_a_run_on_the_openai_adapter_parks_resumes_and_stores_no_credential(
     assert b"openai:gpt-6-sol" in stored
 
 
-def test_an_unknown_provider_exits_2_naming_the_known_ones(tmp_path: Path) -> None:
-    result = Cli(tmp_path)("run", "Hi", "--model", "groq:llama-3.3-70b", "--db", f"sqlite:///{tmp_path / 'runs.db'}")
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (
+            ["--model", "groq:llama-3.3-70b"],
+            "unknown provider 'groq'; known providers are anthropic:, openai:, scripted:",
+        ),
+        (["--model", "openai:gpt-6-sol", "--temperature", "7"], "temperature must be from 0 to 2"),
+        (["--model", "claude-sonnet-5-5", "--temperature", "0.5"], "takes no sampling parameters"),
+        (["--model", "openai:gpt-6-sol", "--thinking-budget", "2048"], "thinking_budget is Claude's extended thinking"),
+    ],
+)
+def test_a_bad_model_or_setting_exits_2_saying_why(tmp_path: Path, flags: list[str], problem: str) -> None:
+    result = Cli(tmp_path)("run", "Hi", *flags, "--db", f"sqlite:///{tmp_path / 'runs.db'}")
 
     assert result.returncode == 2, result
-    assert "unknown provider 'groq'" in result.err
-    assert "anthropic:, openai:, scripted:" in result.err
+    assert problem in result.err

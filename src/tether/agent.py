@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from tether.errors import ConfigError
-from tether.models import ModelAdapter
+from tether.models import ModelAdapter, ModelSettings
 from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
@@ -37,6 +37,9 @@ class Agent:
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
     name: str | None = None
     """Who this agent is; approval callables see it as ``ApprovalContext.agent``."""
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    """How each model call is made (temperature, stop sequences, tool choice, thinking...); a run
+    stores them in its spec."""
     on_interrupted: OnInterrupted = "ask"
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
@@ -45,6 +48,16 @@ class Agent:
     def __post_init__(self) -> None:
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
+        self.settings.check_tools(self.tool_index)
+        budget_tokens = self.settings.thinking_budget
+        if budget_tokens is not None and self.max_tokens <= budget_tokens:
+            raise ConfigError(
+                f"max_tokens ({self.max_tokens}) must be above thinking_budget ({budget_tokens}): "
+                "raise max_tokens in the model settings or the limits"
+            )
+        check_settings = getattr(self.model, "check_settings", None)
+        if callable(check_settings):  # an adapter refuses what its API does not have, before any run
+            check_settings(self.settings)
         budget = self.limits.budget
         if budget is not None and budget.counts_cost and price_for(self.model_name, self.prices) is None:
             # A cost budget that cannot count would never stop anything: refuse it up front.
@@ -53,6 +66,11 @@ class Agent:
                 "tether.policy.pricing.PRICES: pass Agent(prices={...}) (tether run: --price INPUT,OUTPUT) "
                 "or drop the cost limit"
             )
+
+    @property
+    def max_tokens(self) -> int:
+        """``max_tokens`` of each model call: the settings', else the limits'."""
+        return self.settings.max_tokens or self.limits.max_tokens
 
     @cached_property
     def tool_index(self) -> dict[str, Tool]:

@@ -165,11 +165,12 @@ def next_action(
     request = ModelRequest(
         model=agent.model_name,
         messages=list(state.messages),
-        max_tokens=state.max_tokens or agent.limits.max_tokens,
+        max_tokens=state.max_tokens or agent.max_tokens,
         system=agent.system,
         tools=agent.tool_definitions,
         invocation=state.steps,
-        tool_choice={"type": "none"} if state.final_answer_requested else None,
+        tool_choice={"type": "none"} if state.final_answer_requested else agent.settings.tool_choice_param(),
+        settings=agent.settings,
     )
     return CallModel(request)
 
@@ -415,7 +416,7 @@ def _response_step(
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
-        current = state.max_tokens or agent.limits.max_tokens
+        current = state.max_tokens or agent.max_tokens
         ceiling = agent.limits.max_tokens_ceiling
         if current >= ceiling:
             return Step(

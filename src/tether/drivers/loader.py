@@ -18,7 +18,7 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
-from tether.models import ModelAdapter, providers
+from tether.models import ModelAdapter, ModelSettings, providers
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
@@ -140,6 +140,7 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
         limits=limits_from_spec(spec),
         prices={name: Price.from_dict(price) for name, price in prices.items()},
         model_name=model_spec,
+        settings=settings_from_spec(spec),
         spec={
             "tools": list(spec.get("tools", [])),
             "system": spec.get("system"),
@@ -152,19 +153,34 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     )
 
 
-CONTINUED = ("tools", "cwd", "env", "model", "system", "policy", "max_steps", "max_tool_calls", "budget", "prices")
+CONTINUED = (
+    "tools",
+    "cwd",
+    "env",
+    "model",
+    "model_settings",
+    "system",
+    "policy",
+    "max_steps",
+    "max_tool_calls",
+    "budget",
+    "prices",
+)
 """What a run continuing another keeps from the earlier run's spec, unless set anew."""
+MERGED = ("budget", "model_settings")
+"""What a continuing run's flags change setting by setting, keeping the earlier run's others."""
 
 
 def continued_spec(earlier: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """The spec of a run that continues ``earlier``: what ``given`` sets, the rest as ``earlier`` had it.
 
     Tools go with the directory they are loaded from (``given`` tools bring their own
-    ``cwd``). A budget merges limit by limit: setting one keeps the others.
+    ``cwd``). A budget merges limit by limit, model settings setting by setting: setting one
+    keeps the others.
     """
     spec = {key: earlier[key] for key in CONTINUED if earlier.get(key) is not None}
     for key, value in given.items():
-        spec[key] = {**(spec.get(key) or {}), **value} if key == "budget" else value
+        spec[key] = {**(spec.get(key) or {}), **value} if key in MERGED else value
     return spec
 
 
@@ -179,6 +195,11 @@ def policy_change(run_id: str, spec: dict[str, Any], agent: Agent) -> str | None
     if recorded is None or policy is None or policy.digest == recorded:
         return None
     return f"policy file {spec.get('policy')} changed since run {run_id} started: its current rules apply"
+
+
+def settings_from_spec(spec: dict[str, Any]) -> ModelSettings:
+    """The model settings a run was started with (none stored: the APIs' defaults)."""
+    return ModelSettings.from_dict(spec.get("model_settings"))
 
 
 def limits_from_spec(spec: dict[str, Any]) -> Limits:

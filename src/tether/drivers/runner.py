@@ -275,6 +275,7 @@ class _RunnerBase:
         spec = {
             **self.agent.spec,
             "model": self.agent.model_name,
+            "model_settings": self.agent.settings.to_dict() or None,
             "max_steps": self.agent.limits.max_steps,
             "max_tool_calls": self.agent.limits.max_tool_calls,
             "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,

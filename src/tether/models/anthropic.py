@@ -19,8 +19,8 @@ import anthropic
 import httpx2
 
 from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
-from tether.errors import ModelError
-from tether.models import ModelRequest, ModelResponse, TextListener
+from tether.errors import ConfigError, ModelError
+from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
 from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
@@ -82,6 +82,20 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
         self.name = model or default_model_name()
         self.prompt_caching = prompt_caching
 
+    def check_settings(self, settings: ModelSettings) -> None:
+        """Refuse settings the Messages API has no place for (an :class:`~tether.agent.Agent` calls this when made).
+
+        Raises:
+            ConfigError: temperature or top_p: anthropic-version 2026-10-21, the one the SDK
+                sends, refuses sampling parameters.
+        """
+        given = [name for name in ("temperature", "top_p") if getattr(settings, name) is not None]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)}: Claude's Messages API (anthropic-version 2026-10-21) takes no sampling "
+                "parameters; leave them unset for Claude models"
+            )
+
     def new_client(self, options: dict[str, Any]) -> _Client:
         """The sync ``anthropic`` client."""
         return _Client(**options)
@@ -91,6 +105,7 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
         return _AsyncClient(**options)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
+        self.check_settings(request.settings)  # an agent checked them; a hand-made request may not have been
         messages = request.messages
         if self.prompt_caching:
             budget = MAX_CACHE_BREAKPOINTS - sum("cache_control" in tool for tool in request.tools)
@@ -106,18 +121,20 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
             params["tools"] = request.tools
             if request.tool_choice is not None:
                 params["tool_choice"] = request.tool_choice
-        return params
+        return {**params, **_settings_params(request.settings)}
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            message = self._sync_client().messages.create(**self._params(request))
+            message = self._sync_client().messages.create(**params)
         return _response(message, waits)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            message = await self._loop_client().messages.create(**self._params(request))
+            message = await self._loop_client().messages.create(**params)
         return _response(message, waits)
 
     def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
@@ -128,9 +145,9 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
         once without streaming, which the SDK retries with its backoff, unless
         ``stream_fallback=False``: still one model invocation, since the broken one answered nothing.
         """
-        relay = _TextRelay(on_text)
+        relay, params = _TextRelay(on_text), self._params(request)
         try:
-            with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
+            with _translated_errors() as waits, self._sync_client().messages.stream(**params) as events:
                 for event in _folded(events):
                     relay.see(event)
                 message = relay.finished(events.get_final_message())
@@ -142,10 +159,10 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
 
     async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Async twin of :meth:`stream`."""
-        relay = _TextRelay(on_text)
+        relay, params = _TextRelay(on_text), self._params(request)
         try:
             with _translated_errors() as waits:
-                async with self._loop_client().messages.stream(**self._params(request)) as events:
+                async with self._loop_client().messages.stream(**params) as events:
                     async for event in _afolded(events):
                         relay.see(event)
                     message = relay.finished(await events.get_final_message())
@@ -158,6 +175,16 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
     def _falls_back_from(self, relay: _TextRelay, error: ModelError) -> bool:
         """A broken stream is asked again unstreamed; a malformed one is not (it answered, badly)."""
         return self._falls_back(relay.started, error) and not isinstance(error, _MalformedStream)
+
+
+def _settings_params(settings: ModelSettings) -> dict[str, Any]:
+    """The Messages API fields the settings set (tool_choice and max_tokens are the request's)."""
+    params: dict[str, Any] = {}
+    if settings.stop_sequences:
+        params["stop_sequences"] = list(settings.stop_sequences)
+    if settings.thinking_budget is not None:
+        params["thinking"] = {"type": "enabled", "budget_tokens": settings.thinking_budget}
+    return params
 
 
 class _MalformedStream(ModelError):

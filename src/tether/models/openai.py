@@ -21,8 +21,8 @@ from typing import Any, Literal
 import httpx2
 import openai
 
-from tether.errors import ModelError
-from tether.models import ModelRequest, ModelResponse, TextListener
+from tether.errors import ConfigError, ModelError
+from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
 from tether.models.chat_format import ChunkFolder, chat_messages, chat_response, chat_tool_choice, chat_tools
 from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,
@@ -40,6 +40,7 @@ SOURCE = "the OpenAI-compatible API"
 """Who sent a response, in messages about it."""
 CONTEXT_ERROR_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 """Error codes saying the conversation no longer fits the model's context."""
+MAX_STOP_SEQUENCES = 4
 MaxTokensField = Literal["max_completion_tokens", "max_tokens"]
 
 
@@ -102,18 +103,42 @@ class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
         if request.tools:
             params["tools"] = chat_tools(request.tools)
             params.update(chat_tool_choice(request.tool_choice))
+        settings = request.settings
+        self.check_settings(settings)  # an agent checked them; a hand-made request may not have been
+        if settings.temperature is not None:
+            params["temperature"] = settings.temperature
+        if settings.top_p is not None:
+            params["top_p"] = settings.top_p
+        if settings.stop_sequences:
+            params["stop"] = list(settings.stop_sequences)
         return params
+
+    def check_settings(self, settings: ModelSettings) -> None:
+        """Refuse settings this API has no place for (an :class:`~tether.agent.Agent` calls this when made).
+
+        Raises:
+            ConfigError: ``thinking_budget`` (Claude's extended thinking), or more than 4 stop sequences.
+        """
+        if settings.thinking_budget is not None:
+            raise ConfigError(
+                f"thinking_budget is Claude's extended thinking; {self.name!r} on a Chat Completions API has "
+                "no thinking budget (leave it unset)"
+            )
+        if len(settings.stop_sequences) > MAX_STOP_SEQUENCES:
+            raise ConfigError(f"a Chat Completions API takes at most {MAX_STOP_SEQUENCES} stop sequences")
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            completion = self._sync_client().chat.completions.create(**self._params(request))
+            completion = self._sync_client().chat.completions.create(**params)
         return _response(completion.model_dump(mode="json", warnings=False), waits)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            completion = await self._loop_client().chat.completions.create(**self._params(request))
+            completion = await self._loop_client().chat.completions.create(**params)
         return _response(completion.model_dump(mode="json", warnings=False), waits)
 
     def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
@@ -122,10 +147,10 @@ class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
         The SDK retries a stream only until it starts; one that breaks after that on a
         transient error is made again once unstreamed (unless ``stream_fallback=False``).
         """
-        folder = ChunkFolder()
+        folder, params = ChunkFolder(), self._streamed(request)
         try:
             with _translated_errors() as waits:
-                chunks = self._sync_client().chat.completions.create(**self._streamed(request))
+                chunks = self._sync_client().chat.completions.create(**params)
                 for chunk in _dumped(chunks):
                     _tell(on_text, folder.fold(chunk))
                 completion = _whole(folder)
@@ -137,10 +162,10 @@ class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
 
     async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Async twin of :meth:`stream`."""
-        folder = ChunkFolder()
+        folder, params = ChunkFolder(), self._streamed(request)
         try:
             with _translated_errors() as waits:
-                chunks = await self._loop_client().chat.completions.create(**self._streamed(request))
+                chunks = await self._loop_client().chat.completions.create(**params)
                 async for chunk in _adumped(chunks):
                     _tell(on_text, folder.fold(chunk))
                 completion = _whole(folder)

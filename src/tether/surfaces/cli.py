@@ -375,8 +375,22 @@ def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
         "max_steps": args.max_steps,
         "policy": str(Path(args.policy).resolve()) if args.policy else None,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
+        "model_settings": _model_settings_flags(args) or None,
     }
     return {k: v for k, v in flags.items() if v is not None}
+
+
+def _model_settings_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The model settings the flags set, in their stored form (checked when the agent is made)."""
+    given = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_tokens": args.max_tokens_per_call,
+        "stop_sequences": list(args.stop) or None,
+        "tool_choice": args.tool_choice,
+        "thinking_budget": args.thinking_budget,
+    }
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
@@ -698,6 +712,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="USD per million tokens, for --max-cost with a model tether has no price for (default MODEL: the "
         "run's; cache prices default to 1.25x and 0.1x INPUT; repeatable)",
     )
+    _add_model_settings(run)
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
         "--continue",
@@ -708,6 +723,30 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(run)
+
+
+def _add_model_settings(run: argparse.ArgumentParser) -> None:
+    """``tether run``'s model settings: stored with the run, so resuming asks the model the same way."""
+    settings = run.add_argument_group(
+        "model settings", "how every model call of the run is made (kept by resume and --continue)"
+    )
+    settings.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0-2; Claude: 0-1)")
+    settings.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (0-1)")
+    settings.add_argument(
+        "--max-tokens-per-call", type=_positive(int), metavar="N", help="the length of each answer, in tokens"
+    )
+    settings.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="a text that ends the answer (repeatable)"
+    )
+    settings.add_argument(
+        "--tool-choice", metavar="auto|any|none|TOOL", help="whether the model must (any, TOOL) or may not call tools"
+    )
+    settings.add_argument(
+        "--thinking-budget",
+        type=_positive(int),
+        metavar="N",
+        help="Claude's extended thinking: tokens it may think in (>= 1024, below the answer's length)",
+    )
 
 
 def _add_gc(gc: argparse.ArgumentParser) -> None:

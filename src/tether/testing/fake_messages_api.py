@@ -73,8 +73,8 @@ _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAX_CACHE_BREAKPOINTS = 4
 _MIN_THINKING_BUDGET = 1024
 
-# Top-level request fields the client may send (the GA and beta `MessageCreateParams`,
-# plus sampling knobs older API versions accepted). Anything else is a typo that the
+# Top-level request fields the client may send (the GA and beta `MessageCreateParams` of
+# anthropic-version 2026-10-21, the one the SDK sends). Anything else is a typo that the
 # real API rejects with "Extra inputs are not permitted".
 _KNOWN_FIELDS = frozenset(
     {
@@ -99,17 +99,17 @@ _KNOWN_FIELDS = frozenset(
         "stop_sequences",
         "stream",
         "system",
-        "temperature",
         "thinking",
         "thread",
         "tool_choice",
         "tools",
-        "top_k",
-        "top_p",
         "user_profile_id",
         "workspace_id",
     }
 )
+
+_REMOVED_SAMPLING = ("temperature", "top_p", "top_k")
+"""Taken by anthropic-version 2023-06-01, refused by 2026-10-21 (even at their defaults)."""
 
 # Blocks that only the model produces, so they may appear only in assistant turns.
 _ASSISTANT_ONLY = frozenset(
@@ -259,13 +259,14 @@ class _Validator:
             _reject("tool_choice.disable_parallel_tool_use: Input should be a valid boolean")
         return cast(str, kind)
 
-    def thinking(self, value: object, max_tokens: int, tool_choice: str | None) -> None:
+    def thinking(self, value: object, max_tokens: int, tool_choice: str | None) -> bool:
+        """Check the thinking config (and what it rules out); whether thinking is on."""
         config = _as_dict(value, "thinking")
         kind = config.get("type")
         if kind not in ("enabled", "disabled", "adaptive"):
             _reject("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'")
         if kind == "disabled":
-            return
+            return False
         if kind == "enabled":
             budget = config.get("budget_tokens")
             if not isinstance(budget, int) or isinstance(budget, bool):
@@ -278,6 +279,27 @@ class _Validator:
                 _reject("`max_tokens` must be greater than `thinking.budget_tokens`.")
         if tool_choice in ("any", "tool"):
             _reject("Thinking may not be enabled when tool_choice forces tool use.")
+        return True
+
+    def thinking_first(self, messages: list[Any]) -> None:
+        """With thinking on, the assistant turn whose tool calls the last user turn answers starts with thinking.
+
+        It is the turn the model is still in: the API needs its reasoning back, verbatim.
+        """
+        if len(messages) < 2 or messages[-1].get("role") != "user" or messages[-2].get("role") != "assistant":
+            return
+        content = messages[-2].get("content")
+        blocks = content if isinstance(content, list) else []
+        if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks):
+            return
+        first = blocks[0].get("type") if blocks and isinstance(blocks[0], dict) else None
+        if first not in ("thinking", "redacted_thinking"):
+            _reject(
+                f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                f"`{first}`. When `thinking` is enabled, a final `assistant` message must start with a thinking block "
+                "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
+                "thinking blocks from previous turns. To avoid this requirement, disable `thinking`."
+            )
 
     def block(self, value: object, path: str, role: str) -> dict[str, Any]:
         block = _as_dict(value, path)
@@ -469,6 +491,9 @@ def _validate(value: object) -> None:
     for key in ("model", "max_tokens", "messages"):
         if key not in body:
             _reject(f"{key}: Field required")
+    for name in _REMOVED_SAMPLING:
+        if name in body:
+            _reject(f"{name}: sampling parameters (temperature, top_p, top_k) are not accepted on this API version")
     _check_extra(body, _KNOWN_FIELDS, "")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         _reject("stream: Input should be a valid boolean")
@@ -495,14 +520,10 @@ def _validate(value: object) -> None:
                 _reject(f"stop_sequences.{k}: Input should be a valid string")
     if body.get("metadata") is not None:
         _as_dict(body["metadata"], "metadata")
-    temperature = body.get("temperature")
-    if temperature is not None and (
-        not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 1
-    ):
-        _reject("temperature: Input should be a number between 0 and 1")
-    if body.get("thinking") is not None:
-        v.thinking(body["thinking"], max_tokens, choice)
+    thinking = body.get("thinking") is not None and v.thinking(body["thinking"], max_tokens, choice)
     v.messages(body["messages"])
+    if thinking:
+        v.thinking_first(body["messages"])
     v.cache_control(body, "")  # top-level automatic caching counts as a breakpoint too
     if v.cache_breakpoints > _MAX_CACHE_BREAKPOINTS:
         _reject(
@@ -640,6 +661,8 @@ class FakeMessagesAPI(FakeServer):
         """
         self._message_ids = itertools.count(1)
         self._tool_use_ids = itertools.count(1)
+        self._signed: dict[str, str] = {}
+        """The thinking each signature it served was given with: a thinking block sent back must be unchanged."""
         super().__init__(name="FakeMessagesAPI", fast_retries=fast_retries)
 
     @property
@@ -712,6 +735,7 @@ class FakeMessagesAPI(FakeServer):
         """Restart the message and tool_use ids (see :meth:`FakeServer.reset`)."""
         self._message_ids = itertools.count(1)
         self._tool_use_ids = itertools.count(1)
+        self._signed = {}
 
     # -- serving
 
@@ -731,9 +755,22 @@ class FakeMessagesAPI(FakeServer):
             return Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
         if parsed is None:
             return Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
-        error = validate_messages_request(parsed)
+        error = validate_messages_request(parsed) or self._changed_thinking(parsed)
         if error is not None:
             return Answer(400, _error_body("invalid_request_error", error))
+        return None
+
+    def _changed_thinking(self, body: object) -> str | None:
+        """The API's error for a thinking block this server signed, sent back changed (it must be verbatim)."""
+        for i, message in enumerate(cast(dict[str, Any], body)["messages"]):
+            content = message.get("content")
+            for j, block in enumerate(content if isinstance(content, list) else []):
+                if block.get("type") != "thinking":
+                    continue
+                with self._lock:
+                    signed = self._signed.get(block["signature"])
+                if signed is not None and signed != block["thinking"]:
+                    return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
         return None
 
     def error_body(self, message: str) -> dict[str, Any]:
@@ -756,6 +793,10 @@ class FakeMessagesAPI(FakeServer):
         has_tool_use = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
         response.setdefault("stop_reason", "tool_use" if has_tool_use else "end_turn")
         response.setdefault("stop_sequence", None)
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "thinking" and isinstance(block.get("signature"), str):
+                with self._lock:
+                    self._signed[block["signature"]] = str(block.get("thinking"))
         usage = response.get("usage") or {}
         if isinstance(usage, Mapping):  # anything else is a malformed usage scripted on purpose
             response["usage"] = {**_DEFAULT_USAGE, **usage}
