@@ -113,6 +113,25 @@ def test_a_turn_of_only_calls_has_null_content_and_an_empty_turn_an_empty_string
     assert validate_chat_request({"model": "m", "messages": messages}) is None
 
 
+def test_an_error_result_says_so_in_its_text_since_a_tool_message_has_no_flag() -> None:
+    results = [
+        {"type": "tool_result", "tool_use_id": "a", "content": "disk full", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "b", "content": "Error (retryable): timed out", "is_error": True},
+    ]
+    asked = [{"type": "tool_use", "id": i, "name": "t", "input": {}} for i in "ab"]
+
+    messages = chat_messages(
+        None,
+        [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": asked},
+            {"role": "user", "content": results},
+        ],
+    )
+
+    assert [m["content"] for m in messages[2:]] == ["Error: disk full", "Error (retryable): timed out"]
+
+
 def test_images_become_image_urls() -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     linked = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}

@@ -42,6 +42,8 @@ TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "n
 """Messages API ``tool_choice`` types as Chat Completions ``tool_choice`` values."""
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 """Another provider's reasoning, kept in the history for it but meaningless (and unsendable) here."""
+ERROR_PREFIX = "Error"
+"""How a failed call's result starts (tether's own error results all do), the model's only sign of it here."""
 CONTENT_FILTER = {"type": "content_filter", "explanation": "the provider's content filter stopped the answer"}
 
 
@@ -106,6 +108,8 @@ def _user(blocks: list[Block], where: str) -> list[dict[str, Any]]:
         kind = block.get("type")
         if kind == "tool_result":
             content = _joined_text(_as_blocks(block.get("content")), f"{where}.content.{index}")
+            if block.get("is_error") and not content.startswith(ERROR_PREFIX):
+                content = f"{ERROR_PREFIX}: {content}"  # a tool message has no is_error flag: its text says it
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": content})
         elif kind == "text":
             parts.append({"type": "text", "text": block["text"]})
