@@ -184,6 +184,10 @@ STORED: list[tuple[ev.Fact, dict[str, Any]]] = [
         {"limit": "max_cost_usd", "used": 0.5, "allowed": 0.4, "prompt": "answer now"},
     ),
     (
+        ev.ResultDemanded("call final_result", 1, True),
+        {"prompt": "call final_result", "attempt": 1, "forced": True},
+    ),
+    (
         ev.RunFinished("done", None, "hello", {"a": 1}, False),
         {"status": "done", "error": None, "output": "hello", "result": {"a": 1}, "retryable": False},
     ),

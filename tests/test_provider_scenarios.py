@@ -19,6 +19,7 @@ from tether import Approve, Deny, Limits
 from tether.core import events as ev
 from tether.core.approvals import DecideLater
 from tether.core.history import check_pairing
+from tether.core.results import OUTPUT_TOOL
 from tether.models import Usage
 from tether.stores.memory import MemoryStore
 from tether.tools import Tool
@@ -154,6 +155,28 @@ async def test_final_tool_ends_the_run_with_the_validated_input(
     assert calls == []  # a final tool's input is the result; its function is not run
     assert h.api.pending == 1
     h.api.assert_valid(expected=1)
+
+
+class Invoice(pydantic.BaseModel):
+    """An invoice."""
+
+    invoice_id: str
+    amount: float
+
+
+async def test_a_typed_result_asked_again_with_its_tool_forced_after_prose(h: Harness) -> None:
+    h.api.reply_text("INV-7 is 120 dollars.")
+    h.api.reply_tool_use(OUTPUT_TOOL, {"invoice_id": "INV-7", "amount": 120})
+    runner = h.runner(output_type=Invoice)
+
+    result = await h.run(runner, "How much is INV-7?")
+
+    assert result.status == "done", result.error
+    assert result.result == Invoice(invoice_id="INV-7", amount=120)
+    h.api.assert_valid(expected=2)
+    assert h.api.sent_tools(0) == [OUTPUT_TOOL]
+    assert [h.api.sent_tool_choice(i) for i in range(2)] == [None, OUTPUT_TOOL]
+    assert [m["role"] for m in h.api.sent(1)] == ["user", "assistant", "user"]
 
 
 # Errors the model can read -------------------------------------------------------------------

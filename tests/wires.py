@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether.agent import Agent
 from tether.core.history import check_pairing
@@ -105,6 +107,10 @@ class Wire:
         """Request ``index``'s limit on the answer's length."""
         raise NotImplementedError
 
+    def sent_tool_choice(self, index: int) -> str | None:
+        """Request ``index``'s tool choice as a setting says it: auto, any, none, a tool's name (None: unset)."""
+        raise NotImplementedError
+
     def problem(self, body: dict[str, Any]) -> str | None:
         """Why the API would refuse ``body`` (None: it would take it)."""
         raise NotImplementedError
@@ -159,6 +165,12 @@ class MessagesWire(Wire):
 
     def sent_max_tokens(self, index: int) -> int:
         return int(self.requests[index]["max_tokens"])
+
+    def sent_tool_choice(self, index: int) -> str | None:
+        choice = self.requests[index].get("tool_choice")
+        if choice is None:
+            return None
+        return str(choice["name"] if choice["type"] == "tool" else choice["type"])
 
     def problem(self, body: dict[str, Any]) -> str | None:
         return validate_messages_request(body)
@@ -222,6 +234,12 @@ class ChatWire(Wire):
     def sent_max_tokens(self, index: int) -> int:
         return int(self.requests[index]["max_completion_tokens"])
 
+    def sent_tool_choice(self, index: int) -> str | None:
+        choice = self.requests[index].get("tool_choice")
+        if isinstance(choice, dict):
+            return str(choice["function"]["name"])
+        return {"required": "any"}.get(choice, choice) if choice is not None else None
+
     def problem(self, body: dict[str, Any]) -> str | None:
         return validate_chat_request(body)
 
@@ -252,6 +270,7 @@ class Harness:
         store: Store | None = None,
         settings: ModelSettings | None = None,
         approver: Any = None,
+        output_type: type[pydantic.BaseModel] | None = None,
     ) -> AnyRunner:
         agent = Agent(
             model=model or self.model(),
@@ -260,6 +279,7 @@ class Harness:
             limits=limits or Limits(),
             model_name=MODEL,
             settings=settings or ModelSettings(),
+            output_type=output_type,
         )
         kind = Runner if self.kind == "sync" else AsyncRunner
         return kind(agent, store, approver=approver)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import pydantic
+
+from tether.core import results
 from tether.errors import ConfigError
 from tether.models import ModelAdapter, ModelSettings
 from tether.policy.policies import Limits
@@ -40,6 +43,9 @@ class Agent:
     settings: ModelSettings = field(default_factory=ModelSettings)
     """How each model call is made (temperature, stop sequences, tool choice, thinking...); a run
     stores them in its spec."""
+    output_type: type[pydantic.BaseModel] | None = None
+    """When set, a run's result is a validated instance of this model, given by the model
+    through an added final tool (see :mod:`tether.core.results`)."""
     on_interrupted: OnInterrupted = "ask"
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
@@ -48,6 +54,10 @@ class Agent:
     def __post_init__(self) -> None:
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
+        if self.output_type is not None:
+            if any(item.name == results.OUTPUT_TOOL for item in self.tools):
+                raise ConfigError(f"a tool is already named {results.OUTPUT_TOOL!r}: the output_type tool's name")
+            object.__setattr__(self, "tools", (*self.tools, results.output_tool(self.output_type)))
         self.settings.check_tools(self.tool_index)
         budget_tokens = self.settings.thinking_budget
         if budget_tokens is not None and self.max_tokens <= budget_tokens:

@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 
 from tether.agent import Agent
+from tether.core import results
 from tether.core.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
 from tether.core.cache import hit_record
 from tether.core.events import (
@@ -30,6 +31,7 @@ from tether.core.events import (
     Fact,
     ModelResponded,
     RequestedCall,
+    ResultDemanded,
     ResultsReturned,
     RetryScheduled,
     RunFinished,
@@ -169,10 +171,19 @@ def next_action(
         system=agent.system,
         tools=agent.tool_definitions,
         invocation=state.steps,
-        tool_choice={"type": "none"} if state.final_answer_requested else agent.settings.tool_choice_param(),
+        tool_choice=_tool_choice(state, agent),
         settings=agent.settings,
     )
     return CallModel(request)
+
+
+def _tool_choice(state: RunState, agent: Agent) -> dict[str, Any] | None:
+    """No tools for a budget's last answer; the result tool when a typed result was asked for; else the settings'."""
+    if state.final_answer_requested:
+        return {"type": "none"}
+    if state.demanding_result:
+        return {"type": "tool", "name": results.OUTPUT_TOOL}
+    return agent.settings.tool_choice_param()
 
 
 def _checked_prefix(state: RunState) -> int:
@@ -449,14 +460,30 @@ def _response_step(
             error="stop_reason was tool_use but the response holds no tool_use block",
         )
     if reason in DONE_STOP_REASONS:
-        return Step("answered", [record])
+        return _answered(state, agent, [record])
     if reason == "max_tokens":
-        return Step("answered", [record, Warned("the answer was cut off at max_tokens")])
+        return _answered(state, agent, [record, Warned("the answer was cut off at max_tokens")])
     return Step(
         "fail",
         [replace(record, discarded=True)],
         error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
     )
+
+
+def _answered(state: RunState, agent: Agent, records: list[Fact]) -> Step:
+    """The model ended its turn in prose: done, unless the agent requires a typed result.
+
+    Then the model is asked again for it (bounded), and the run fails once the asking is
+    used up. A budget's last answer (tools off) ends the run as it is, without a result.
+    """
+    output_type = agent.output_type
+    if output_type is None or state.final_answer_requested:
+        return Step("answered", records)
+    if state.result_demands >= results.MAX_RESULT_DEMANDS:
+        return Step("fail", records, error=results.prose_failure(output_type, state.result_demands + 1))
+    forced = agent.settings.thinking_budget is None  # thinking forbids forcing a tool
+    demand = ResultDemanded(results.demand_prompt(output_type), state.result_demands + 1, forced)
+    return Step("reinvoked", [*records, demand])
 
 
 def on_model_error(error: ModelError) -> Step:

@@ -383,6 +383,23 @@ class BudgetExhausted:
 
 
 @_frozen
+class ResultDemanded:
+    """The model answered in prose where a typed result is required: it is asked again for it."""
+
+    kind: ClassVar[Literal["result_demanded"]] = "result_demanded"
+    prompt: str
+    """What the model is told (added to the history as a user turn)."""
+    attempt: int
+    """How many times the result was asked for again, this one included."""
+    forced: bool
+    """The next call forces the result tool (not with extended thinking, which forbids it)."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"prompt": self.prompt, "attempt": self.attempt, "forced": self.forced}
+
+
+@_frozen
 class RunFinished:
     """The run ended (``status`` done, failed or cancelled)."""
 
@@ -466,6 +483,7 @@ Fact: TypeAlias = (
     | Transition
     | Warned
     | BudgetExhausted
+    | ResultDemanded
     | RunFinished
     | CacheHit
     | CacheMiss
@@ -487,6 +505,7 @@ _KINDS: dict[str, type[Fact]] = {
         Transition,
         Warned,
         BudgetExhausted,
+        ResultDemanded,
         RunFinished,
         CacheHit,
         CacheMiss,

@@ -112,6 +112,10 @@ class RunState:
     """Limits already warned about (each is warned once; see :attr:`tether.policy.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
+    result_demands: int = 0
+    """Times a prose answer was asked again for the agent's typed result."""
+    demanding_result: bool = False
+    """The next model call forces the result tool (see :mod:`tether.core.results`)."""
     output: str | None = None
     result: Any = None
     has_final_result: bool = False
@@ -226,6 +230,9 @@ def _fold(state: RunState, fact: Fact) -> None:
         case ev.BudgetExhausted(prompt=prompt):
             append_user_text(state.messages, prompt)
             state.final_answer_requested = True
+        case ev.ResultDemanded(prompt=prompt, attempt=attempt, forced=forced):
+            append_user_text(state.messages, prompt)
+            state.result_demands, state.demanding_result = attempt, forced
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
         case ev.CacheHit() | ev.CacheMiss():
@@ -234,6 +241,7 @@ def _fold(state: RunState, fact: Fact) -> None:
 
 def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
     state.steps += 1
+    state.demanding_result = False
     state.model_seconds += fact.latency
     state.usage = state.usage + fact.usage
     if fact.cost_usd is None:

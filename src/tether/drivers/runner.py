@@ -19,8 +19,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from tether.agent import Agent
 from tether.core import engine
@@ -48,6 +50,7 @@ from tether.core.flow import (
 )
 from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
+from tether.core.results import typed_result
 from tether.core.state import RunState
 from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.errors import RunEnded
@@ -103,7 +106,7 @@ class RunResult:
             "run_id": self.run_id,
             "status": self.status,
             "output": self.output,
-            "result": self.result,
+            "result": self.result.model_dump(mode="json") if isinstance(self.result, BaseModel) else self.result,
             "error": self.error,
             "steps": self.steps,
             "tool_calls": self.tool_calls,
@@ -297,6 +300,14 @@ class _RunnerBase:
         self._notify(state, produced)
         return state
 
+    def result(self, state: RunState) -> RunResult:
+        """Where ``state`` stands, its result an instance of the agent's ``output_type`` when it has one."""
+        result = result_of(state)
+        output_type = self.agent.output_type
+        if output_type is None or result.result is None:
+            return result
+        return replace(result, result=typed_result(output_type, result.result, run_id=state.id))
+
     def _notify(self, state: RunState, produced: list[Event]) -> None:
         for listener in self.listeners:
             for event in produced:
@@ -328,7 +339,7 @@ class _RunnerBase:
         else:
             state = self._complete(decisions.load(run_id, tenant))
         self._complete(decisions.decide(state, call_id, decision, fingerprint))
-        return result_of(state)
+        return self.result(state)
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
         """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
@@ -343,7 +354,7 @@ class _RunnerBase:
         if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
             raise RunEnded(state.id, result_of(state).status, "cancel")
         self._complete(self._flow().commit(state, engine.cancellation(reason)))
-        return result_of(state)
+        return self.result(state)
 
     # Performing a flow's effects ------------------------------------------------------
     def _complete(self, flow: Flowing[T]) -> T:
@@ -425,7 +436,7 @@ class Runner(_RunnerBase):
         was running may run twice.
         """
         with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(self._complete(flow))
+            return self.result(self._complete(flow))
 
     def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
@@ -453,7 +464,7 @@ class AsyncRunner(_RunnerBase):
     ) -> RunResult:
         """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
         with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(await self._acomplete(flow))
+            return self.result(await self._acomplete(flow))
 
     async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
