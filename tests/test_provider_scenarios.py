@@ -18,6 +18,7 @@ from support import closed_port, token_usage
 from tether import Approve, Deny, Limits
 from tether.core import events as ev
 from tether.core.approvals import DecideLater
+from tether.core.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, Summarise
 from tether.core.history import check_pairing
 from tether.core.results import OUTPUT_TOOL
 from tether.models import Usage
@@ -177,6 +178,29 @@ async def test_a_typed_result_asked_again_with_its_tool_forced_after_prose(h: Ha
     assert h.api.sent_tools(0) == [OUTPUT_TOOL]
     assert [h.api.sent_tool_choice(i) for i in range(2)] == [None, OUTPUT_TOOL]
     assert [m["role"] for m in h.api.sent(1)] == ["user", "assistant", "user"]
+
+
+async def test_a_compacted_history_is_sent_and_taken_by_each_api(
+    h: Harness, tools: dict[str, Tool], calls: Calls
+) -> None:
+    for n in range(3):
+        h.api.reply_tool_use("lookup", {"key": str(n)})
+    h.api.reply_text("Keys 0 and 1 were looked up.")  # the summary call
+    h.api.reply_text("All three found.")
+    processors = [DropToolResults(keep_last=1), Summarise(keep_last=1, when_over=2)]
+    runner = h.runner([tools["lookup"]], history_processors=processors)
+
+    result = await h.run(runner, "Look up 0, 1 and 2")
+
+    assert result.status == "done", result.error
+    assert len(calls) == 3
+    h.api.assert_valid(expected=5)
+    assert h.api.sent_tools(3) == []  # the summary call
+    assert [b["content"] for b in h.api.sent(2)[2]["content"]] == [DROPPED_RESULT]  # an old body, dropped
+    summarised = h.api.sent(4)
+    assert summarised[0]["content"][-1]["text"] == f"{SUMMARY_HEADER}\nKeys 0 and 1 were looked up."
+    assert [m["role"] for m in summarised] == ["user", "assistant", "user"]
+    assert runner.load(result.run_id).messages[:-1] == summarised
 
 
 # Errors the model can read -------------------------------------------------------------------

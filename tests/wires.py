@@ -23,6 +23,7 @@ import pydantic
 
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether.agent import Agent
+from tether.core.compaction import HistoryProcessor
 from tether.core.history import check_pairing
 from tether.core.state import RunState
 from tether.models import ModelAdapter, ModelSettings, Usage
@@ -271,6 +272,7 @@ class Harness:
         settings: ModelSettings | None = None,
         approver: Any = None,
         output_type: type[pydantic.BaseModel] | None = None,
+        history_processors: Sequence[HistoryProcessor] = (),
     ) -> AnyRunner:
         agent = Agent(
             model=model or self.model(),
@@ -280,6 +282,7 @@ class Harness:
             model_name=MODEL,
             settings=settings or ModelSettings(),
             output_type=output_type,
+            history_processors=history_processors,
         )
         kind = Runner if self.kind == "sync" else AsyncRunner
         return kind(agent, store, approver=approver)

@@ -10,6 +10,7 @@ from typing import Any
 import pydantic
 
 from tether.core import results
+from tether.core.compaction import HistoryProcessor, check_processors
 from tether.errors import ConfigError
 from tether.models import ModelAdapter, ModelSettings
 from tether.policy.policies import Limits
@@ -46,6 +47,9 @@ class Agent:
     output_type: type[pydantic.BaseModel] | None = None
     """When set, a run's result is a validated instance of this model, given by the model
     through an added final tool (see :mod:`tether.core.results`)."""
+    history_processors: Sequence[HistoryProcessor] = ()
+    """Run before each model call, in order, to keep a long run within the model's context
+    (:class:`~tether.core.compaction.KeepLastTurns`, ``DropToolResults``, ``Summarise``)."""
     on_interrupted: OnInterrupted = "ask"
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
@@ -58,6 +62,8 @@ class Agent:
             if any(item.name == results.OUTPUT_TOOL for item in self.tools):
                 raise ConfigError(f"a tool is already named {results.OUTPUT_TOOL!r}: the output_type tool's name")
             object.__setattr__(self, "tools", (*self.tools, results.output_tool(self.output_type)))
+        object.__setattr__(self, "history_processors", tuple(self.history_processors))
+        check_processors(self.history_processors)
         self.settings.check_tools(self.tool_index)
         budget_tokens = self.settings.thinking_budget
         if budget_tokens is not None and self.max_tokens <= budget_tokens:

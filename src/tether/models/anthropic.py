@@ -319,7 +319,9 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
         message = _api_message(error)
         status = error.status_code
         if status == 400 and "prompt is too long" in message.lower():
-            return ModelError(f"context window exceeded: {message}", status=status, retry_waits=retry_waits)
+            return ModelError(
+                f"context window exceeded: {message}", status=status, retry_waits=retry_waits, context_exceeded=True
+            )
         return ModelError(
             f"Anthropic API error {status}: {message}",
             status=status,

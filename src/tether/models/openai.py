@@ -231,7 +231,9 @@ def translate_error(error: openai.OpenAIError, waits: list[float] | None = None)
         message = _api_message(error)
         status = error.status_code
         if error.code in CONTEXT_ERROR_CODES:
-            return ModelError(f"context window exceeded: {message}", status=status, retry_waits=retry_waits)
+            return ModelError(
+                f"context window exceeded: {message}", status=status, retry_waits=retry_waits, context_exceeded=True
+            )
         return ModelError(
             f"OpenAI API error {status}: {message}", status=status, retryable=transient(status), retry_waits=retry_waits
         )
