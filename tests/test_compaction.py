@@ -23,9 +23,10 @@ from tether.core.compaction import (
     Summarise,
     rounds,
 )
+from tether.core.events import Event
 from tether.core.history import check_pairing
 from tether.errors import ConfigError, ModelError
-from tether.models import ModelRequest, ModelResponse
+from tether.models import ModelRequest, ModelResponse, Usage
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 
@@ -249,3 +250,19 @@ def test_without_processors_an_overflow_fails_as_before() -> None:
 
     assert result.status == "failed"
     assert result.error == "model call failed: context window exceeded: prompt is too long"
+
+
+def test_show_counts_a_summarys_tokens_and_cost_on_its_event() -> None:
+    import io
+
+    from rich.console import Console  # noqa: TID251 - reads what the terminal layer prints
+
+    from tether.surfaces.terminal import render_events
+
+    summary = ev.HistoryCompacted("summarise", [prompt("task")], 4, False, "sum", Usage(50, 9), 0.0012, "m", 0.25)
+    out = io.StringIO()
+
+    render_events(Console(file=out, width=200), [Event(7, 1.0, summary)])
+
+    assert "50/9/0/0" in out.getvalue()
+    assert "0.001200" in out.getvalue()
