@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import anthropic
-import httpx2
 
 from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.errors import ConfigError, ModelError
@@ -28,8 +27,8 @@ from tether.models.sdk import (
     CappedRetries,
     RetryWaitListener,
     SdkAdapter,
-    collecting_waits,
     transient,
+    translating,
 )
 from tether.redact import scrub
 
@@ -252,16 +251,12 @@ class _TextRelay:
 def _translated_errors() -> Iterator[list[float]]:
     """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`.
 
-    Mid-stream, the SDK's HTTP client raises its own errors past the SDK's wrapping: those too.
+    Beyond what :func:`~tether.models.sdk.translating` turns: a streamed tool input the SDK
+    could not parse, and its way of saying no credentials were found.
     """
-    with collecting_waits() as waits:
+    with translating(anthropic.AnthropicError, translate_error, "the Anthropic API") as waits:
         try:
             yield waits
-        except anthropic.AnthropicError as error:
-            raise translate_error(error, waits) from error
-        except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
-            message = f"the connection to the Anthropic API broke mid-stream: {error}"
-            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
         except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
             message = f"the response stream could not be read: {error}"
             raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
-import httpx2
 import openai
 
 from tether.errors import ConfigError, ModelError
@@ -31,8 +30,8 @@ from tether.models.sdk import (
     CappedRetries,
     RetryWaitListener,
     SdkAdapter,
-    collecting_waits,
     transient,
+    translating,
 )
 from tether.redact import scrub
 
@@ -211,17 +210,9 @@ def _response(completion: dict[str, Any], waits: list[float]) -> ModelResponse:
     return dataclasses.replace(response, retry_waits=tuple(waits))
 
 
-@contextmanager
-def _translated_errors() -> Iterator[list[float]]:
+def _translated_errors() -> AbstractContextManager[list[float]]:
     """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`."""
-    with collecting_waits() as waits:
-        try:
-            yield waits
-        except openai.OpenAIError as error:
-            raise translate_error(error, waits) from error
-        except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
-            message = f"the connection to {SOURCE} broke mid-stream: {error}"
-            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
+    return translating(openai.OpenAIError, translate_error, SOURCE)
 
 
 def translate_error(error: openai.OpenAIError, waits: list[float] | None = None) -> ModelError:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
+import httpx2
+
 from tether.errors import ModelError
 
 DEFAULT_MAX_RETRIES = 4
@@ -163,6 +165,25 @@ class SdkAdapter(Generic[SyncT, AsyncT]):
         if self._async_client is not None:
             await self._async_client.close()
             self._async_client = None
+
+
+@contextmanager
+def translating(
+    sdk_error: type[Exception], translate: Callable[[Any, list[float]], ModelError], source: str
+) -> Iterator[list[float]]:
+    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`.
+
+    ``translate`` turns the SDK's own errors (``sdk_error``); a connection that breaks mid-stream
+    raises the HTTP client's errors past the SDK's wrapping: those are transient.
+    """
+    with collecting_waits() as waits:
+        try:
+            yield waits
+        except sdk_error as error:
+            raise translate(error, waits) from error
+        except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
+            message = f"the connection to {source} broke mid-stream: {error}"
+            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
 
 
 def transient(status: int) -> bool:
