@@ -177,7 +177,7 @@ def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 # Environment and text ---------------------------------------------------------------------
-CLEAN_ENV_PREFIXES = ("ANTHROPIC", "TETHER")
+CLEAN_ENV_PREFIXES = ("ANTHROPIC", "OPENAI", "TETHER")
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
 )

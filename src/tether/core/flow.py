@@ -375,10 +375,13 @@ class Flow:
         try:
             response: ModelResponse = yield action
         except ModelError as error:
-            yield from self.commit(state, engine.on_model_error(error))
+            yield from self.commit(state, engine.on_model_failure(state, self.agent, error))
             return
         now = self.clock()
-        step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
+        if action.summary is not None:  # the history processors' summary, not the agent's turn
+            step = engine.on_summary(state, self.agent, action.summary, response, latency=now - started)
+        else:
+            step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
         on_resume = "resuming the run asks the model again (one more call)"
         yield from self._save(state, step, "the model answered", on_resume)
 

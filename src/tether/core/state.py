@@ -112,6 +112,13 @@ class RunState:
     """Limits already warned about (each is warned once; see :attr:`tether.policy.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
+    result_demands: int = 0
+    """Times a prose answer was asked again for the agent's typed result."""
+    demanding_result: bool = False
+    """The next model call forces the result tool (see :mod:`tether.core.results`)."""
+    compaction_forced: bool = False
+    """The conversation overflowed the model's context and no model call answered since: the
+    history processors compact even below their thresholds, and another overflow fails the run."""
     output: str | None = None
     result: Any = None
     has_final_result: bool = False
@@ -226,20 +233,34 @@ def _fold(state: RunState, fact: Fact) -> None:
         case ev.BudgetExhausted(prompt=prompt):
             append_user_text(state.messages, prompt)
             state.final_answer_requested = True
+        case ev.HistoryCompacted():
+            _history_compacted(state, fact)
+        case ev.ContextExceeded():
+            state.compaction_forced = True
+        case ev.ResultDemanded():
+            _result_demanded(state, fact)
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
         case ev.CacheHit() | ev.CacheMiss():
             pass  # the audit's; the result that follows a hit is folded as any other
 
 
-def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
+def _model_call(state: RunState, usage: Usage, cost_usd: float | None, latency: float) -> None:
+    """Count one model call: a step, its usage, cost and latency."""
     state.steps += 1
-    state.model_seconds += fact.latency
-    state.usage = state.usage + fact.usage
-    if fact.cost_usd is None:
+    state.model_seconds += latency
+    state.usage = state.usage + usage
+    if cost_usd is None:
         state.cost_unknown = True
     else:
-        state.cost_usd += fact.cost_usd
+        state.cost_usd += cost_usd
+
+
+def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
+    _model_call(state, fact.usage, fact.cost_usd, fact.latency)
+    state.demanding_result = False
+    if not fact.discarded:
+        state.compaction_forced = False
     if fact.discarded:
         if fact.next_max_tokens is not None:
             state.max_tokens = fact.next_max_tokens
@@ -263,6 +284,17 @@ def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
         state.in_flight = {}
     if fact.stop_reason in ("end_turn", "stop_sequence", "max_tokens"):
         state.output = text_of(state.messages[-1])
+
+
+def _result_demanded(state: RunState, fact: ev.ResultDemanded) -> None:
+    append_user_text(state.messages, fact.prompt)
+    state.result_demands, state.demanding_result = fact.attempt, fact.forced
+
+
+def _history_compacted(state: RunState, fact: ev.HistoryCompacted) -> None:
+    state.messages = [dict(message) for message in fact.messages]
+    if fact.usage is not None:  # a summary: one more model call
+        _model_call(state, fact.usage, fact.cost_usd, fact.latency)
 
 
 def _tool_finished(state: RunState, fact: ev.ToolFinished) -> None:

@@ -19,9 +19,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from tether.agent import Agent
 from tether.core import engine
@@ -51,6 +53,7 @@ from tether.core.flow import (
 )
 from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
+from tether.core.results import typed_result
 from tether.core.state import RunState
 from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.errors import RunEnded
@@ -107,7 +110,7 @@ class RunResult:
             "run_id": self.run_id,
             "status": self.status,
             "output": self.output,
-            "result": self.result,
+            "result": self.result.model_dump(mode="json") if isinstance(self.result, BaseModel) else self.result,
             "error": self.error,
             "steps": self.steps,
             "tool_calls": self.tool_calls,
@@ -279,6 +282,7 @@ class _RunnerBase:
         spec = {
             **self.agent.recorded_spec,
             "model": self.agent.model_name,
+            "model_settings": self.agent.settings.to_dict() or None,
             "max_steps": self.agent.limits.max_steps,
             "max_tool_calls": self.agent.limits.max_tool_calls,
             "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
@@ -299,6 +303,14 @@ class _RunnerBase:
         self.store.create_run(record_of(state), produced)
         self._notify(state, produced)
         return state
+
+    def result(self, state: RunState) -> RunResult:
+        """Where ``state`` stands, its result an instance of the agent's ``output_type`` when it has one."""
+        result = result_of(state)
+        output_type = self.agent.output_type
+        if output_type is None or result.result is None:
+            return result
+        return replace(result, result=typed_result(output_type, result.result, run_id=state.id))
 
     def _notify(self, state: RunState, produced: list[Event]) -> None:
         for listener in self.listeners:
@@ -331,7 +343,7 @@ class _RunnerBase:
         else:
             state = self._complete(decisions.load(run_id, tenant))
         self._complete(decisions.decide(state, call_id, decision, fingerprint))
-        return result_of(state)
+        return self.result(state)
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
         """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
@@ -346,7 +358,7 @@ class _RunnerBase:
         if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
             raise RunEnded(state.id, result_of(state).status, "cancel")
         self._complete(self._flow().commit(state, engine.cancellation(reason)))
-        return result_of(state)
+        return self.result(state)
 
     # Performing a flow's effects ------------------------------------------------------
     def _complete(self, flow: Flowing[T]) -> T:
@@ -434,7 +446,7 @@ class Runner(_RunnerBase):
         was running may run twice.
         """
         with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(self._complete(flow))
+            return self.result(self._complete(flow))
 
     def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
@@ -462,7 +474,7 @@ class AsyncRunner(_RunnerBase):
     ) -> RunResult:
         """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
         with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(await self._acomplete(flow))
+            return self.result(await self._acomplete(flow))
 
     async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
