@@ -8,6 +8,7 @@ the fixtures built on these live in conftest.py.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -376,6 +377,56 @@ def finish_terminal(child: pexpect.spawn) -> tuple[int | None, str]:
     output = screen_text(child.before or "")
     child.close()
     return child.exitstatus, output
+
+
+# Stores ---------------------------------------------------------------------------------
+class Blocking:
+    """An :class:`~tether.stores.AsyncStore` called like a :class:`~tether.stores.Store`, for the contract suite.
+
+    Each call runs to its end on this object's own event loop, so every test written against
+    the sync contract checks the async stores too, unchanged.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.loop = asyncio.new_event_loop()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.loop.run_until_complete(method(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.store.close())
+        finally:
+            self.loop.close()
+
+
+@contextmanager
+def opened_store(kind: str, url: str) -> Iterator[Any]:
+    """A store of ``kind`` on ``url``, sync in its calls, closed afterwards.
+
+    Kinds: ``sync`` (SQLStore), ``async`` (AsyncSQLStore), ``threaded`` (SQLStore made awaitable
+    by as_async_store); the last two through :class:`Blocking`.
+    """
+    from tether.stores.awaitable import as_async_store
+    from tether.stores.sql import AsyncSQLStore, SQLStore
+
+    store: Any
+    if kind == "sync":
+        store = SQLStore(url)
+    elif kind == "async":
+        store = Blocking(AsyncSQLStore(url))
+    else:
+        store = Blocking(as_async_store(SQLStore(url)))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 # PostgreSQL -----------------------------------------------------------------------------

@@ -113,44 +113,33 @@ def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
     assert [e.data["content"] for e in finished] == ["sent to ops"]
 
 
-def _backend_killer(store: SQLStore, url: str, *, after_commit: bool) -> None:
+def _backend_killer(engine: sa.Engine, url: str, *, after_commit: bool) -> None:
     """Drop the store's connection while it writes the ``tool_finished`` event, once.
 
     Before the commit, the write is lost with the connection; ``after_commit``: the server
-    has committed it, but the connection drops before the client hears so.
+    has committed it (the step's write is one statement, committed alone), but the connection
+    drops before the client hears so. ``engine``: a sync engine, or an async one's sync side.
     """
     import psycopg
 
-    armed = {"writing": False, "done": False}
+    armed = {"done": False}
 
-    def kill(dbapi_connection: Any) -> None:
-        pid = dbapi_connection.info.backend_pid
+    def kill(connection: sa.Connection) -> None:
+        pid = connection.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
         with psycopg.connect(libpq_dsn(url), autocommit=True) as killer:
             killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     def before_execute(connection: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if armed["done"] or "INSERT INTO tether_event" not in statement:
             return
-        rows = parameters if isinstance(parameters, list) else [parameters]
-        if not any(row.get("type") == "tool_finished" for row in rows):
+        if not isinstance(parameters, dict) or "tool_finished" not in parameters.get("b_types", []):
             return
         armed["done"] = True
         if after_commit:
-            armed["writing"] = True
-        else:
-            kill(connection.connection.dbapi_connection)
+            cursor.execute(statement, parameters)  # the server has the result...
+        kill(connection)  # ...or not, and the connection drops before the client hears
 
-    def on_commit(connection: sa.Connection) -> None:
-        if armed["writing"]:
-            armed["writing"] = False
-            dbapi_connection = connection.connection.dbapi_connection
-            assert dbapi_connection is not None
-            dbapi_connection.commit()  # the server has the result...
-            kill(dbapi_connection)  # ...and the connection drops before SQLAlchemy's own commit returns
-            dbapi_connection.close()
-
-    sa.event.listen(store.engine, "before_cursor_execute", before_execute)
-    sa.event.listen(store.engine, "commit", on_commit)
+    sa.event.listen(engine, "before_cursor_execute", before_execute)
 
 
 @pytest.mark.postgres
@@ -161,7 +150,7 @@ def test_a_result_written_while_postgres_drops_the_connection_is_saved_once(
     sent: list[str] = []
     store = SQLStore(pg_schema.url)
     try:
-        _backend_killer(store, pg_url, after_commit=after_commit)
+        _backend_killer(store.engine, pg_url, after_commit=after_commit)
         agent = Agent(model=ScriptedModel(SCRIPT), tools=[sending_tool(sent, lambda: None)])
         result = Runner(agent, store).run("go")
         finished = [e for e in store.load_events(result.run_id) if e.type == "tool_finished"]
