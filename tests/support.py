@@ -9,6 +9,7 @@ the fixtures built on these live in conftest.py.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import json
 import os
@@ -404,6 +405,16 @@ class Blocking:
             self.loop.run_until_complete(self.store.close())
         finally:
             self.loop.close()
+
+
+async def settled(outcome: Any) -> Any:
+    """What a runner's or a store's call gave: awaited if awaitable (AsyncRunner, an AsyncStore), else as is."""
+    return await outcome if inspect.isawaitable(outcome) else outcome
+
+
+def done(outcome: Any) -> Any:
+    """:func:`settled` outside an event loop: a coroutine is run to its end on a new one."""
+    return asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
 
 
 @contextmanager

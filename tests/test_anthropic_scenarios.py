@@ -17,7 +17,7 @@ import anthropic  # noqa: TID251 - the scenarios check requests against the SDK'
 import pydantic
 import pytest
 
-from support import closed_port, fake_api_model, token_usage
+from support import closed_port, fake_api_model, settled, token_usage
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether.agent import Agent
 from tether.core import events as ev
@@ -143,8 +143,8 @@ def user_text(text: str) -> Message:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
-def event_types(runner: AnyRunner, run_id: str) -> list[str]:
-    return [event.type for event in runner.store.load_events(run_id)]
+async def event_types(runner: AnyRunner, run_id: str) -> list[str]:
+    return [event.type for event in await settled(runner.store.load_events(run_id))]
 
 
 # Tools ---------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ async def test_text_only_answer(h: Harness) -> None:
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": EPHEMERAL}]}
     ]
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert history[-1]["role"] == "assistant"
     assert [b["text"] for b in history[-1]["content"]] == ["Hello there."]
 
@@ -377,7 +377,7 @@ async def test_max_steps_stops_a_model_that_keeps_calling_tools(
     assert len(calls) == 2
     assert h.api.pending == 1
     assert_valid(h.api, expected=2)
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert history[-1]["role"] == "user"  # the last results are kept, ready to continue
     check_pairing(history, run_id=result.run_id)
 
@@ -419,7 +419,7 @@ async def test_400_fails_the_run_with_history_intact(h: Harness, tools: dict[str
     h.api.reply_tool_use("lookup", {"key": "k"})
     h.api.fail(400, "messages.2.content.0: something the API disliked")
     runner = h.runner([tools["lookup"]])
-    state = runner.create("Look k up")
+    state = await settled(runner.create("Look k up"))
 
     result = await h.drive(runner, state)
 
@@ -430,12 +430,12 @@ async def test_400_fails_the_run_with_history_intact(h: Harness, tools: dict[str
     assert result.error.startswith("model call failed:")
     assert result.steps == 1
     assert_valid(h.api, expected=2)
-    loaded = runner.load(result.run_id)
+    loaded = await settled(runner.load(result.run_id))
     sent = strip_cache(h.api.requests[1]["messages"])
     assert loaded.messages == sent  # unchanged from before the failed call
     assert loaded.messages == state.messages
     assert [m["role"] for m in loaded.messages] == ["user", "assistant", "user"]
-    types = event_types(runner, result.run_id)
+    types = await event_types(runner, result.run_id)
     assert types.count(ev.ModelResponded.kind) == 1
     assert types[-1] == ev.RunFinished.kind
 
@@ -448,7 +448,7 @@ async def test_400_on_the_first_call_leaves_only_the_prompt(h: Harness) -> None:
 
     assert result.status == "failed"
     assert result.error == "model call failed: Anthropic API error 400: max_tokens: too large for this model"
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
     assert result.steps == 0
 
 
@@ -463,7 +463,7 @@ async def test_529_without_retries_fails_clearly(h: Harness) -> None:
         "model call failed: Anthropic API error 529: Overloaded (transient: resume the run to try again)"
     )
     assert_valid(h.api, expected=1)
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
 
 
 async def test_5xx_exhausting_retries_fails_after_all_attempts(h: Harness) -> None:
@@ -508,10 +508,10 @@ async def test_tool_use_cut_off_at_max_tokens_is_not_run_and_asked_again_with_mo
     assert_valid(h.api, expected=3)
     assert [r["max_tokens"] for r in h.api.requests] == [4096, 8192, 8192]
     assert strip_cache(h.api.requests[1]["messages"]) == [user_text("Write a.txt")]  # the cut turn is dropped
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert "toolu_cut" not in repr(history)
     assert history[1]["content"][0]["id"] == call_id
-    assert ev.Warned.kind in event_types(runner, result.run_id)
+    assert ev.Warned.kind in await event_types(runner, result.run_id)
 
 
 async def test_tool_use_cut_off_at_the_ceiling_fails(h: Harness, tools: dict[str, Tool], calls: Calls) -> None:
@@ -574,7 +574,7 @@ async def test_pause_turn_reinvokes_with_the_partial_turn_and_merges_it(h: Harne
     assert [m["role"] for m in second] == ["user", "assistant"]
     assert [b["text"] for b in second[-1]["content"]] == ["Searching the web."]  # the partial turn, last
     assert second[-1]["content"][-1]["cache_control"] == EPHEMERAL
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert [m["role"] for m in history] == ["user", "assistant"]
     assert [b["text"] for b in history[1]["content"]] == ["Searching the web.", "Found it: 42."]
     assert result.output is not None
@@ -647,7 +647,9 @@ async def test_model_context_window_exceeded_stop_reason_fails(h: Harness) -> No
     assert result.status == "failed"
     assert result.error is not None
     assert "context window" in result.error
-    assert runner.load(result.run_id).messages == [user_text("Long")]  # the partial answer is discarded
+    assert (await settled(runner.load(result.run_id))).messages == [
+        user_text("Long")
+    ]  # the partial answer is discarded
     assert_valid(h.api, expected=1)
 
 
@@ -673,9 +675,9 @@ async def test_continue_sends_the_whole_history_and_the_new_prompt(
     runner = h.runner([tools["get_weather"]])
     first = await h.run(runner, "Weather in Oslo?")
     assert first.status == "done", first.error
-    first_history = runner.load(first.run_id).messages
+    first_history = (await settled(runner.load(first.run_id))).messages
 
-    second = runner.create("Should I bring a jacket?", continue_from=first.run_id)
+    second = await settled(runner.create("Should I bring a jacket?", continue_from=first.run_id))
     result = await h.drive(runner, second)
 
     assert result.status == "done", result.error
@@ -686,7 +688,7 @@ async def test_continue_sends_the_whole_history_and_the_new_prompt(
     assert sent == [*first_history, user_text("Should I bring a jacket?")]
     assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
     assert h.api.requests[2]["messages"][-1]["content"][-1]["cache_control"] == EPHEMERAL
-    assert runner.load(first.run_id).messages == first_history  # the parent is untouched
+    assert (await settled(runner.load(first.run_id))).messages == first_history  # the parent is untouched
 
 
 async def test_continue_after_results_merges_the_prompt_after_them(
@@ -714,10 +716,10 @@ async def test_continue_after_a_cancelled_approval_is_valid(h: Harness, tools: d
     runner = h.runner([tools["delete_file"]])
     first = await h.run(runner, "Clean up")
     assert first.status == "awaiting_approval"
-    runner.cancel(first.run_id, "changed my mind")
+    await settled(runner.cancel(first.run_id, "changed my mind"))
     h.api.reply_text("OK, nothing deleted.")
 
-    state = runner.create("Never mind, just list the files", continue_from=first.run_id)
+    state = await settled(runner.create("Never mind, just list the files", continue_from=first.run_id))
     result = await h.drive(runner, state)
 
     assert result.status == "done", result.error
@@ -764,7 +766,7 @@ async def test_every_request_marks_its_newest_block_and_where_the_previous_reque
         previous = [f"messages.{last - 2}.content.{len(body['messages'][last - 2]['content']) - 1}"] if index else []
         assert cache_marks(body) == [*previous, f"messages.{last}.content.{newest}"]
         assert body["messages"][last]["content"][newest]["cache_control"] == EPHEMERAL
-    assert "cache_control" not in repr(runner.load(result.run_id).messages)  # never persisted
+    assert "cache_control" not in repr((await settled(runner.load(result.run_id))).messages)  # never persisted
 
 
 async def test_prompt_caching_off_sends_no_breakpoint(h: Harness, tools: dict[str, Tool]) -> None:
@@ -832,12 +834,12 @@ async def test_missing_api_key_fails_the_run_clearly(h: Harness, monkeypatch: py
     model = AnthropicModel(model=MODEL, base_url=h.api.url, max_retries=0)
     h.models.append(model)
     runner = h.runner(model=model)
-    state = runner.create("Hi")
+    state = await settled(runner.create("Hi"))
 
     try:
         result = await h.drive(runner, state)
     finally:
-        stored = runner.load(state.id).status
+        stored = (await settled(runner.load(state.id))).status
 
     assert result.status == "failed"
     assert stored == "failed"
@@ -855,7 +857,7 @@ async def test_unreachable_api_fails_with_cannot_reach(h: Harness) -> None:
     assert result.error is not None
     assert result.error.startswith("model call failed: cannot reach the Anthropic API")
     assert h.api.requests == []
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
 
 
 # Replayed blocks against the SDK's own request types ---------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import ParamSpec, TypeVar, cast
 
 from tether.core.events import Event
@@ -39,12 +39,7 @@ class AwaitableStore:
     async def _call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if not self._in_thread:
             return method(*args, **kwargs)
-        done = asyncio.ensure_future(asyncio.to_thread(method, *args, **kwargs))
-        try:
-            return await asyncio.shield(done)
-        except asyncio.CancelledError:
-            await asyncio.wait([done])  # the thread cannot be stopped: let the caller go only once it is done
-            raise
+        return await completed(asyncio.to_thread(method, *args, **kwargs))  # a thread cannot be stopped anyway
 
     async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """See :meth:`Store.create_run`."""
@@ -125,6 +120,20 @@ class AwaitableStore:
         return await self._call(self.store.close)
 
 
+async def completed(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the awaiting task is cancelled meanwhile; then re-raise that.
+
+    For writes and for work that cannot be stopped (a thread): whoever cancelled learns of it
+    only once the store holds the whole write or none of it.
+    """
+    done = asyncio.ensure_future(awaitable)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        raise
+
+
 def is_async_store(store: Store | AsyncStore) -> bool:
     """Whether ``store`` is awaited (its methods are coroutine functions) rather than called."""
     return inspect.iscoroutinefunction(store.append)
@@ -137,4 +146,4 @@ def as_async_store(store: Store | AsyncStore) -> AsyncStore:
     return AwaitableStore(cast(Store, store))
 
 
-__all__ = ["AwaitableStore", "as_async_store", "is_async_store"]
+__all__ = ["AwaitableStore", "as_async_store", "completed", "is_async_store"]
