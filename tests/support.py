@@ -9,16 +9,20 @@ the fixtures built on these live in conftest.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import io
 import json
 import os
+import queue
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -473,6 +477,78 @@ def fresh_pg_schema(url: str) -> Iterator[PgSchema]:
     finally:
         with psycopg.connect(libpq_dsn(url), autocommit=True, connect_timeout=3) as connection:
             connection.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+class LaggyProxy:
+    """A TCP proxy to the server of a PostgreSQL URL that delays every byte ``delay`` seconds each way.
+
+    A slower network, for real: what a client waits for takes at least two delays per round
+    trip. Use as a context manager; :attr:`url` is the URL through the proxy.
+    """
+
+    def __init__(self, url: str, *, delay: float) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        self.url = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+        self.sockets: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+
+    def __enter__(self) -> LaggyProxy:
+        self._start(self._accept)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self.threads:
+            thread.join(5)
+
+    def _start(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                due: queue.Queue[tuple[float, bytes]] = queue.Queue()
+                self._start(self._read, source, due)
+                self._start(self._write, sink, due)
+
+    def _read(self, source: socket.socket, due: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            due.put((time.monotonic() + self.delay, data))
+            if not data:
+                return
+
+    def _write(self, sink: socket.socket, due: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            at, data = due.get()
+            time.sleep(max(0.0, at - time.monotonic()))
+            try:
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+            except OSError:
+                return
 
 
 # Anthropic against FakeMessagesAPI --------------------------------------------------------
