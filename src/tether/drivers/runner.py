@@ -69,7 +69,7 @@ from tether.models import (
 )
 from tether.policy import rules
 from tether.stores import AsyncStore, RunRecord, Store, leases
-from tether.stores.awaitable import as_async_store, completed, is_async_store
+from tether.stores.awaitable import as_async_store, is_async_store
 from tether.stores.memory import MemoryStore
 
 T = TypeVar("T")
@@ -503,14 +503,9 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         return driven.result
 
     async def _aperform(self, effect: Effect) -> Any:
-        """Do what ``effect`` says without blocking the loop (see :meth:`Runner._perform`).
-
-        A write is seen through to its end even if the drive is cancelled meanwhile: the store
-        then holds the whole step or none of it, before the lease is given up.
-        """
+        """Do what ``effect`` says without blocking the loop (see :meth:`Runner._perform`)."""
         if (work := self._store_work(effect)) is not None:
-            writes = isinstance(effect, CreateRun | Persist | StoreCache)
-            return await (completed(work()) if writes else work())
+            return await work()  # begun, it ends whole even if the drive is cancelled (see AsyncStore)
         match effect:
             case CheckLease(run_id):
                 lease = self._held.get(run_id)

@@ -180,7 +180,10 @@ class AsyncStore(Protocol):
 
     :class:`tether.stores.sql.AsyncSQLStore` is one natively; :func:`tether.stores.awaitable.as_async_store`
     makes any :class:`Store` one. What each method does, raises and guarantees is said on
-    :class:`Store`, and one contract suite checks both kinds.
+    :class:`Store`, and one contract suite checks both kinds. One more guarantee: an operation,
+    once begun, runs to its end even if the awaiting task is cancelled meanwhile (the
+    cancellation is raised after it), so a cancelled drive leaves no write half-made and no
+    connection mid-transaction (:func:`tether.stores.awaitable.completed` does this).
     """
 
     async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:

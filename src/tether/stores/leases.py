@@ -203,6 +203,11 @@ async def ahold(
     """Claim the run's lease for an async drive, as :func:`hold` does (used as ``async with``)."""
     _check_ttl(ttl)
     owner = _new_owner()
-    claimed = _taken(await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
+    try:
+        claimed = _taken(await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
+    except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
+        with suppress(StoreError):
+            await store.release_run(run_id, owner)
+        raise
     async with AsyncLease(store, claimed, ttl) as lease:
         yield lease

@@ -46,6 +46,7 @@ from tether.stores import (
     check_limit,
     codec,
 )
+from tether.stores.awaitable import completed
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 T = TypeVar("T")
@@ -584,6 +585,9 @@ class AsyncSQLStore(_SQLBase):
         await self.engine.dispose()
 
     async def _run(self, work: _Work[T]) -> T:
+        return await completed(self._started(work))  # see AsyncStore: begun, an operation runs to its end
+
+    async def _started(self, work: _Work[T]) -> T:
         if not self._ready:  # two first uses at once both set up: it is idempotent
             try:
                 async with self.engine.connect() as raw:
