@@ -16,7 +16,7 @@ from typing import Any
 import anthropic  # noqa: TID251 - the scenarios check requests against the SDK's own param types
 import pytest
 
-from support import closed_port, token_usage
+from support import closed_port, settled, token_usage
 from tether import Limits
 from tether.models import Usage
 from tether.models.anthropic import AnthropicModel
@@ -70,7 +70,7 @@ async def test_529_without_retries_fails_clearly(h: Harness) -> None:
         "model call failed: Anthropic API error 529: Overloaded (transient: resume the run to try again)"
     )
     h.api.assert_valid(expected=1)
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
 
 
 async def test_max_tokens_ceiling_is_sent_without_the_sdks_streaming_guard(h: Harness, tools: dict[str, Tool]) -> None:
@@ -113,7 +113,7 @@ async def test_pause_turn_reinvokes_with_the_partial_turn_and_merges_it(h: Harne
     assert [m["role"] for m in second] == ["user", "assistant"]
     assert [b["text"] for b in second[-1]["content"]] == ["Searching the web."]  # the partial turn, last
     assert second[-1]["content"][-1]["cache_control"] == EPHEMERAL
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert [m["role"] for m in history] == ["user", "assistant"]
     assert [b["text"] for b in history[1]["content"]] == ["Searching the web.", "Found it: 42."]
     assert result.output is not None
@@ -176,7 +176,7 @@ async def test_model_context_window_exceeded_stop_reason_fails(h: Harness) -> No
     assert result.status == "failed"
     assert result.error is not None
     assert "context window" in result.error
-    assert runner.load(result.run_id).messages == [user_text("Long")]  # the partial answer is discarded
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Long")]  # partial answer discarded
     h.api.assert_valid(expected=1)
 
 
@@ -211,7 +211,7 @@ async def test_every_request_marks_its_newest_block_and_where_the_previous_reque
         previous = [f"messages.{last - 2}.content.{len(body['messages'][last - 2]['content']) - 1}"] if index else []
         assert cache_marks(body) == [*previous, f"messages.{last}.content.{newest}"]
         assert body["messages"][last]["content"][newest]["cache_control"] == EPHEMERAL
-    assert "cache_control" not in repr(runner.load(result.run_id).messages)  # never persisted
+    assert "cache_control" not in repr((await settled(runner.load(result.run_id))).messages)  # never persisted
 
 
 async def test_prompt_caching_off_sends_no_breakpoint(h: Harness, tools: dict[str, Tool]) -> None:
@@ -279,12 +279,12 @@ async def test_missing_api_key_fails_the_run_clearly(h: Harness, monkeypatch: py
     model = AnthropicModel(model=MODEL, base_url=h.api.base_url, max_retries=0)
     h.models.append(model)
     runner = h.runner(model=model)
-    state = runner.create("Hi")
+    state = await settled(runner.create("Hi"))
 
     try:
         result = await h.drive(runner, state)
     finally:
-        stored = runner.load(state.id).status
+        stored = (await settled(runner.load(state.id))).status
 
     assert result.status == "failed"
     assert stored == "failed"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from support import closed_port, token_usage
-from tether import Approve, Deny, Limits
+from support import closed_port, settled, token_usage
+from tether import Approve, AsyncRunner, Deny, Limits
 from tether.core import events as ev
 from tether.core.approvals import DecideLater
 from tether.core.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, Summarise
@@ -44,7 +44,7 @@ async def test_text_only_answer(h: Harness) -> None:
     assert h.api.sent_system(0) == "Be brief."
     assert h.api.sent_tools(0) == []
     assert h.api.sent_max_tokens(0) == Limits().max_tokens
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert history[-1] == {"role": "assistant", "content": [{"type": "text", "text": "Hello there."}]}
 
 
@@ -200,7 +200,7 @@ async def test_a_compacted_history_is_sent_and_taken_by_each_api(
     summarised = h.api.sent(4)
     assert summarised[0]["content"][-1]["text"] == f"{SUMMARY_HEADER}\nKeys 0 and 1 were looked up."
     assert [m["role"] for m in summarised] == ["user", "assistant", "user"]
-    assert runner.load(result.run_id).messages[:-1] == summarised
+    assert (await settled(runner.load(result.run_id))).messages[:-1] == summarised
 
 
 # Errors the model can read -------------------------------------------------------------------
@@ -276,7 +276,7 @@ async def test_max_steps_stops_a_model_that_keeps_calling_tools(
     assert len(calls) == 2
     assert h.api.pending == 1
     h.api.assert_valid(expected=2)
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert history[-1]["role"] == "user"  # the last results are kept, ready to continue
     check_pairing(history, run_id=result.run_id)
 
@@ -308,10 +308,10 @@ async def test_tool_use_cut_off_at_max_tokens_is_not_run_and_asked_again_with_mo
     h.api.assert_valid(expected=3)
     assert [h.api.sent_max_tokens(i) for i in range(3)] == [4096, 8192, 8192]
     assert h.api.sent(1) == [user_text("Write a.txt")]  # the cut turn is dropped
-    history = runner.load(result.run_id).messages
+    history = (await settled(runner.load(result.run_id))).messages
     assert "toolu_cut" not in repr(history)
     assert history[1]["content"][0]["id"] == call_id
-    assert ev.Warned.kind in event_types(runner, result.run_id)
+    assert ev.Warned.kind in await event_types(runner, result.run_id)
 
 
 async def test_tool_use_cut_off_at_the_ceiling_fails(h: Harness, tools: dict[str, Tool], calls: Calls) -> None:
@@ -364,7 +364,7 @@ async def test_400_fails_the_run_with_history_intact(h: Harness, tools: dict[str
     h.api.reply_tool_use("lookup", {"key": "k"})
     h.api.fail(400, "messages.2.content.0: something the API disliked")
     runner = h.runner([tools["lookup"]])
-    state = runner.create("Look k up")
+    state = await settled(runner.create("Look k up"))
 
     result = await h.drive(runner, state)
 
@@ -374,11 +374,11 @@ async def test_400_fails_the_run_with_history_intact(h: Harness, tools: dict[str
     )
     assert result.steps == 1
     h.api.assert_valid(expected=2)
-    loaded = runner.load(result.run_id)
+    loaded = await settled(runner.load(result.run_id))
     assert loaded.messages == h.api.sent(1)  # unchanged from before the failed call
     assert loaded.messages == state.messages
     assert [m["role"] for m in loaded.messages] == ["user", "assistant", "user"]
-    types = event_types(runner, result.run_id)
+    types = await event_types(runner, result.run_id)
     assert types.count(ev.ModelResponded.kind) == 1
     assert types[-1] == ev.RunFinished.kind
 
@@ -391,7 +391,7 @@ async def test_400_on_the_first_call_leaves_only_the_prompt(h: Harness) -> None:
 
     assert result.status == "failed"
     assert result.error == f"model call failed: {h.api.error_prefix} 400: max_tokens: too large for this model"
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
     assert result.steps == 0
 
 
@@ -424,7 +424,7 @@ async def test_unreachable_api_fails_with_cannot_reach(h: Harness) -> None:
     assert result.error is not None
     assert result.error.startswith(f"model call failed: {h.api.unreachable}")
     assert h.api.requests == []
-    assert runner.load(result.run_id).messages == [user_text("Hi")]
+    assert (await settled(runner.load(result.run_id))).messages == [user_text("Hi")]
 
 
 # Approvals, crash and resume -----------------------------------------------------------------
@@ -438,7 +438,7 @@ async def test_a_gated_call_parks_the_run_and_runs_once_approved(
     parked = await h.run(runner, "Delete old.log")
     assert parked.status == "awaiting_approval"
     assert calls == []
-    runner.decide(parked.run_id, call_id, Approve(actor="alice"))
+    (await settled(runner.decide(parked.run_id, call_id, Approve(actor="alice"))))
     result = await h.drive(runner, parked.run_id)
 
     assert result.status == "done", result.error
@@ -458,7 +458,7 @@ async def test_a_denied_call_reaches_the_model_as_an_error_it_can_read(
     runner = h.runner([tools["delete_file"]], approver=DecideLater())
     parked = await h.run(runner, "Delete /etc")
 
-    runner.decide(parked.run_id, call_id, Deny(reason="never /etc", actor="bob"))
+    (await settled(runner.decide(parked.run_id, call_id, Deny(reason="never /etc", actor="bob"))))
     result = await h.drive(runner, parked.run_id)
 
     assert result.status == "done", result.error
@@ -475,11 +475,13 @@ async def test_a_new_process_resumes_from_the_last_committed_step(
     h.api.reply_text("Found it.")
     store = MemoryStore()
     first = h.runner([tools["lookup"]], store=store)
-    state = first.create("Look k up")
-    with first.hold(state.id):  # the model's turn is committed, then the process "dies"
-        stepped = first.step(state)
-        if not isinstance(stepped, bool):
-            await stepped
+    state = await settled(first.create("Look k up"))
+    if isinstance(first, AsyncRunner):  # the model's turn is committed, then the process "dies"
+        async with first.hold(state.id):
+            await first.step(state)
+    else:
+        with first.hold(state.id):
+            first.step(state)
 
     result = await h.drive(h.runner([tools["lookup"]], store=store), state.id)
 
@@ -500,9 +502,9 @@ async def test_continue_sends_the_whole_history_and_the_new_prompt(
     runner = h.runner([tools["get_weather"]])
     first = await h.run(runner, "Weather in Oslo?")
     assert first.status == "done", first.error
-    first_history = runner.load(first.run_id).messages
+    first_history = (await settled(runner.load(first.run_id))).messages
 
-    second = runner.create("Should I bring a jacket?", continue_from=first.run_id)
+    second = await settled(runner.create("Should I bring a jacket?", continue_from=first.run_id))
     result = await h.drive(runner, second)
 
     assert result.status == "done", result.error
@@ -512,7 +514,7 @@ async def test_continue_sends_the_whole_history_and_the_new_prompt(
     sent = h.api.sent(2)
     assert sent == [*first_history, user_text("Should I bring a jacket?")]
     assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
-    assert runner.load(first.run_id).messages == first_history  # the parent is untouched
+    assert (await settled(runner.load(first.run_id))).messages == first_history  # the parent is untouched
 
 
 async def test_continue_after_results_merges_the_prompt_after_them(
@@ -540,10 +542,10 @@ async def test_continue_after_a_cancelled_approval_is_valid(h: Harness, tools: d
     runner = h.runner([tools["delete_file"]])
     first = await h.run(runner, "Clean up")
     assert first.status == "awaiting_approval"
-    runner.cancel(first.run_id, "changed my mind")
+    (await settled(runner.cancel(first.run_id, "changed my mind")))
     h.api.reply_text("OK, nothing deleted.")
 
-    state = runner.create("Never mind, just list the files", continue_from=first.run_id)
+    state = await settled(runner.create("Never mind, just list the files", continue_from=first.run_id))
     result = await h.drive(runner, state)
 
     assert result.status == "done", result.error

@@ -21,6 +21,7 @@ from typing import Any
 
 import pydantic
 
+from support import settled
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether.agent import Agent
 from tether.core.compaction import HistoryProcessor
@@ -308,9 +309,9 @@ def user_text(text: str) -> Message:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
-def event_types(runner: AnyRunner, run_id: str) -> list[str]:
+async def event_types(runner: AnyRunner, run_id: str) -> list[str]:
     """The kinds of a run's stored events, in order."""
-    return [event.type for event in runner.store.load_events(run_id)]
+    return [event.type for event in await settled(runner.store.load_events(run_id))]
 
 
 # Tools the scenarios call --------------------------------------------------------------------

@@ -18,6 +18,7 @@ Effects and what performing one gives back:
 :class:`LoadLog`       the run's :class:`~tether.stores.RunLog`
 :class:`LoadRun`       the run's :class:`~tether.stores.RunRecord`
 :class:`ShownStatus`   the stored run's status as a result shows it (a ``str``)
+:class:`CreateRun`     None, once the new run's row and first events are committed
 :class:`Persist`       None, once the events and the run's row are committed
 :class:`Notify`        None, once listeners were told of committed events
 :class:`Announce`      None, once the action listener was told of slow work ahead
@@ -96,6 +97,14 @@ class ShownStatus(_Read):
 @dataclass(frozen=True)
 class Persist:
     """Commit ``events`` and the row of ``state`` (whose version they advanced by one), in one write."""
+
+    state: RunState
+    events: list[Event]
+
+
+@dataclass(frozen=True)
+class CreateRun:
+    """Insert the new run ``state`` (its row) with its first ``events``, in one write."""
 
     state: RunState
     events: list[Event]
@@ -191,6 +200,7 @@ Effect = (
     | LoadLog
     | LoadRun
     | ShownStatus
+    | CreateRun
     | Persist
     | Notify
     | Announce
