@@ -191,7 +191,9 @@ def main() -> None:
     try:
         store.load_run(RUN_ID)
     except Exception:
-        runner.create("What does tea cost? Then tell ops.", run_id=RUN_ID)
+        created = runner.create("What does tea cost? Then tell ops.", run_id=RUN_ID)
+        if isinstance(runner, AsyncRunner):
+            asyncio.run(created)
         MEETING.active = concurrent
     try:
         result = asyncio.run(runner.drive(RUN_ID)) if isinstance(runner, AsyncRunner) else runner.drive(RUN_ID)
