@@ -118,6 +118,12 @@ class RunState:
     can_retry: bool = False
     """The run failed transiently; resuming it may try again (a machine guard)."""
     error: str | None = None
+    children: dict[str, str] = field(default_factory=dict)
+    """The child run serving each call of an agent tool, by call id (its latest attempt's)."""
+    waiting_on: dict[str, str] = field(default_factory=dict)
+    """Parked children this run waits on, by call id (see :mod:`tether.core.children`)."""
+    child_pending: list[dict[str, Any]] = field(default_factory=list)
+    """The calls those children wait on a person for, as their runs list them."""
     created_at: float = 0.0
     updated_at: float = 0.0
     bound_machine: Any = field(default=None, init=False, repr=False, compare=False)
@@ -228,6 +234,8 @@ def _fold(state: RunState, fact: Fact) -> None:
             state.final_answer_requested = True
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
+        case ev.ChildStarted() | ev.ChildParked() | ev.ChildResumed() | ev.ChildEnded():
+            _child_fact(state, fact)
         case ev.CacheHit() | ev.CacheMiss():
             pass  # the audit's; the result that follows a hit is folded as any other
 
@@ -263,6 +271,26 @@ def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
         state.in_flight = {}
     if fact.stop_reason in ("end_turn", "stop_sequence", "max_tokens"):
         state.output = text_of(state.messages[-1])
+
+
+def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.ChildResumed | ev.ChildEnded) -> None:
+    """A child run's link, its parking and its end (see :mod:`tether.core.children`)."""
+    match fact:
+        case ev.ChildStarted(call_id=call_id, run_id=child):
+            state.children[call_id] = child
+        case ev.ChildParked(call_id=call_id, run_id=child, pending=pending):
+            state.waiting_on[call_id] = child
+            state.child_pending = [*state.child_pending, *pending]
+        case ev.ChildResumed(call_id=call_id):
+            state.waiting_on.pop(call_id, None)
+            state.child_pending = []
+        case ev.ChildEnded():  # its spending rolls up into the parent's (what the parent's budget counts)
+            state.usage = state.usage + fact.usage
+            state.tool_calls += fact.tool_calls
+            if fact.cost_usd is None:
+                state.cost_unknown = True
+            else:
+                state.cost_usd += fact.cost_usd
 
 
 def _tool_finished(state: RunState, fact: ev.ToolFinished) -> None:

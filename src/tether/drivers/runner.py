@@ -24,8 +24,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from tether.agent import Agent
-from tether.core import engine
+from tether.core import children, engine
 from tether.core.approvals import Approver, Decision, Deny, PendingApproval, pending_of
+from tether.core.children import DriveChild
 from tether.core.compat import check_versions
 from tether.core.events import Event
 from tether.core.flow import (
@@ -53,7 +54,7 @@ from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
-from tether.errors import RunEnded
+from tether.errors import RunEnded, RunNotFound
 from tether.execution import launches
 from tether.models import (
     AsyncModelAdapter,
@@ -144,7 +145,9 @@ def result_of(state: RunState) -> RunResult:
         model_seconds=round(state.model_seconds, 6),
         tool_seconds=round(state.tool_seconds, 6),
         # a run cancelled or failed at its gate waits for no one
-        pending_approvals=[pending.item() for pending in pending_of(state)] if state.status == AWAITING else [],
+        pending_approvals=[*(pending.item() for pending in pending_of(state)), *state.child_pending]
+        if state.status == AWAITING
+        else [],
     )
 
 
@@ -248,9 +251,9 @@ class _RunnerBase:
             raise RuntimeError(f"step() needs the run's lease: call it inside `with runner.hold({state.id!r}):`")
         return lease
 
-    def _flow(self, owner: str = "") -> Flow:
-        """This runner's decisions, for a drive by ``owner`` (the lease's)."""
-        return Flow(self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
+    def _flow(self, owner: str = "", agent: Agent | None = None) -> Flow:
+        """This runner's decisions (or ``agent``'s, for a child run), for a drive by ``owner`` (the lease's)."""
+        return Flow(agent or self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
 
     @contextmanager
     def _driving(
@@ -273,8 +276,12 @@ class _RunnerBase:
         continue_from: str | None = None,
         tenant: str | None = None,
         run_id: str | None = None,
+        parent: dict[str, Any] | None = None,
     ) -> RunState:
-        """Persist a new run (its prompt, spec and any earlier history) without driving it."""
+        """Persist a new run (its prompt, spec and any earlier history) without driving it.
+
+        ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
+        """
         messages: list[dict[str, Any]] = []
         spec = {
             **self.agent.recorded_spec,
@@ -287,18 +294,42 @@ class _RunnerBase:
             "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.all_tools},
             "tool_settings": {tool.name: tool.settings() for tool in self.agent.all_tools},
         }
+        if parent is not None:
+            spec["parent"] = parent
         if continue_from is not None:
-            parent = self.load(continue_from, tenant=tenant)
-            messages = [dict(m) for m in parent.messages]
-            close_unanswered(messages, f"Not run: the earlier run ended ({parent.status}) before this call ran.")
+            earlier = self.load(continue_from, tenant=tenant)
+            messages = [dict(m) for m in earlier.messages]
+            close_unanswered(messages, f"Not run: the earlier run ended ({earlier.status}) before this call ran.")
             spec["continued_from"] = continue_from
-            spec["conversation"] = _conversation_spent(parent)
+            spec["conversation"] = _conversation_spent(earlier)
         append_user_text(messages, prompt)
         state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
         produced = engine.start_events(state, spec=spec, messages=messages, now=self.clock())
         self.store.create_run(record_of(state), produced)
         self._notify(state, produced)
         return state
+
+    def _spec(self, tenant: str | None, run_id: str) -> dict[str, Any]:
+        return self.store.load_run(run_id, tenant=tenant).spec
+
+    def _child(self, child: DriveChild) -> Any:
+        """A runner like this one (store, approver, listeners, clocks) for ``child``'s run, created unless it exists."""
+        runner = type(self)(
+            child.agent,
+            self.store,
+            approver=self.approver,
+            listeners=self.listeners,
+            clock=self.clock,
+            rng=self.rng,
+            on_action=self.on_action,
+            on_text=self.on_text,
+            lease_ttl=self.lease_ttl,
+        )
+        try:
+            self.store.load_run(child.run_id, tenant=child.tenant)
+        except RunNotFound:  # created once: a resumed parent drives the child it started
+            runner.create(child.prompt, tenant=child.tenant, run_id=child.run_id, parent=child.link)
+        return runner
 
     def _notify(self, state: RunState, produced: list[Event]) -> None:
         for listener in self.listeners:
@@ -324,12 +355,13 @@ class _RunnerBase:
         Exactly one decision ever applies: a second one, or two racing processes, get
         :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
         """
-        decisions = self._flow()
+        state = self.load(run_id, tenant=tenant)
         if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
-            state = self.load(run_id, tenant=tenant)
             check_versions(state.id, state.spec)
-        else:
-            state = self._complete(decisions.load(run_id, tenant))
+            decisions = self._flow()
+        else:  # a child run of this agent's tree is decided with the child's agent
+            decisions = self._flow(agent=children.agent_for(self.agent, state.spec, partial(self._spec, tenant)))
+            self._complete(decisions.load(state, tenant))
         self._complete(decisions.decide(state, call_id, decision, fingerprint))
         return result_of(state)
 
@@ -396,6 +428,8 @@ class _RunnerBase:
                 )
             case Landed(handles):
                 return launches.landed(handles)
+            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+                return self._child(effect).drive(run_id, tenant=tenant, max_wait=max_wait)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
         return None
@@ -489,6 +523,8 @@ class AsyncRunner(_RunnerBase):
                 return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
             case Landed(handles):
                 return await launches.alanded(handles)
+            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+                return await self._child(effect).drive(run_id, tenant=tenant, max_wait=max_wait)
         return self._perform(effect)
 
     async def _acall_model(self, request: ModelRequest) -> ModelResponse:

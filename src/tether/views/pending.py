@@ -9,6 +9,7 @@ one indexed query and never replays an event log. Decide with
 from __future__ import annotations
 
 from tether.core.approvals import PendingApproval
+from tether.core.children import chain_of, link_of
 from tether.core.status import AWAITING
 from tether.stores import RunRecord, Store
 
@@ -37,9 +38,14 @@ def pending_approvals(
 
 
 def _of(record: RunRecord) -> list[PendingApproval]:
+    """The row's own undecided calls (a parent's row also names its children's: those are listed from their rows)."""
+    chain = tuple(chain_of(record.id, record.spec)) if link_of(record.spec) is not None else ()
     return [
-        PendingApproval.from_item(item, run_id=record.id, tenant=record.tenant, waiting_since=record.updated_at)
+        PendingApproval.from_item(
+            item, run_id=record.id, tenant=record.tenant, waiting_since=record.updated_at, chain=chain
+        )
         for item in record.summary.get("pending_approvals") or []
+        if item.get("run_id", record.id) == record.id
     ]
 
 

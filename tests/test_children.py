@@ -1,0 +1,167 @@
+"""Agents as tools: a call served by a child run linked to its parent (tether.core.children)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from support import model_reply, tool_use, tool_use_turn
+from tether import Agent, Approve, Runner, tool
+from tether.core.approvals import DecideLater
+from tether.core.children import ChildFailed, child_run_id
+from tether.policy.policies import Limits, RetryPolicy
+from tether.stores.memory import MemoryStore
+from tether.testing import ScriptedModel
+from tether.views.pending import pending_approvals
+
+
+def answer(text: str) -> dict[str, Any]:
+    return model_reply([{"type": "text", "text": text}], "end_turn")
+
+
+EFFECTS: list[str] = []
+
+
+@tool
+def read_draft(name: str) -> str:
+    """Read a draft (the reviewer may)."""
+    EFFECTS.append(f"read {name}")
+    return f"draft {name}: hello wrld"
+
+
+@tool(approval=True)
+def publish(name: str) -> str:
+    """Publish a draft (a person decides)."""
+    EFFECTS.append(f"publish {name}")
+    return f"published {name}"
+
+
+@pytest.fixture(autouse=True)
+def _clear_effects() -> None:
+    EFFECTS.clear()
+
+
+def reviewer(script: list[Any], **options: Any) -> Agent:
+    return Agent(ScriptedModel(script), tools=[read_draft, publish], name="reviewer", **options)
+
+
+def writer(child: Agent, script: list[Any], **options: Any) -> Agent:
+    review = child.as_tool("review", "Have the reviewer check a draft.")
+    return Agent(ScriptedModel(script), tools=[review], name="writer", **options)
+
+
+REVIEW_CALL = tool_use_turn(tool_use("toolu_review", "review", {"task": "check draft a"}))
+
+
+def test_a_child_run_answers_the_parents_call_and_is_linked_to_it() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_read", "read_draft", {"name": "a"})), answer("one typo: wrld")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("fixed the typo")])
+    store = MemoryStore()
+    runner = Runner(parent_agent, store)
+
+    result = runner.run("write and review")
+
+    assert result.status == "done"
+    assert result.output == "fixed the typo"
+    parent = runner.load(result.run_id)
+    child_id = child_run_id(result.run_id, "toolu_review", 1)
+    assert parent.children == {"toolu_review": child_id}
+    assert parent.messages[-2]["content"][0]["content"] == "one typo: wrld"
+    linked = store.load_run(child_id)
+    assert linked.status == "done"
+    assert linked.spec["parent"] == {
+        "run_id": result.run_id,
+        "call_id": "toolu_review",
+        "tool": "review",
+        "depth": 1,
+        "chain": [result.run_id],
+    }
+    first_prompt = child.model.requests[0].messages[0]["content"]  # type: ignore[attr-defined]
+    assert "check draft a" in json.dumps(first_prompt)
+    assert EFFECTS == ["read a"]
+
+
+def test_a_childs_typed_result_becomes_the_tool_result() -> None:
+    @tool(final=True)
+    def verdict(ok: bool, note: str) -> str:
+        """The review's verdict."""
+        return note
+
+    child = Agent(
+        ScriptedModel([tool_use_turn(tool_use("toolu_v", "verdict", {"ok": False, "note": "typo"}))]), tools=[verdict]
+    )
+    runner = Runner(writer(child, [REVIEW_CALL, answer("ok")]))
+    result = runner.run("go")
+    parent = runner.load(result.run_id)
+    assert json.loads(parent.messages[-2]["content"][0]["content"]) == {"ok": False, "note": "typo"}
+
+
+def test_a_failed_child_is_an_error_result_retried_with_a_new_child() -> None:
+    child = Agent(ScriptedModel([answer("never")]), limits=Limits(max_steps=0), name="broken")  # fails at once
+    retry = RetryPolicy(max_attempts=2, initial_delay=0, retry_on=(ChildFailed,))
+    review = child.as_tool("review", "Review.", retry=retry)
+    parent_agent = Agent(ScriptedModel([REVIEW_CALL, answer("gave up")]), tools=[review])
+    store = MemoryStore()
+    result = Runner(parent_agent, store).run("go")
+
+    assert result.status == "done"
+    runner = Runner(parent_agent, store)
+    parent = runner.load(result.run_id)
+    shown = parent.messages[-2]["content"][0]
+    assert shown["is_error"] is True
+    assert "max_steps" in shown["content"]
+    for attempt in (1, 2):
+        assert store.load_run(child_run_id(result.run_id, "toolu_review", attempt)).status == "failed"
+
+
+def test_a_gated_call_in_the_child_parks_both_and_a_decision_resumes_the_tree() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_pub", "publish", {"name": "a"})), answer("published")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("all done")])
+    store = MemoryStore()
+    runner = Runner(parent_agent, store, approver=DecideLater())
+
+    parked = runner.run("publish it")
+
+    assert parked.status == "awaiting_approval"
+    child_id = child_run_id(parked.run_id, "toolu_review", 1)
+    assert [(p["run_id"], p["call_id"], p["chain"]) for p in parked.pending_approvals] == [
+        (child_id, "toolu_pub", [parked.run_id, child_id])
+    ]
+    listed = pending_approvals(store)
+    assert [(p.run_id, p.call_id, p.chain) for p in listed] == [(child_id, "toolu_pub", (parked.run_id, child_id))]
+    assert EFFECTS == []
+
+    elsewhere = Runner(parent_agent, store, approver=DecideLater())  # another process decides
+    elsewhere.decide(child_id, "toolu_pub", Approve(actor="ann"))
+    resumed = Runner(parent_agent, store, approver=DecideLater()).drive(parked.run_id)
+
+    assert resumed.status == "done"
+    assert resumed.output == "all done"
+    assert store.load_run(child_id).status == "done"
+    assert EFFECTS == ["publish a"]
+
+
+def test_a_child_deeper_than_the_limit_is_not_started() -> None:
+    child = reviewer([answer("never")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("ok")], limits=Limits(max_depth=0))
+    store = MemoryStore()
+    result = Runner(parent_agent, store).run("go")
+    parent = Runner(parent_agent, store).load(result.run_id)
+    shown = parent.messages[-2]["content"][0]
+    assert shown["is_error"] is True
+    assert "max_depth 0" in shown["content"]
+    assert parent.children == {}
+
+
+def test_a_childs_spending_rolls_up_into_the_parent() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_read", "read_draft", {"name": "a"})), answer("ok")])
+    store = MemoryStore()
+    result = Runner(writer(child, [REVIEW_CALL, answer("ok")]), store).run("go")
+    child_row = store.load_run(child_run_id(result.run_id, "toolu_review", 1))
+    # the parent's two model calls (1+1, then 10+5 tokens) and the child's (1+1, 10+5)
+    assert result.usage.input_tokens == 22
+    assert result.usage.output_tokens == 12
+    assert child_row.summary["tool_calls"] == 1
+    assert result.tool_calls == 2  # its own call of review, and the child's read_draft
