@@ -83,7 +83,7 @@ class PendingApproval:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of ``tether pending --json`` and the service's ``GET /approvals`` (``chain``: a child run's call)."""
+        """The JSON of ``tether pending --json`` and the service's ``GET /approvals`` (``chain``: a child's call)."""
         shown = {"run_id": self.run_id, **self.item(), "tenant": self.tenant, "waiting_since": self.waiting_since}
         if len(self.chain) > 1:  # a child run's call: the runs above it, root first
             shown["chain"] = list(self.chain)
