@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from support import model_reply, tool_use, tool_use_turn
-from tether import Agent, Approve, Runner, tool
-from tether.core.approvals import DecideLater
+from tether import Agent, Approve, Deny, Runner, tool
+from tether.core.approvals import CallbackApprover, DecideLater
 from tether.core.children import ChildFailed, child_run_id
-from tether.policy.policies import Limits, RetryPolicy
+from tether.policy.policies import Budget, Limits, RetryPolicy
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
 from tether.views.pending import pending_approvals
@@ -165,3 +165,50 @@ def test_a_childs_spending_rolls_up_into_the_parent() -> None:
     assert result.usage.output_tokens == 12
     assert child_row.summary["tool_calls"] == 1
     assert result.tool_calls == 2  # its own call of review, and the child's read_draft
+
+
+def test_cancelling_a_parent_cancels_its_parked_child() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_pub", "publish", {"name": "a"})), answer("published")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("all done")])
+    store = MemoryStore()
+    runner = Runner(parent_agent, store, approver=DecideLater())
+    parked = runner.run("publish it")
+
+    cancelled = Runner(parent_agent, store).cancel(parked.run_id, "changed my mind")
+
+    assert cancelled.status == "cancelled"
+    assert store.load_run(child_run_id(parked.run_id, "toolu_review", 1)).status == "cancelled"
+    assert pending_approvals(store) == []
+
+
+def test_a_childs_approver_is_the_parents_and_both_agents_permissions_hold() -> None:
+    denied = Agent(
+        ScriptedModel([tool_use_turn(tool_use("toolu_pub", "publish", {"name": "a"})), answer("could not")]),
+        tools=[read_draft, publish],
+        name="reviewer",
+    )
+    parent_agent = writer(
+        denied, [tool_use_turn(tool_use("toolu_x", "publish", {"name": "a"})), REVIEW_CALL, answer("ok")]
+    )
+    seen: list[str] = []
+
+    def ask(request: Any) -> Any:
+        seen.append(f"{request.run_id[:4]}:{request.tool}")
+        return Deny("no", actor="ann")
+
+    result = Runner(parent_agent, approver=CallbackApprover(ask)).run("go")
+
+    assert result.status == "done"
+    assert seen == ["run_:publish"]  # the writer has no publish tool; the reviewer's gated call was asked
+    assert EFFECTS == []
+
+
+def test_a_childs_tokens_count_toward_the_parents_budget() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_read", "read_draft", {"name": "a"})), answer("ok")])
+    parent_model = ScriptedModel([REVIEW_CALL, answer("final")])
+    budget = Budget(max_total_tokens=10)  # the parent alone spends 2 before its last answer; the child 17
+    review = child.as_tool("review", "Review.")
+    result = Runner(Agent(parent_model, tools=[review], limits=Limits(budget=budget))).run("go")
+
+    assert result.status == "done"
+    assert parent_model.requests[1].tool_choice == {"type": "none"}  # asked for a final answer, tools off

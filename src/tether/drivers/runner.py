@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -368,6 +368,7 @@ class _RunnerBase:
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
         """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
 
+        Its child runs (see :meth:`tether.Agent.as_tool`) are cancelled with it, after it.
         Needs neither the run's tools nor its model. A tool another process is running is not
         stopped: that driver finds the run changed when it records the result, and stops.
 
@@ -378,6 +379,9 @@ class _RunnerBase:
         if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
             raise RunEnded(state.id, result_of(state).status, "cancel")
         self._complete(self._flow().commit(state, engine.cancellation(reason)))
+        for child in state.children.values():  # then the runs it started, down the tree
+            with suppress(RunEnded, RunNotFound):
+                self.cancel(child, f"its parent run {state.id} was cancelled", tenant=tenant)
         return result_of(state)
 
     # Performing a flow's effects ------------------------------------------------------
