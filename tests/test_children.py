@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
 from support import model_reply, tool_use, tool_use_turn
-from tether import Agent, Approve, Deny, Runner, tool
+from tether import Agent, Approve, AsyncRunner, Deny, Runner, tool
 from tether.core.approvals import CallbackApprover, DecideLater
 from tether.core.children import ChildFailed, child_run_id
 from tether.policy.policies import Budget, Limits, RetryPolicy
@@ -212,3 +213,19 @@ def test_a_childs_tokens_count_toward_the_parents_budget() -> None:
 
     assert result.status == "done"
     assert parent_model.requests[1].tool_choice == {"type": "none"}  # asked for a final answer, tools off
+
+
+def test_an_async_runner_drives_the_child_and_the_decision_resumes_the_tree() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_pub", "publish", {"name": "a"})), answer("published")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("all done")])
+    store = MemoryStore()
+    runner = AsyncRunner(parent_agent, store, approver=DecideLater())
+
+    parked = asyncio.run(runner.run("publish it"))
+    (waiting,) = pending_approvals(store)
+    runner.decide(waiting.run_id, waiting.call_id, Approve(actor="ann"))
+    resumed = asyncio.run(runner.drive(parked.run_id))
+
+    assert parked.status == "awaiting_approval"
+    assert resumed.status == "done"
+    assert EFFECTS == ["publish a"]
