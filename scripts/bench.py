@@ -148,6 +148,14 @@ def open_sql_store(url: str) -> Any:
     return store
 
 
+def open_async_sql_store(url: str) -> Any:
+    """AsyncSQLStore (aiosqlite / psycopg async), its tables created first, outside the timed runs."""
+    from tether.stores.sql import AsyncSQLStore
+
+    open_sql_store(url).close()
+    return AsyncSQLStore(url, connect_timeout=5)
+
+
 @contextmanager
 def postgres_schema(base_url: str) -> Iterator[str]:
     """A private schema for this bench run (dropped at the end): the URL that uses it."""
@@ -505,6 +513,8 @@ def section_concurrency(plan: Plan, workdir: Path, pg_url: str | None, pg_error:
         ("tether-memory", MemoryStore),
         ("tether-sqlite", lambda: open_sql_store(f"sqlite:///{workdir / 'tether-async.db'}")),
         ("tether-postgres", (lambda: open_sql_store(pg_url)) if pg_url else None),
+        ("tether-sqlite-asyncstore", lambda: open_async_sql_store(f"sqlite:///{workdir / 'tether-asyncstore.db'}")),
+        ("tether-postgres-asyncstore", (lambda: open_async_sql_store(pg_url)) if pg_url else None),
     ]
     for system, factory in stores:
         for k in plan.concurrency_k:
@@ -545,13 +555,13 @@ def async_throughput(system: str, factory: Callable[[], Any], k: int, plan: Plan
             raise RuntimeError(f"run ended {result.status}: {result.error}")
 
     async def many() -> None:
-        await asyncio.gather(*(one() for _ in range(k)))
+        try:
+            await asyncio.gather(*(one() for _ in range(k)))
+        finally:
+            await runner.store.close()  # an async store's connections belong to this loop (it reopens)
 
-    try:
-        asyncio.run(many())  # warm-up
-        walls = [timed(lambda: asyncio.run(many()))[0] for _ in range(plan.concurrency_repeats)]
-    finally:
-        store.close()
+    asyncio.run(many())  # warm-up
+    walls = [timed(lambda: asyncio.run(many()))[0] for _ in range(plan.concurrency_repeats)]
     wall = statistics.median(walls)
     steps = k * steps_of(calls)
     return {

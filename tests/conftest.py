@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,9 @@ from support import (
     mermaid_missing,
     need_tool,
 )
-from tether.testing import FakeMessagesAPI
+from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
+from tether.tools import Tool
+from wires import Calls, ChatWire, Harness, MessagesWire, Wire, make_tools
 
 
 # PostgreSQL -----------------------------------------------------------------------------
@@ -101,3 +103,53 @@ def api(fake_api_server: FakeMessagesAPI) -> FakeMessagesAPI:
     """The module's FakeMessagesAPI, reset: no queued replies, no recorded requests."""
     fake_api_server.reset()
     return fake_api_server
+
+
+# FakeChatCompletionsAPI -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fake_chat_server() -> Iterator[FakeChatCompletionsAPI]:
+    """One FakeChatCompletionsAPI server per test module."""
+    with FakeChatCompletionsAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def chat_api(fake_chat_server: FakeChatCompletionsAPI) -> FakeChatCompletionsAPI:
+    """The module's FakeChatCompletionsAPI, reset: no queued replies, no recorded requests."""
+    fake_chat_server.reset()
+    return fake_chat_server
+
+
+# Engine scenarios on every provider ---------------------------------------------------------
+def wire_for(request: pytest.FixtureRequest, provider: str) -> Wire:
+    """The provider's fake API, reset, as the scenarios script and read it (see wires.py)."""
+    if provider == "anthropic":
+        return MessagesWire(request.getfixturevalue("api"))
+    return ChatWire(request.getfixturevalue("chat_api"))
+
+
+@pytest.fixture(
+    params=[
+        pytest.param((provider, kind), id=f"{provider}-{kind}")
+        for provider in ("anthropic", "openai")
+        for kind in ("sync", "async")
+    ]
+)
+async def h(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """A scenario's harness: each provider's real adapter against its fake, driven by Runner and AsyncRunner."""
+    provider, kind = request.param
+    harness = Harness(wire_for(request, provider), kind)
+    yield harness
+    await harness.close()
+
+
+@pytest.fixture
+def calls() -> Calls:
+    """What the scenario tools were called with."""
+    return Calls()
+
+
+@pytest.fixture
+def tools(calls: Calls) -> dict[str, Tool]:
+    """The scenario tools by name, recording their calls in ``calls``."""
+    return make_tools(calls)

@@ -8,9 +8,13 @@ the fixtures built on these live in conftest.py.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import io
 import json
 import os
+import queue
 import re
 import shutil
 import socket
@@ -177,7 +181,7 @@ def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 # Environment and text ---------------------------------------------------------------------
-CLEAN_ENV_PREFIXES = ("ANTHROPIC", "TETHER")
+CLEAN_ENV_PREFIXES = ("ANTHROPIC", "OPENAI", "TETHER")
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
 )
@@ -426,6 +430,66 @@ def finish_terminal(child: pexpect.spawn) -> tuple[int | None, str]:
     return child.exitstatus, output
 
 
+# Stores ---------------------------------------------------------------------------------
+class Blocking:
+    """An :class:`~tether.stores.AsyncStore` called like a :class:`~tether.stores.Store`, for the contract suite.
+
+    Each call runs to its end on this object's own event loop, so every test written against
+    the sync contract checks the async stores too, unchanged.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.loop = asyncio.new_event_loop()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.loop.run_until_complete(method(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.store.close())
+        finally:
+            self.loop.close()
+
+
+async def settled(outcome: Any) -> Any:
+    """What a runner's or a store's call gave: awaited if awaitable (AsyncRunner, an AsyncStore), else as is."""
+    return await outcome if inspect.isawaitable(outcome) else outcome
+
+
+def done(outcome: Any) -> Any:
+    """:func:`settled` outside an event loop: a coroutine is run to its end on a new one."""
+    return asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
+
+
+@contextmanager
+def opened_store(kind: str, url: str) -> Iterator[Any]:
+    """A store of ``kind`` on ``url``, sync in its calls, closed afterwards.
+
+    Kinds: ``sync`` (SQLStore), ``async`` (AsyncSQLStore), ``threaded`` (SQLStore made awaitable
+    by as_async_store); the last two through :class:`Blocking`.
+    """
+    from tether.stores.awaitable import as_async_store
+    from tether.stores.sql import AsyncSQLStore, SQLStore
+
+    store: Any
+    if kind == "sync":
+        store = SQLStore(url)
+    elif kind == "async":
+        store = Blocking(AsyncSQLStore(url))
+    else:
+        store = Blocking(as_async_store(SQLStore(url)))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 # PostgreSQL -----------------------------------------------------------------------------
 PG_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 """The test server (TETHER_TEST_PG_URL, default: the local one); see the pg_url fixture."""
@@ -461,6 +525,78 @@ def fresh_pg_schema(url: str) -> Iterator[PgSchema]:
             connection.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
+class LaggyProxy:
+    """A TCP proxy to the server of a PostgreSQL URL that delays every byte ``delay`` seconds each way.
+
+    A slower network, for real: what a client waits for takes at least two delays per round
+    trip. Use as a context manager; :attr:`url` is the URL through the proxy.
+    """
+
+    def __init__(self, url: str, *, delay: float) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        self.url = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+        self.sockets: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+
+    def __enter__(self) -> LaggyProxy:
+        self._start(self._accept)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self.threads:
+            thread.join(5)
+
+    def _start(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                due: queue.Queue[tuple[float, bytes]] = queue.Queue()
+                self._start(self._read, source, due)
+                self._start(self._write, sink, due)
+
+    def _read(self, source: socket.socket, due: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            due.put((time.monotonic() + self.delay, data))
+            if not data:
+                return
+
+    def _write(self, sink: socket.socket, due: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            at, data = due.get()
+            time.sleep(max(0.0, at - time.monotonic()))
+            try:
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+            except OSError:
+                return
+
+
 # Anthropic against FakeMessagesAPI --------------------------------------------------------
 def fake_api_model(api: FakeMessagesAPI, model: str = "claude-test", **options: Any) -> AnthropicModel:
     """An AnthropicModel talking to ``api`` with a test key; no retries unless ``options`` say."""
@@ -489,7 +625,7 @@ def serving_app(app: Any) -> Iterator[str]:
     """An ASGI ``app`` on uvicorn at a free loopback port, in a thread, until the block ends: its base URL."""
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="auto", ws="none")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

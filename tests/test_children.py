@@ -6,12 +6,14 @@ import asyncio
 import json
 from typing import Any
 
+import pydantic
 import pytest
 
 from support import model_reply, tool_use, tool_use_turn
-from tether import Agent, Approve, AsyncRunner, Deny, Runner, tool
+from tether import Agent, Approve, AsyncRunner, Deny, Runner, RunResult, tool
 from tether.core.approvals import CallbackApprover, DecideLater
 from tether.core.children import ChildFailed, child_run_id
+from tether.core.results import OUTPUT_TOOL
 from tether.policy.policies import Budget, Limits, RetryPolicy
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
@@ -97,6 +99,24 @@ def test_a_childs_typed_result_becomes_the_tool_result() -> None:
     result = runner.run("go")
     parent = runner.load(result.run_id)
     assert json.loads(parent.messages[-2]["content"][0]["content"]) == {"ok": False, "note": "typo"}
+
+
+class Verdict(pydantic.BaseModel):
+    """A review's verdict."""
+
+    ok: bool
+    note: str
+
+
+def test_a_childs_output_type_result_becomes_the_tool_result_as_json() -> None:
+    child = Agent(
+        ScriptedModel([tool_use_turn(tool_use("toolu_v", OUTPUT_TOOL, {"ok": True, "note": "fine"}))]),
+        output_type=Verdict,
+    )
+    runner = Runner(writer(child, [REVIEW_CALL, answer("ok")]))
+    result = runner.run("go")
+    parent = runner.load(result.run_id)
+    assert json.loads(parent.messages[-2]["content"][0]["content"]) == {"ok": True, "note": "fine"}
 
 
 def test_a_failed_child_is_an_error_result_retried_with_a_new_child() -> None:
@@ -221,11 +241,32 @@ def test_an_async_runner_drives_the_child_and_the_decision_resumes_the_tree() ->
     store = MemoryStore()
     runner = AsyncRunner(parent_agent, store, approver=DecideLater())
 
-    parked = asyncio.run(runner.run("publish it"))
-    (waiting,) = pending_approvals(store)
-    runner.decide(waiting.run_id, waiting.call_id, Approve(actor="ann"))
-    resumed = asyncio.run(runner.drive(parked.run_id))
+    async def scenario() -> tuple[RunResult, RunResult]:
+        parked = await runner.run("publish it")
+        (waiting,) = pending_approvals(store)
+        await runner.decide(waiting.run_id, waiting.call_id, Approve(actor="ann"))
+        return parked, await runner.drive(parked.run_id)
+
+    parked, resumed = asyncio.run(scenario())
 
     assert parked.status == "awaiting_approval"
     assert resumed.status == "done"
     assert EFFECTS == ["publish a"]
+
+
+def test_an_async_runner_cancels_a_parent_and_its_parked_child() -> None:
+    child = reviewer([tool_use_turn(tool_use("toolu_pub", "publish", {"name": "a"})), answer("published")])
+    parent_agent = writer(child, [REVIEW_CALL, answer("all done")])
+    store = MemoryStore()
+    runner = AsyncRunner(parent_agent, store, approver=DecideLater())
+
+    async def scenario() -> RunResult:
+        parked = await runner.run("publish it")
+        return await AsyncRunner(parent_agent, store).cancel(parked.run_id, "changed my mind")
+
+    cancelled = asyncio.run(scenario())
+
+    assert cancelled.status == "cancelled"
+    assert store.load_run(child_run_id(cancelled.run_id, "toolu_review", 1)).status == "cancelled"
+    assert pending_approvals(store) == []
+    assert EFFECTS == []

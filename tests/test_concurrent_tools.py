@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from support import tool_use, tool_use_turn
+from support import done, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, ConfigError, RetryPolicy, Runner, RunResult, Tool, tool
 from tether.core.events import Event
 from tether.core.state import RunState
@@ -91,7 +91,7 @@ class Run:
 
 def results_of(run: Run) -> list[list[tuple[str, str, bool]]]:
     """Each user message of tool results: (call id, content, is_error), in message order."""
-    messages = run.runner.load(run.run_id).messages
+    messages = done(run.runner.load(run.run_id)).messages
     blocks = [[b for b in m["content"] if b["type"] == "tool_result"] for m in messages if m["role"] == "user"]
     return [[(b["tool_use_id"], b["content"], bool(b.get("is_error"))) for b in found] for found in blocks if found]
 
@@ -455,7 +455,7 @@ def test_cancelling_an_async_drive_cancels_its_concurrent_attempts_and_the_run_r
     run = Run("async", [asks(("a", "hold_a"), ("b", "hold_b")), ANSWER], [holding("hold_a"), holding("hold_b")])
     runner = run.runner
     assert isinstance(runner, AsyncRunner)
-    state = runner.create("go")
+    state = done(runner.create("go"))
     run.run_id = state.id
 
     async def cancel_mid_batch() -> None:
@@ -468,7 +468,7 @@ def test_cancelling_an_async_drive_cancels_its_concurrent_attempts_and_the_run_r
 
     asyncio.run(cancel_mid_batch())
     assert sorted(cancelled) == ["hold_a", "hold_b"]
-    stored = runner.load(state.id)
+    stored = done(runner.load(state.id))
     assert set(stored.in_flight) == {"a", "b"}  # started, never finished: in doubt
     result = run.resume()  # no approver: the model is told neither call was re-run
     assert result.status == "done"

@@ -9,6 +9,7 @@ run rebuilt from the store equals the live one.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,27 +91,32 @@ class Harness:
         self.runner: Runner | AsyncRunner = runner_class(self.agent, self.store, approver=self.approver)
         self.live: dict[str, RunState] = {}
 
+    @staticmethod
+    def settle(outcome: Any) -> Any:
+        """What a runner call gave: as is (Runner), or awaited (AsyncRunner's are coroutines)."""
+        return asyncio.run(outcome) if inspect.iscoroutine(outcome) else outcome
+
     def start(self, prompt: str = PROMPT, **kwargs: Any) -> RunState:
-        state = self.runner.create(prompt, **kwargs)
+        state: RunState = self.settle(self.runner.create(prompt, **kwargs))
         self.live[state.id] = state
         return state
 
     def drive(self, run: str | RunState) -> RunResult:
         if isinstance(run, str):  # resumed from the store, as another process would
-            run = self.runner.load(run)
+            run = self.settle(self.runner.load(run))
             self.live[run.id] = run
         if isinstance(self.runner, AsyncRunner):
-            return asyncio.run(self.runner.drive(run))
+            return self.settle(self.runner.drive(run))
         return self.runner.drive(run)
 
     def run(self, prompt: str = PROMPT, **kwargs: Any) -> RunResult:
         return self.drive(self.start(prompt, **kwargs))
 
     def decide(self, run_id: str, call_id: str, decision: Any, **kwargs: Any) -> RunResult:
-        return self.runner.decide(run_id, call_id, decision, **kwargs)
+        return self.settle(self.runner.decide(run_id, call_id, decision, **kwargs))
 
     def messages(self, run_id: str) -> list[dict[str, Any]]:
-        return self.runner.load(run_id).messages
+        return self.settle(self.runner.load(run_id)).messages
 
     def event_types(self, run_id: str) -> list[str]:
         return [e.type for e in self.store.load_events(run_id)]
@@ -133,7 +139,7 @@ class Harness:
             events = self.store.load_events(run_id)
             assert [e.seq for e in events] == list(range(len(events)))
             assert events[0].type == "run_started"
-            rebuilt = self.runner.load(run_id)
+            rebuilt = self.settle(self.runner.load(run_id))
             assert rebuilt.messages == live.messages
             assert (rebuilt.status, rebuilt.output, rebuilt.result, rebuilt.error) == (
                 live.status,
@@ -548,7 +554,7 @@ def test_approve_with_edited_input_is_validated_and_used(kind: str, ran: Calls) 
     with pytest.raises(ApprovalError):
         h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe", "force": True}))
     # the refused edits changed nothing
-    still = h.runner.load(parked.run_id)
+    still = h.settle(h.runner.load(parked.run_id))
     assert still.status == "awaitingApproval"
     assert still.decisions == {}
     h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe"}))
@@ -582,7 +588,7 @@ def test_a_decision_with_a_wrong_fingerprint_is_refused(kind: str, ran: Calls) -
     shown = parked.pending_approvals[0]["fingerprint"]
     with pytest.raises(ApprovalError, match="differ"):
         h.decide(parked.run_id, "toolu_1", Approve(), fingerprint="0" * 16)
-    assert h.runner.load(parked.run_id).status == "awaitingApproval"
+    assert h.settle(h.runner.load(parked.run_id)).status == "awaitingApproval"
     h.decide(parked.run_id, "toolu_1", Approve(), fingerprint=shown)
     assert h.drive(parked.run_id).status == "done"
     h.verify()
@@ -816,7 +822,7 @@ def test_continue_after_a_final_tool_merges_the_prompt_after_the_results(kind: s
 
 def test_continue_from_a_run_cancelled_mid_batch_is_usable(kind: str, ran: Calls) -> None:
     h, parked = gated_run(kind, ran)
-    cancelled = h.runner.cancel(parked.run_id, "changed plans")
+    cancelled = h.settle(h.runner.cancel(parked.run_id, "changed plans"))
     assert cancelled.status == "cancelled"
     second = Harness(kind, [text("ok")], tools=[make_delete(ran)], store=h.store)
     result = second.run("Do something else.", continue_from=parked.run_id)
@@ -836,7 +842,7 @@ def test_a_run_rebuilt_from_the_store_has_the_same_messages(kind: str, ran: Call
     )
     live = h.start()
     h.drive(live)
-    rebuilt = h.runner.load(live.id)
+    rebuilt = h.settle(h.runner.load(live.id))
     assert rebuilt.messages == live.messages
     assert len(rebuilt.messages) == 6
     assert rebuilt.status == live.status == "done"
@@ -864,7 +870,7 @@ def test_a_parked_run_resumes_in_a_fresh_runner(kind: str, ran: Calls) -> None:
 
 def test_cancel_stops_a_parked_run(kind: str, ran: Calls) -> None:
     h, parked = gated_run(kind, ran)
-    result = h.runner.cancel(parked.run_id, "no longer needed")
+    result = h.settle(h.runner.cancel(parked.run_id, "no longer needed"))
     assert result.status == "cancelled"
     assert result.error is not None
     assert "no longer needed" in result.error
@@ -899,7 +905,7 @@ def test_a_call_interrupted_mid_run_needs_approval_before_running_again(ran: Cal
     state = h.start()
     with pytest.raises(Crash):
         h.drive(state)
-    assert set(h.runner.load(state.id).in_flight) == {"toolu_1"}
+    assert set(h.settle(h.runner.load(state.id)).in_flight) == {"toolu_1"}
 
     restarted = Harness("sync", script, tools=[transfer], store=h.store, approver=DecideLater())
     parked = restarted.drive(state.id)

@@ -184,6 +184,36 @@ STORED: list[tuple[ev.Fact, dict[str, Any]]] = [
         {"limit": "max_cost_usd", "used": 0.5, "allowed": 0.4, "prompt": "answer now"},
     ),
     (
+        ev.ResultDemanded("call final_result", 1, True),
+        {"prompt": "call final_result", "attempt": 1, "forced": True},
+    ),
+    (
+        ev.HistoryCompacted("keep_last_turns", [{"role": "user", "content": "go"}], 4),
+        {"processor": "keep_last_turns", "messages": [{"role": "user", "content": "go"}], "removed": 4},
+    ),
+    (
+        ev.HistoryCompacted(
+            "summarise", [{"role": "user", "content": "go"}], 6, True, "sum", Usage(10, 2), 0.001, "m", 0.5
+        ),
+        {
+            "processor": "summarise",
+            "messages": [{"role": "user", "content": "go"}],
+            "removed": 6,
+            "forced": True,
+            "summary": "sum",
+            "usage": {
+                "input_tokens": 10,
+                "output_tokens": 2,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+            "cost_usd": 0.001,
+            "model": "m",
+            "latency": 0.5,
+        },
+    ),
+    (ev.ContextExceeded("prompt is too long"), {"error": "prompt is too long"}),
+    (
         ev.RunFinished("done", None, "hello", {"a": 1}, False),
         {"status": "done", "error": None, "output": "hello", "result": {"a": 1}, "retryable": False},
     ),

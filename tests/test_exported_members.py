@@ -46,7 +46,14 @@ PUBLIC = {
         "UnknownCall",
         "tool",
     ],
-    "tether.testing": ["FakeMessagesAPI", "RecordingApprover", "ScriptedModel", "validate_messages_request"],
+    "tether.testing": [
+        "FakeChatCompletionsAPI",
+        "FakeMessagesAPI",
+        "RecordingApprover",
+        "ScriptedModel",
+        "validate_chat_request",
+        "validate_messages_request",
+    ],
     "tether.toolsets": [
         "KINDS",
         "Toolset",

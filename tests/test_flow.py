@@ -21,7 +21,7 @@ from tether import Agent, Approve, Limits, RetryPolicy, tool
 from tether.core import cache, engine
 from tether.core.approvals import Decision
 from tether.core.engine import CallModel, Step, cancellation, start_events
-from tether.core.events import Event
+from tether.core.events import Event, HistoryCompacted
 from tether.core.flow import (
     STORE_RETRY_WAITS,
     Announce,
@@ -267,6 +267,11 @@ ROWS = [
     Row(("answered", "thinking", "done"), step, MODEL_STEP, model=[ANSWER]),
     Row(("reinvoked", "thinking", "thinking"), step, MODEL_STEP, model=[reply([], "pause_turn")]),
     Row(("fail", "thinking", "failed"), step, MODEL_STEP, model=[ModelError("bad request")]),
+    Row(
+        ("compacted", "thinking", "thinking"),
+        commit(Step("compacted", [HistoryCompacted("keep_last_turns", [{"role": "user", "content": "go"}], 0)])),
+        COMMIT,
+    ),
     Row(("cancel", "thinking", "cancelled"), commit(cancellation("stop")), COMMIT),
     Row(("tool_finished", "executing_tool", "done"), step, DECIDED_STEP, model=[asks(("a", "finish"))], setup_steps=1),
     Row(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from support import clean_env, fake_api_env, fake_api_model, run_tether, screen_text
+from support import clean_env, done, fake_api_env, fake_api_model, run_tether, screen_text
 from tether import Agent, AsyncRunner, Runner, RunResult
 from tether.testing import FakeMessagesAPI
 
@@ -28,7 +28,7 @@ def test_a_long_retry_after_is_capped_and_reported(api: FakeMessagesAPI) -> None
     assert waits == [(0.05, 1)]  # capped: not the 120 s the API asked for
     assert len(api.requests) == 2
     assert result.steps == 1  # SDK retries are inside one model invocation
-    (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
+    (responded,) = [e.data for e in done(runner.store.load_events(result.run_id)) if e.type == "model_responded"]
     assert responded["retry_waits"] == [0.05]  # the event log keeps the wait
 
 
@@ -53,7 +53,7 @@ def test_retry_waits_are_recorded_on_the_model_response(api: FakeMessagesAPI, ki
 
         result = asyncio.run(run_and_close())
     assert result.status == "done"
-    (responded,) = [e.data for e in runner.store.load_events(result.run_id) if e.type == "model_responded"]
+    (responded,) = [e.data for e in done(runner.store.load_events(result.run_id)) if e.type == "model_responded"]
     assert responded["retry_waits"] == [0.2, 0.1]
 
 
@@ -65,7 +65,7 @@ def test_retry_waits_before_a_failure_are_recorded_too(api: FakeMessagesAPI) -> 
     failed = runner.run("hi")
     adapter.close()
     assert failed.status == "failed"
-    (warning,) = [e.data for e in runner.store.load_events(failed.run_id) if e.type == "warning"]
+    (warning,) = [e.data for e in done(runner.store.load_events(failed.run_id)) if e.type == "warning"]
     assert warning["retry_waits"] == [0.1]
     assert "retried 1 time(s), waiting 0.1s" in warning["message"]
 
@@ -86,7 +86,7 @@ def test_a_transient_failure_parks_the_run_failed_and_resume_tries_again(api: Fa
     assert resumed.status == "done"
     assert resumed.output == "back again"
     assert resumed.error is None
-    kinds = [e.type for e in runner.store.load_events(failed.run_id)]
+    kinds = [e.type for e in done(runner.store.load_events(failed.run_id))]
     assert kinds.count("run_finished") == 2
     adapter.close()
 

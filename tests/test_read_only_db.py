@@ -136,3 +136,46 @@ def test_read_commands_work_on_a_database_nobody_here_can_write(
         else:
             assert result.returncode == 0, result
             assert expected in result.stdout, result
+
+
+ASYNC_READER = """
+import asyncio, sys
+from tether.errors import StoreError
+from tether.stores import RunRecord
+from tether.stores.sql import AsyncSQLStore
+
+async def main():
+    store = AsyncSQLStore(sys.argv[1])
+    print("runs:", sorted(r.id for r in await store.list_runs()))
+    try:
+        await store.create_run(RunRecord(id="run_new", status="done", version=1), [])
+    except StoreError as error:
+        print("write:", error)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow  # a child process
+def test_the_async_store_reads_a_database_nobody_here_can_write_and_says_why_it_cannot_write(workspace: Path) -> None:
+    url = f"sqlite:///{workspace / 'tether.db'}"
+    store = SQLStore(url)
+    run_id, parked_id = start_runs(store)
+    store.close()
+    (workspace / "tether.db").chmod(0o444)
+    workspace.chmod(0o555)
+    child = subprocess.run(
+        [sys.executable, "-c", ASYNC_READER, url],
+        cwd=workspace,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=_bound_by_permissions if os.geteuid() == 0 else None,
+    )
+    assert child.returncode == 0, child.stderr
+    assert f"runs: {sorted([run_id, parked_id])}" in child.stdout
+    assert "write: database" in child.stdout
+    assert "is read-only here" in child.stdout

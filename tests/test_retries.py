@@ -22,6 +22,7 @@ from support import Cli, CliResult, clean_env, closed_port, flat, run_python
 from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
 from tether.errors import RunNotFound, StoreError
 from tether.execution.faults import classify
+from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 from tether.tools import ModelRetry, OutcomeUnknown
@@ -294,12 +295,12 @@ async def test_attempts_of_a_hung_sync_tool_never_overlap_in_the_async_driver() 
     work = Overlap()
     policy = RetryPolicy(max_attempts=3, initial_delay=0)
     hang = tool(name="hang", timeout=0.1, retry=policy, idempotent=True)(work.run)
-    runner = AsyncRunner(Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]))
-    result = await runner.run("go")
+    agent, store = Agent(model=ScriptedModel([use("t1", "hang"), answer()]), tools=[hang]), MemoryStore()
+    result = await AsyncRunner(agent, store).run("go")
     work.finish()
     assert result.status == "done"
     assert (work.started, work.most, work.effects) == (1, 1, 1)
-    assert len(events_of(runner, result.run_id, "retry_scheduled")) == 2
+    assert len(events_of(Runner(agent, store), result.run_id, "retry_scheduled")) == 2
 
 
 def test_a_timed_out_tool_gets_a_cancel_signal_and_a_retry_runs_once_it_stopped() -> None:

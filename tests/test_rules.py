@@ -326,9 +326,9 @@ def test_deny_rule_gives_the_model_the_rule_message_and_the_tool_never_runs(ran:
         result: RunResult = sync.run("Refund I-9.")
         r = sync
     else:
-        a = AsyncRunner(agent, WritesStore())
-        result = asyncio.run(a.run("Refund I-9."))
-        r = Runner(agent, a.store)
+        store = WritesStore()
+        result = asyncio.run(AsyncRunner(agent, store).run("Refund I-9."))
+        r = Runner(agent, store)
     assert result.status == "done"
     assert ran.log == []
     block = tool_results(r, result.run_id)["toolu_1"]

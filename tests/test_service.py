@@ -7,6 +7,7 @@ approving with edited input, denying, refusals (409/422/404/400) and racing deci
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -32,7 +33,7 @@ from tether.errors import ConfigError  # noqa: E402
 from tether.examples.service import create_app  # noqa: E402
 from tether.models.scripted import ScriptedModel  # noqa: E402
 from tether.policy.access import Credentials  # noqa: E402
-from tether.stores.sql import SQLStore  # noqa: E402
+from tether.stores.sql import AsyncSQLStore, SQLStore  # noqa: E402
 
 FIBONACCI = "0 1 1 2 3 5 8 13 21 34"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, whatever the env says
@@ -99,9 +100,10 @@ def serving(app: Any, store: SQLStore, workspace: Path) -> Iterator[Service]:
 def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
     workspace = tmp_path / "workspace"
     monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(workspace))
-    store = SQLStore(f"sqlite:///{tmp_path / 'service.db'}")
+    url = f"sqlite:///{tmp_path / 'service.db'}"
+    store = SQLStore(url)  # the test reads what the service wrote through its own AsyncSQLStore
     try:
-        with serving(create_app(store=store, credentials=CREDENTIALS), store, workspace) as running:
+        with serving(create_app(store=AsyncSQLStore(url), credentials=CREDENTIALS), store, workspace) as running:
             yield running
     finally:
         store.close()
@@ -374,3 +376,39 @@ def test_the_service_will_not_start_without_tokens(
         main(["--db", f"sqlite:///{tmp_path / 'service.db'}"])
     assert stopped.value.code == 2
     assert "--tokens FILE" in capsys.readouterr().err
+
+
+def test_runs_are_driven_on_the_server_s_event_loop_not_in_a_thread_pool(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    class LoopModel(ScriptedModel):
+        async def acomplete(self, request: Any) -> Any:
+            asyncio.get_running_loop()  # awaited on a loop: raises if called from a worker thread
+            seen.append(threading.current_thread().name)
+            return self.complete(request)
+
+    @tool
+    async def lookup(key: str) -> str:
+        """Look a key up."""
+        seen.append(threading.current_thread().name)
+        return f"value of {key}"
+
+    script = [
+        {
+            "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {"key": "k"}}],
+            "stop_reason": "tool_use",
+        },
+        {"content": [{"type": "text", "text": "Found."}], "stop_reason": "end_turn"},
+    ]
+    url = f"sqlite:///{tmp_path / 'service.db'}"
+    app = create_app(
+        lambda tenant: Agent(model=LoopModel(script), tools=[lookup]), store=AsyncSQLStore(url), credentials=CREDENTIALS
+    )
+    reader = SQLStore(url)
+    try:
+        with serving(app, reader, tmp_path) as running:
+            reply = running.request("POST", "/runs", {"prompt": "look k up"})
+    finally:
+        reader.close()
+    assert (reply.status, reply.body["status"], reply.body["output"]) == (201, "done", "Found.")
+    assert seen == ["uvicorn"] * 3  # the model twice and the tool, all on the server's one thread

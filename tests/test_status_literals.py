@@ -26,6 +26,8 @@ ALLOWED: dict[tuple[str, str | None, str], str] = {
     ("surfaces/terminal.py", "_outcome", "awaiting_approval"): "the colour of that audit status",
     ("views/diagram.py", None, "failed"): "the kind of a sequence diagram arrow (a call that failed)",
     ("models/shape.py", None, "thinking"): "a Messages API content block type",
+    ("models/anthropic.py", "_settings_params", "thinking"): "the Messages API's thinking option",
+    ("models/chat_format.py", None, "thinking"): "a Messages API content block type (another provider's, dropped)",
     ("testing/fake_messages_api.py", None, "thinking"): "the Messages API's thinking blocks and option",
 }
 """(module under src/tether, enclosing function or None for anywhere in it, word): why it is not a status."""

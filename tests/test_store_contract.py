@@ -1,8 +1,10 @@
-"""One contract, every store: memory, SQLite and PostgreSQL behave the same.
+"""One contract, every store: memory, SQLite and PostgreSQL behave the same, sync and async.
 
-PostgreSQL comes from TETHER_TEST_PG_URL (default: the local test server); each test gets
-its own schema (the pg_schema fixture, conftest.py), dropped afterwards, so concurrent test
-runs never see each other's rows.
+The async stores (AsyncSQLStore on SQLite and PostgreSQL, and a sync store made awaitable) run
+the same tests, each call awaited to its end (support.Blocking). PostgreSQL comes from
+TETHER_TEST_PG_URL (default: the local test server); each test gets its own schema (the
+pg_schema fixture, conftest.py), dropped afterwards, so concurrent test runs never see each
+other's rows.
 """
 
 from __future__ import annotations
@@ -14,30 +16,36 @@ from typing import Any
 
 import pytest
 
+from support import Blocking, opened_store
 from tether.core.events import Event, RunStarted, ToolStarted, Warned
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.stores import RunLease, RunLog, RunRecord, Store
+from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
-from tether.stores.sql import SQLStore
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "memory-awaitable",
+        "sqlite",
+        "sqlite-async",
+        "sqlite-threaded",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("postgres-async", marks=pytest.mark.postgres),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Each store implementation, empty."""
-    if request.param == "memory":
-        memory = MemoryStore()
+    backend, _, kind = request.param.partition("-")
+    if backend == "memory":
+        memory: Any = MemoryStore() if not kind else Blocking(as_async_store(MemoryStore()))
         yield memory
         memory.close()
-    elif request.param == "sqlite":
-        sqlite = SQLStore(f"sqlite:///{tmp_path / 'tether.db'}")
-        yield sqlite
-        sqlite.close()
-    else:
-        postgres = SQLStore(request.getfixturevalue("pg_schema").url)
-        try:
-            yield postgres
-        finally:
-            postgres.close()
+        return
+    url = f"sqlite:///{tmp_path / 'tether.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema").url
+    with opened_store(kind or "sync", url) as opened:
+        yield opened
 
 
 # Helpers ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from support import PgSchema, libpq_dsn, tool_use
 from tether import Agent, AsyncRunner, Runner, tool
 from tether.core.flow import STORE_RETRY_WAITS
 from tether.errors import StoreError
-from tether.stores.sql import SQLStore
+from tether.stores.sql import AsyncSQLStore, SQLStore
 from tether.testing import ScriptedModel
 
 SCRIPT = [
@@ -67,7 +67,7 @@ def sending_tool(sent: list[str], on_send: Any) -> Any:
     return send
 
 
-@pytest.mark.parametrize("driver", ["sync", "async"])
+@pytest.mark.parametrize("driver", ["sync", "async", "async-store"])
 def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
     tmp_path: Path, watch: RetryWatch, driver: str
 ) -> None:
@@ -94,11 +94,21 @@ def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
     sent: list[str] = []
     store = SQLStore(f"sqlite:///{path}", busy_timeout=0.2)
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[sending_tool(sent, lock_the_database)])
+
+    async def on_the_async_store() -> Any:
+        native = AsyncSQLStore(f"sqlite:///{path}", busy_timeout=0.2)
+        try:
+            return await AsyncRunner(agent, native).run("go")
+        finally:
+            await native.close()
+
     try:
         if driver == "sync":
             result = Runner(agent, store).run("go")
-        else:
+        elif driver == "async":
             result = asyncio.run(AsyncRunner(agent, store).run("go"))
+        else:
+            result = asyncio.run(on_the_async_store())
     finally:
         watch.retried.set()
         holder.join()
@@ -113,60 +123,63 @@ def test_a_result_written_while_sqlite_is_locked_is_saved_once_the_lock_goes(
     assert [e.data["content"] for e in finished] == ["sent to ops"]
 
 
-def _backend_killer(store: SQLStore, url: str, *, after_commit: bool) -> None:
+def _backend_killer(engine: sa.Engine, url: str, *, after_commit: bool) -> None:
     """Drop the store's connection while it writes the ``tool_finished`` event, once.
 
     Before the commit, the write is lost with the connection; ``after_commit``: the server
-    has committed it, but the connection drops before the client hears so.
+    has committed it (the step's write is one statement, committed alone), but the connection
+    drops before the client hears so. ``engine``: a sync engine, or an async one's sync side.
     """
     import psycopg
 
-    armed = {"writing": False, "done": False}
+    armed = {"done": False}
 
-    def kill(dbapi_connection: Any) -> None:
-        pid = dbapi_connection.info.backend_pid
+    def kill(connection: sa.Connection) -> None:
+        pid = connection.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
         with psycopg.connect(libpq_dsn(url), autocommit=True) as killer:
             killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     def before_execute(connection: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if armed["done"] or "INSERT INTO tether_event" not in statement:
             return
-        rows = parameters if isinstance(parameters, list) else [parameters]
-        if not any(row.get("type") == "tool_finished" for row in rows):
+        if not isinstance(parameters, dict) or "tool_finished" not in parameters.get("b_types", []):
             return
         armed["done"] = True
         if after_commit:
-            armed["writing"] = True
-        else:
-            kill(connection.connection.dbapi_connection)
+            cursor.execute(statement, parameters)  # the server has the result...
+        kill(connection)  # ...or not, and the connection drops before the client hears
 
-    def on_commit(connection: sa.Connection) -> None:
-        if armed["writing"]:
-            armed["writing"] = False
-            dbapi_connection = connection.connection.dbapi_connection
-            assert dbapi_connection is not None
-            dbapi_connection.commit()  # the server has the result...
-            kill(dbapi_connection)  # ...and the connection drops before SQLAlchemy's own commit returns
-            dbapi_connection.close()
-
-    sa.event.listen(store.engine, "before_cursor_execute", before_execute)
-    sa.event.listen(store.engine, "commit", on_commit)
+    sa.event.listen(engine, "before_cursor_execute", before_execute)
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize("after_commit", [False, True], ids=["before-commit", "after-commit"])
 def test_a_result_written_while_postgres_drops_the_connection_is_saved_once(
-    pg_schema: PgSchema, pg_url: str, watch: RetryWatch, after_commit: bool
+    pg_schema: PgSchema, pg_url: str, watch: RetryWatch, after_commit: bool, kind: str
 ) -> None:
     sent: list[str] = []
-    store = SQLStore(pg_schema.url)
-    try:
-        _backend_killer(store, pg_url, after_commit=after_commit)
-        agent = Agent(model=ScriptedModel(SCRIPT), tools=[sending_tool(sent, lambda: None)])
-        result = Runner(agent, store).run("go")
-        finished = [e for e in store.load_events(result.run_id) if e.type == "tool_finished"]
-    finally:
-        store.close()
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[sending_tool(sent, lambda: None)])
+    if kind == "sync":
+        store = SQLStore(pg_schema.url)
+        try:
+            _backend_killer(store.engine, pg_url, after_commit=after_commit)
+            result = Runner(agent, store).run("go")
+            finished = [e for e in store.load_events(result.run_id) if e.type == "tool_finished"]
+        finally:
+            store.close()
+    else:
+
+        async def run_async() -> tuple[Any, list[Any]]:
+            store = AsyncSQLStore(pg_schema.url)
+            try:
+                _backend_killer(store.engine.sync_engine, pg_url, after_commit=after_commit)
+                result = await AsyncRunner(agent, store).run("go")
+                return result, [e for e in await store.load_events(result.run_id) if e.type == "tool_finished"]
+            finally:
+                await store.close()
+
+        result, finished = asyncio.run(run_async())
     assert result.status == "done", result.error
     assert sent == ["ops"]
     assert [e.data["content"] for e in finished] == ["sent to ops"]

@@ -19,7 +19,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from support import fake_api_env, fake_api_model, run_tether, screen_text, spawn_tether, token_usage
+from support import fake_api_env, fake_api_model, run_tether, screen_text, settled, spawn_tether, token_usage
 from tether import Agent, AsyncRunner, Limits, Runner, RunResult, tool
 from tether.core import events as ev
 from tether.errors import ModelError
@@ -296,7 +296,7 @@ async def test_the_runner_streams_only_when_someone_listens_and_commits_the_same
         runner = make_runner(kind, model, on_text=pieces.append if listening else None)
         result = await drive(runner)
         assert result.status == "done", result.error
-        results[listening] = [(e.type, e.data) for e in runner.store.load_events(result.run_id)]
+        results[listening] = [(e.type, e.data) for e in (await settled(runner.store.load_events(result.run_id)))]
 
     assert [r.get("stream") for r in api.requests] == [None, None, True, True]
     assert "".join(pieces) == "Reading both.Both files hold their contents."
@@ -353,9 +353,9 @@ async def test_a_failure_mid_stream_fails_the_run_resumably_like_a_529(
         "model call failed: Anthropic API error mid-stream (overloaded_error): Overloaded "
         "(transient: resume the run to try again)"
     )
-    state = runner.load(failed.run_id)
+    state = await settled(runner.load(failed.run_id))
     assert len(state.messages) == 1  # history intact: nothing of the broken turn
-    assert ev.ModelResponded.kind not in [e.type for e in runner.store.load_events(failed.run_id)]
+    assert ev.ModelResponded.kind not in [e.type for e in (await settled(runner.store.load_events(failed.run_id)))]
 
     api.reply(ANSWER)
     resumed = await drive(runner, failed.run_id)
@@ -395,7 +395,9 @@ async def test_a_tool_use_cut_mid_json_by_max_tokens_is_discarded_and_asked_agai
 
     assert result.status == "done", result.error
     assert [r["max_tokens"] for r in api.requests] == [1000, 2000, 2000]
-    finished = [e.data for e in runner.store.load_events(result.run_id) if e.type == ev.ToolFinished.kind]
+    finished = [
+        e.data for e in (await settled(runner.store.load_events(result.run_id))) if e.type == ev.ToolFinished.kind
+    ]
     assert [(f["call_id"], f["content"]) for f in finished] == [("toolu_ok", "wrote 40 characters to a.txt")]
 
 

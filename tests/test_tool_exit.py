@@ -191,7 +191,7 @@ def test_an_async_run_whose_tools_exit_goes_on_with_their_errors() -> None:
     runner = AsyncRunner(Agent(model=ScriptedModel(SCRIPT), tools=[parse, quit_now]), MemoryStore())
     result = asyncio.run(runner.run("Go."))
     assert result.status == "done"
-    check_results(runner.load(result.run_id).messages)
+    check_results(asyncio.run(runner.load(result.run_id)).messages)
 
 
 TOOLS_MODULE = textwrap.dedent(

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import pydantic
+
+from tether.core import results
+from tether.core.compaction import HistoryProcessor, check_processors
 from tether.errors import ConfigError
-from tether.models import ModelAdapter
+from tether.models import ModelAdapter, ModelSettings
 from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
@@ -46,6 +50,15 @@ class Agent:
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
     name: str | None = None
     """Who this agent is; approval callables see it as ``ApprovalContext.agent``."""
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    """How each model call is made (temperature, stop sequences, tool choice, thinking...); a run
+    stores them in its spec."""
+    output_type: type[pydantic.BaseModel] | None = None
+    """When set, a run's result is a validated instance of this model, given by the model
+    through an added final tool (see :mod:`tether.core.results`)."""
+    history_processors: Sequence[HistoryProcessor] = ()
+    """Run before each model call, in order, to keep a long run within the model's context
+    (:class:`~tether.core.compaction.KeepLastTurns`, ``DropToolResults``, ``Summarise``)."""
     on_interrupted: OnInterrupted = "ask"
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
@@ -69,6 +82,23 @@ class Agent:
                 raise ConfigError(f"{toolset!r} is not a toolset (tether.toolsets: MCPToolset, OpenAPIToolset...)")
         if self.on_interrupted not in INTERRUPTED_POLICIES:
             raise ConfigError(f"Agent.on_interrupted must be 'ask' or 'error', not {self.on_interrupted!r}")
+        if self.output_type is not None:
+            if any(item.name == results.OUTPUT_TOOL for item in self.tools):
+                raise ConfigError(f"a tool is already named {results.OUTPUT_TOOL!r}: the output_type tool's name")
+            object.__setattr__(self, "tools", (*self.tools, results.output_tool(self.output_type)))
+        object.__setattr__(self, "history_processors", tuple(self.history_processors))
+        check_processors(self.history_processors)
+        if self.settings.tool_choice is not None:  # names a tool: list them (toolsets connect only then)
+            self.settings.check_tools(self.tool_index)
+        budget_tokens = self.settings.thinking_budget
+        if budget_tokens is not None and self.max_tokens <= budget_tokens:
+            raise ConfigError(
+                f"max_tokens ({self.max_tokens}) must be above thinking_budget ({budget_tokens}): "
+                "raise max_tokens in the model settings or the limits"
+            )
+        check_settings = getattr(self.model, "check_settings", None)
+        if callable(check_settings):  # an adapter refuses what its API does not have, before any run
+            check_settings(self.settings)
         budget = self.limits.budget
         if budget is not None and budget.counts_cost and price_for(self.model_name, self.prices) is None:
             # A cost budget that cannot count would never stop anything: refuse it up front.
@@ -89,6 +119,11 @@ class Agent:
     def all_tools(self) -> tuple[Tool, ...]:
         """``tools``, then each toolset's (listed once: the first use connects to their servers)."""
         return (*self.tools, *(tool for toolset in self.toolsets for tool in toolset.tools()))
+
+    @property
+    def max_tokens(self) -> int:
+        """``max_tokens`` of each model call: the settings', else the limits'."""
+        return self.settings.max_tokens or self.limits.max_tokens
 
     @cached_property
     def tool_index(self) -> dict[str, Tool]:

@@ -77,6 +77,8 @@ class ModelError(TetherError):
         status: the HTTP status, when the API answered.
         retryable: whether trying again later may succeed (429/5xx/529, connection).
         retry_waits: seconds the adapter waited before each of its retries of this call.
+        context_exceeded: the conversation no longer fits the model's context (an agent with
+            history processors compacts it and asks again).
     """
 
     def __init__(
@@ -86,11 +88,13 @@ class ModelError(TetherError):
         status: int | None = None,
         retryable: bool = False,
         retry_waits: tuple[float, ...] = (),
+        context_exceeded: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         self.retry_waits = retry_waits
+        self.context_exceeded = context_exceeded
 
 
 class StoreError(TetherError):

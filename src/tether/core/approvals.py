@@ -8,6 +8,7 @@ stays parked. Nothing here knows about terminals — :mod:`tether.surfaces.termi
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -195,6 +196,24 @@ class Approver(Protocol):
     def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
         """Decisions keyed by call id."""
         ...
+
+
+class AsyncApprover(Protocol):
+    """An :class:`Approver` whose answer is awaited (a web form, a chat message): for :class:`tether.AsyncRunner`.
+
+    :class:`tether.AsyncRunner` awaits an ``async def decide``; it runs a sync approver's
+    ``decide`` in a worker thread, as it may block (a terminal prompt), and awaits its answer
+    if that is awaitable. :class:`tether.Runner` takes sync approvers only.
+    """
+
+    async def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
+        """Decisions keyed by call id."""
+        ...
+
+
+def is_async_approver(approver: Approver | AsyncApprover) -> bool:
+    """Whether ``approver.decide`` is a coroutine function (its answer must be awaited)."""
+    return inspect.iscoroutinefunction(approver.decide)
 
 
 class DecideLater:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
 
 from tether.core import engine
 from tether.core.events import ChildEnded, ChildParked, ChildResumed, ChildStarted, ToolFinished
@@ -140,15 +141,8 @@ def chain_of(run_id: str, spec: dict[str, Any]) -> list[str]:
     return [*(link.get("chain") or []), run_id] if link is not None else [run_id]
 
 
-def agent_for(root: Agent, spec: dict[str, Any], load_spec: Any) -> Agent:
-    """The agent of a run in ``root``'s tree: down the agent tools its chain of parents went through.
-
-    ``load_spec(run_id)`` gives a run's spec (the chain's ancestors are read from the store).
-    """
-    link = link_of(spec)
-    if link is None:
-        return root
-    parent = agent_for(root, load_spec(link["run_id"]), load_spec)
+def child_agent(parent: Agent, link: dict[str, Any]) -> Agent:
+    """The agent of the child run ``link`` names: the agent of the parent's agent tool it serves."""
     tool = parent.tool_index.get(str(link["tool"]))
     if not isinstance(tool, AgentTool):
         raise ToolDefinitionError(f"tool {link['tool']!r} is no agent tool of the parent's agent", tool=link["tool"])
@@ -196,7 +190,8 @@ def run_child(flow: Flow, state: RunState, action: engine.RunTool, max_wait: flo
     ended = ChildEnded(call.call_id, child, report.status, report.usage, report.cost_usd, report.tool_calls)
     outcome: str | Exception
     if report.status == RunStatus.done.shown:
-        outcome = report.output or "" if report.result is None else json.dumps(report.result, ensure_ascii=False)
+        result = report.result.model_dump(mode="json") if isinstance(report.result, BaseModel) else report.result
+        outcome = report.output or "" if result is None else json.dumps(result, ensure_ascii=False)
     else:
         outcome = ChildFailed(f"child run {child} ended {report.status}: {report.error or 'no reason given'}")
     step = flow._outcome_step(action, outcome, duration)
@@ -234,8 +229,3 @@ def _drive(
         "chain": chain_of(state.id, state.spec),
     }
     return DriveChild(tool.child_agent, child, str(getattr(arguments, "task", "")), link, state.tenant, max_wait)
-
-
-def waiting_children(state: RunState) -> Sequence[str]:
-    """Every child run linked to ``state``'s calls (ended ones too), oldest first."""
-    return list(state.children.values())

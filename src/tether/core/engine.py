@@ -18,18 +18,23 @@ from typing import Any
 import pydantic
 
 from tether.agent import Agent
+from tether.core import compaction, results
 from tether.core.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
 from tether.core.cache import hit_record
+from tether.core.compaction import SummaryPlan
 from tether.core.events import (
     Allowed,
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
     CallAbandoned,
+    ContextExceeded,
     Event,
     Fact,
+    HistoryCompacted,
     ModelResponded,
     RequestedCall,
+    ResultDemanded,
     ResultsReturned,
     RetryScheduled,
     RunFinished,
@@ -70,6 +75,8 @@ class CallModel:
     """Make one model call with this request."""
 
     request: ModelRequest
+    summary: SummaryPlan | None = None
+    """The call writes a summary of the history (see :mod:`tether.core.compaction`), not the agent's next turn."""
 
 
 @dataclass(frozen=True)
@@ -160,18 +167,77 @@ def next_action(
                 return Commit(_failure(f"budget exceeded: {hit.describe()}"))
             prompt = budgets.FINAL_ANSWER_PROMPT.format(limit=hit.describe())
             return Commit(Step("reinvoked", [BudgetExhausted(hit.limit, hit.used, hit.allowed, prompt)]))
+    compacting = _compaction(state, agent)
+    if compacting is not None:
+        return compacting
     check_pairing(state.messages, run_id=state.id, start=_checked_prefix(state))
     state.pairing_checked = (state.messages, len(state.messages), state.messages[-1])  # a memo, not a decision
     request = ModelRequest(
         model=agent.model_name,
         messages=list(state.messages),
-        max_tokens=state.max_tokens or agent.limits.max_tokens,
+        max_tokens=state.max_tokens or agent.max_tokens,
         system=agent.system,
         tools=agent.tool_definitions,
         invocation=state.steps,
-        tool_choice={"type": "none"} if state.final_answer_requested else None,
+        tool_choice=_tool_choice(state, agent),
+        settings=agent.settings,
     )
     return CallModel(request)
+
+
+def _compaction(state: RunState, agent: Agent) -> Action | None:
+    """A step compacting the history with the agent's processors, or the summary call one needs; None: none due.
+
+    A turn being continued (pause_turn) is never cut.
+    """
+    if not agent.history_processors or state.continuing_turn:
+        return None
+    forced = state.compaction_forced
+    planned = compaction.next_compaction(agent.history_processors, state.messages, forced=forced)
+    if planned is None:
+        return None
+    if isinstance(planned, SummaryPlan):
+        request = ModelRequest(
+            model=agent.model_name,
+            messages=planned.request_messages(),
+            max_tokens=planned.processor.max_tokens,
+            invocation=state.steps,
+        )
+        return CallModel(request, summary=planned)
+    processor, messages = planned
+    removed = len(state.messages) - len(messages)
+    return Commit(Step("compacted", [HistoryCompacted(processor.name, messages, removed, forced)]))
+
+
+def on_summary(state: RunState, agent: Agent, plan: SummaryPlan, response: ModelResponse, *, latency: float) -> Step:
+    """The summary call answered: the history from now on holds the summary instead of the rounds it covers."""
+    summary = text_of({"content": response.content}).strip()
+    if not summary:
+        error = "the history's summary call answered no text; the history was left as it was (resume to try again)"
+        return Step("fail", error=error, retryable=True)
+    price = price_for(response.model or agent.model_name, agent.prices)
+    messages = plan.apply(state.messages, summary)
+    compacted = HistoryCompacted(
+        plan.processor.name,
+        messages,
+        len(state.messages) - len(messages),
+        state.compaction_forced,
+        summary=summary,
+        usage=response.usage,
+        cost_usd=round(price.cost(response.usage), 8) if price is not None else None,
+        model=response.model,
+        latency=round(latency, 6),
+    )
+    return Step("compacted", [compacted])
+
+
+def _tool_choice(state: RunState, agent: Agent) -> dict[str, Any] | None:
+    """No tools for a budget's last answer; the result tool when a typed result was asked for; else the settings'."""
+    if state.final_answer_requested:
+        return {"type": "none"}
+    if state.demanding_result:
+        return {"type": "tool", "name": results.OUTPUT_TOOL}
+    return agent.settings.tool_choice_param()
 
 
 def _checked_prefix(state: RunState) -> int:
@@ -475,7 +541,7 @@ def _response_step(
     reason = response.stop_reason
     has_tool_use = any(b.get("type") == "tool_use" for b in response.content)
     if reason == "max_tokens" and response.content and response.content[-1].get("type") == "tool_use":
-        current = state.max_tokens or agent.limits.max_tokens
+        current = state.max_tokens or agent.max_tokens
         ceiling = agent.limits.max_tokens_ceiling
         if current >= ceiling:
             return Step(
@@ -494,11 +560,10 @@ def _response_step(
         why = text_of({"content": response.content}) or details
         return Step("fail", [record], error=f"the model refused: {why or 'no reason given'}")
     if reason == CONTEXT_EXCEEDED:
-        return Step(
-            "fail",
-            [replace(record, discarded=True)],
-            error="context window exceeded: the conversation no longer fits the model's context",
-        )
+        message = "context window exceeded: the conversation no longer fits the model's context"
+        if _compacts_on_overflow(state, agent):
+            return Step("reinvoked", [replace(record, discarded=True), ContextExceeded(message)])
+        return Step("fail", [replace(record, discarded=True)], error=_overflow_error(state, message))
     if has_tool_use and reason in ("tool_use", "end_turn", "stop_sequence"):
         return Step("tools_requested", [record])
     if reason == "tool_use":
@@ -508,14 +573,50 @@ def _response_step(
             error="stop_reason was tool_use but the response holds no tool_use block",
         )
     if reason in DONE_STOP_REASONS:
-        return Step("answered", [record])
+        return _answered(state, agent, [record])
     if reason == "max_tokens":
-        return Step("answered", [record, Warned("the answer was cut off at max_tokens")])
+        return _answered(state, agent, [record, Warned("the answer was cut off at max_tokens")])
     return Step(
         "fail",
         [replace(record, discarded=True)],
         error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
     )
+
+
+def _answered(state: RunState, agent: Agent, records: list[Fact]) -> Step:
+    """The model ended its turn in prose: done, unless the agent requires a typed result.
+
+    Then the model is asked again for it (bounded), and the run fails once the asking is
+    used up. A budget's last answer (tools off) ends the run as it is, without a result.
+    """
+    output_type = agent.output_type
+    if output_type is None or state.final_answer_requested:
+        return Step("answered", records)
+    if state.result_demands >= results.MAX_RESULT_DEMANDS:
+        return Step("fail", records, error=results.prose_failure(output_type, state.result_demands + 1))
+    forced = agent.settings.thinking_budget is None  # thinking forbids forcing a tool
+    demand = ResultDemanded(results.demand_prompt(output_type), state.result_demands + 1, forced)
+    return Step("reinvoked", [*records, demand])
+
+
+def on_model_failure(state: RunState, agent: Agent, error: ModelError) -> Step:
+    """A model call failed: a context overflow is compacted and asked again (once) when the agent can compact."""
+    if error.context_exceeded and _compacts_on_overflow(state, agent):
+        return Step("reinvoked", [ContextExceeded(str(error))])
+    if error.context_exceeded and state.compaction_forced:
+        return Step("fail", error=f"model call failed: {_overflow_error(state, str(error))}")
+    return on_model_error(error)
+
+
+def _compacts_on_overflow(state: RunState, agent: Agent) -> bool:
+    """Whether an overflow is compacted and asked again: with processors, and not right after doing so."""
+    return bool(agent.history_processors) and not state.compaction_forced
+
+
+def _overflow_error(state: RunState, message: str) -> str:
+    if state.compaction_forced:
+        return f"{message} (even after the history processors compacted it)"
+    return message
 
 
 def on_model_error(error: ModelError) -> Step:

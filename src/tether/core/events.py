@@ -383,6 +383,73 @@ class BudgetExhausted:
 
 
 @_frozen
+class ResultDemanded:
+    """The model answered in prose where a typed result is required: it is asked again for it."""
+
+    kind: ClassVar[Literal["result_demanded"]] = "result_demanded"
+    prompt: str
+    """What the model is told (added to the history as a user turn)."""
+    attempt: int
+    """How many times the result was asked for again, this one included."""
+    forced: bool
+    """The next call forces the result tool (not with extended thinking, which forbids it)."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"prompt": self.prompt, "attempt": self.attempt, "forced": self.forced}
+
+
+@_frozen
+class HistoryCompacted:
+    """The agent's history processors compacted the history: from here on it is ``messages``.
+
+    The whole new history is kept, so a resume rebuilds exactly what the model is sent. A
+    summary (``summarise``) was written by a model call of its own, whose usage and cost are here.
+    """
+
+    kind: ClassVar[Literal["history_compacted"]] = "history_compacted"
+    processor: str
+    messages: list[Json]
+    removed: int
+    """How many messages fewer the history has."""
+    forced: bool = False
+    """Compacted after the conversation overflowed the model's context."""
+    summary: str | None = None
+    usage: Usage | None = None
+    """The summary call's."""
+    cost_usd: float | None = None
+    model: str | None = None
+    latency: float = 0.0
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        data: Json = {"processor": self.processor, "messages": self.messages, "removed": self.removed}
+        if self.forced:
+            data["forced"] = True
+        if self.usage is not None:
+            data.update(
+                summary=self.summary,
+                usage=self.usage.to_dict(),
+                cost_usd=self.cost_usd,
+                model=self.model,
+                latency=self.latency,
+            )
+        return data
+
+
+@_frozen
+class ContextExceeded:
+    """The conversation no longer fit the model's context: the history is compacted, forced, and asked again."""
+
+    kind: ClassVar[Literal["context_exceeded"]] = "context_exceeded"
+    error: str
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"error": self.error}
+
+
+@_frozen
 class RunFinished:
     """The run ended (``status`` done, failed or cancelled)."""
 
@@ -548,6 +615,9 @@ Fact: TypeAlias = (
     | Transition
     | Warned
     | BudgetExhausted
+    | ResultDemanded
+    | HistoryCompacted
+    | ContextExceeded
     | RunFinished
     | CacheHit
     | CacheMiss
@@ -573,6 +643,9 @@ _KINDS: dict[str, type[Fact]] = {
         Transition,
         Warned,
         BudgetExhausted,
+        ResultDemanded,
+        HistoryCompacted,
+        ContextExceeded,
         RunFinished,
         CacheHit,
         CacheMiss,

@@ -18,6 +18,7 @@ Effects and what performing one gives back:
 :class:`LoadLog`       the run's :class:`~tether.stores.RunLog`
 :class:`LoadRun`       the run's :class:`~tether.stores.RunRecord`
 :class:`ShownStatus`   the stored run's status as a result shows it (a ``str``)
+:class:`CreateRun`     None, once the new run's row and first events are committed
 :class:`Persist`       None, once the events and the run's row are committed
 :class:`Notify`        None, once listeners were told of committed events
 :class:`Announce`      None, once the action listener was told of slow work ahead
@@ -97,6 +98,14 @@ class ShownStatus(_Read):
 @dataclass(frozen=True)
 class Persist:
     """Commit ``events`` and the row of ``state`` (whose version they advanced by one), in one write."""
+
+    state: RunState
+    events: list[Event]
+
+
+@dataclass(frozen=True)
+class CreateRun:
+    """Insert the new run ``state`` (its row) with its first ``events``, in one write."""
 
     state: RunState
     events: list[Event]
@@ -192,6 +201,7 @@ Effect = (
     | LoadLog
     | LoadRun
     | ShownStatus
+    | CreateRun
     | Persist
     | Notify
     | Announce
@@ -275,6 +285,12 @@ class Flow:
         self.clock = clock
         self.timer = timer
         self.rng = rng if rng is not None else random.Random()
+
+    def for_agent(self, agent: Agent) -> Flow:
+        """The same driver's decisions for ``agent`` (a child run's, in this agent's tree)."""
+        if agent is self.agent:
+            return self
+        return Flow(agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng)
 
     # A whole drive ------------------------------------------------------------------------
     def drive(
@@ -381,10 +397,13 @@ class Flow:
         try:
             response: ModelResponse = yield action
         except ModelError as error:
-            yield from self.commit(state, engine.on_model_error(error))
+            yield from self.commit(state, engine.on_model_failure(state, self.agent, error))
             return
         now = self.clock()
-        step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
+        if action.summary is not None:  # the history processors' summary, not the agent's turn
+            step = engine.on_summary(state, self.agent, action.summary, response, latency=now - started)
+        else:
+            step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
         on_resume = "resuming the run asks the model again (one more call)"
         yield from self._save(state, step, "the model answered", on_resume)
 

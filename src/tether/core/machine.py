@@ -15,8 +15,10 @@ from statemachine.states import States
 from tether.core.status import FINAL, INITIAL, RunStatus
 from tether.errors import IncompatibleRun
 
-MACHINE_VERSION = 1
-"""Bumped whenever states or transitions change meaning; stored with each run."""
+MACHINE_VERSION = 2
+"""Bumped whenever states or transitions change meaning; stored with each run (2: ``compacted``,
+and the ``result_demanded``, ``history_compacted`` and ``context_exceeded`` facts an older tether
+cannot fold)."""
 
 _STATES = States.from_enum(RunStatus, initial=INITIAL, final=FINAL, use_enum_instance=False)
 """One state per :class:`~tether.core.status.RunStatus`: its name the Python id, its value the persisted one.
@@ -45,7 +47,10 @@ class AgentMachine(StateMachine):
     answered = thinking.to(done)
     """The model ended its turn without asking for tools."""
     reinvoked = thinking.to.itself()  # type: ignore[no-untyped-call]
-    """pause_turn, or a tool_use cut off at max_tokens: call the model again."""
+    """pause_turn, a tool_use cut off at max_tokens, a typed result asked for again, or a context
+    overflow to compact: call the model again."""
+    compacted = thinking.to.itself()  # type: ignore[no-untyped-call]
+    """The agent's history processors compacted the history before the next model call."""
     tool_finished = (
         executing_tool.to(done, cond="has_final_result", unless="has_pending_calls")
         | executing_tool.to(executing_tool, cond="has_pending_calls")

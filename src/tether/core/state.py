@@ -112,6 +112,13 @@ class RunState:
     """Limits already warned about (each is warned once; see :attr:`tether.policy.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
+    result_demands: int = 0
+    """Times a prose answer was asked again for the agent's typed result."""
+    demanding_result: bool = False
+    """The next model call forces the result tool (see :mod:`tether.core.results`)."""
+    compaction_forced: bool = False
+    """The conversation overflowed the model's context and no model call answered since: the
+    history processors compact even below their thresholds, and another overflow fails the run."""
     output: str | None = None
     result: Any = None
     has_final_result: bool = False
@@ -211,11 +218,8 @@ def _fold(state: RunState, fact: Fact) -> None:
             state.spec = dict(spec)
             state.messages = [dict(m) for m in messages]
             state.created_at = created_at
-        case ev.RetryScheduled(call_id=call_id, duration=duration, due_at=due_at):
-            state.tool_seconds += duration
-            state.in_flight.pop(call_id, None)
-            state.tool_calls += 1
-            state.retry_due[call_id] = due_at
+        case ev.RetryScheduled():
+            _retry_scheduled(state, fact)
         case ev.ApprovalRequested():
             _approval_requested(state, fact)
         case ev.ApprovalDecided():
@@ -232,6 +236,12 @@ def _fold(state: RunState, fact: Fact) -> None:
         case ev.BudgetExhausted(prompt=prompt):
             append_user_text(state.messages, prompt)
             state.final_answer_requested = True
+        case ev.HistoryCompacted():
+            _history_compacted(state, fact)
+        case ev.ContextExceeded():
+            state.compaction_forced = True
+        case ev.ResultDemanded():
+            _result_demanded(state, fact)
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
         case ev.ChildStarted() | ev.ChildParked() | ev.ChildResumed() | ev.ChildEnded():
@@ -240,14 +250,22 @@ def _fold(state: RunState, fact: Fact) -> None:
             pass  # the audit's; the result that follows a hit is folded as any other
 
 
-def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
+def _model_call(state: RunState, usage: Usage, cost_usd: float | None, latency: float) -> None:
+    """Count one model call: a step, its usage, cost and latency."""
     state.steps += 1
-    state.model_seconds += fact.latency
-    state.usage = state.usage + fact.usage
-    if fact.cost_usd is None:
+    state.model_seconds += latency
+    state.usage = state.usage + usage
+    if cost_usd is None:
         state.cost_unknown = True
     else:
-        state.cost_usd += fact.cost_usd
+        state.cost_usd += cost_usd
+
+
+def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
+    _model_call(state, fact.usage, fact.cost_usd, fact.latency)
+    state.demanding_result = False
+    if not fact.discarded:
+        state.compaction_forced = False
     if fact.discarded:
         if fact.next_max_tokens is not None:
             state.max_tokens = fact.next_max_tokens
@@ -291,6 +309,24 @@ def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.Chi
                 state.cost_unknown = True
             else:
                 state.cost_usd += fact.cost_usd
+
+
+def _result_demanded(state: RunState, fact: ev.ResultDemanded) -> None:
+    append_user_text(state.messages, fact.prompt)
+    state.result_demands, state.demanding_result = fact.attempt, fact.forced
+
+
+def _history_compacted(state: RunState, fact: ev.HistoryCompacted) -> None:
+    state.messages = [dict(message) for message in fact.messages]
+    if fact.usage is not None:  # a summary: one more model call
+        _model_call(state, fact.usage, fact.cost_usd, fact.latency)
+
+
+def _retry_scheduled(state: RunState, fact: ev.RetryScheduled) -> None:
+    state.tool_seconds += fact.duration
+    state.in_flight.pop(fact.call_id, None)
+    state.tool_calls += 1
+    state.retry_due[fact.call_id] = fact.due_at
 
 
 def _tool_finished(state: RunState, fact: ev.ToolFinished) -> None:

@@ -19,14 +19,13 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.errors import ConfigError, ToolDefinitionError
-from tether.models import ModelAdapter
+from tether.models import ModelAdapter, ModelSettings, providers
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
 from tether.tools import Tool, tools_by_name
 from tether.toolsets import changes, from_record
 
-SCRIPTED_PREFIX = "scripted:"
 ENV_PREFIX = "TETHER_"
 """Only these environment settings are stored with a run: never credentials."""
 PRIVATE_PREFIX = "_tether_tools_"
@@ -98,30 +97,22 @@ def import_tools_module(name: str, base: Path) -> ModuleType:
 
 
 def load_model(spec: str) -> ModelAdapter:
-    """``scripted:PATH`` replays a JSON file offline; anything else names a Claude model."""
+    """The offline demo model, or the adapter a model name stands for (see :mod:`tether.models.providers`)."""
     if spec == DEMO_MODEL:
         from tether.examples.demo import DemoScript
         from tether.models.scripted import ScriptedModel
 
         return ScriptedModel(DemoScript(), name=DEMO_MODEL)
-    if spec.startswith(SCRIPTED_PREFIX):
-        from tether.models.scripted import ScriptedModel
-
-        return ScriptedModel.from_file(spec[len(SCRIPTED_PREFIX) :])
-    from tether.models.anthropic import AnthropicModel
-
-    return AnthropicModel(spec)
+    return providers.model_for(spec)
 
 
 def normalise_model_spec(spec: str | None) -> str:
-    """Resolve the default model and make a scripted path absolute (resume may run elsewhere)."""
+    """Resolve the default model, check the provider, and make a scripted path absolute (resume may run elsewhere)."""
     if not spec:
         from tether.models.anthropic import default_model_name
 
-        return default_model_name()
-    if spec.startswith(SCRIPTED_PREFIX):
-        return SCRIPTED_PREFIX + str(Path(spec[len(SCRIPTED_PREFIX) :]).resolve())
-    return spec
+        spec = default_model_name()
+    return spec if spec == DEMO_MODEL else providers.normalise(spec)
 
 
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
@@ -154,6 +145,7 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
         limits=limits_from_spec(spec),
         prices={name: Price.from_dict(price) for name, price in prices.items()},
         model_name=model_spec,
+        settings=settings_from_spec(spec),
         spec={
             "tools": list(spec.get("tools", [])),
             "system": spec.get("system"),
@@ -185,6 +177,7 @@ CONTINUED = (
     "cwd",
     "env",
     "model",
+    "model_settings",
     "system",
     "policy",
     "max_steps",
@@ -194,17 +187,20 @@ CONTINUED = (
     "toolsets",
 )
 """What a run continuing another keeps from the earlier run's spec, unless set anew."""
+MERGED = ("budget", "model_settings")
+"""What a continuing run's flags change setting by setting, keeping the earlier run's others."""
 
 
 def continued_spec(earlier: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """The spec of a run that continues ``earlier``: what ``given`` sets, the rest as ``earlier`` had it.
 
     Tools go with the directory they are loaded from (``given`` tools bring their own
-    ``cwd``). A budget merges limit by limit: setting one keeps the others.
+    ``cwd``). A budget merges limit by limit, model settings setting by setting: setting one
+    keeps the others.
     """
     spec = {key: earlier[key] for key in CONTINUED if earlier.get(key) is not None}
     for key, value in given.items():
-        spec[key] = {**(spec.get(key) or {}), **value} if key == "budget" else value
+        spec[key] = {**(spec.get(key) or {}), **value} if key in MERGED else value
     return spec
 
 
@@ -228,6 +224,11 @@ def toolset_changes(spec: dict[str, Any], agent: Agent) -> list[str]:
     say what changed besides, as :func:`policy_change` does for rules.
     """
     return changes(spec.get("toolsets") or [], agent.toolsets)
+
+
+def settings_from_spec(spec: dict[str, Any]) -> ModelSettings:
+    """The model settings a run was started with (none stored: the APIs' defaults)."""
+    return ModelSettings.from_dict(spec.get("model_settings"))
 
 
 def limits_from_spec(spec: dict[str, Any]) -> Limits:

@@ -1,9 +1,10 @@
 """Drivers: perform a drive's effects, send the outcomes back, until the drive ends.
 
-What to do and in which order is decided by :class:`tether.core.flow.Flow`, which does no I/O;
-:class:`Runner` performs its effects with plain calls and :class:`AsyncRunner` awaits the
-slow ones (model, tools, waits). Loading, creating, deciding and cancelling live in
-:class:`_RunnerBase`.
+What to do and in which order is decided by :class:`tether.core.flow.Flow` (a drive) and
+:mod:`tether.core.lifecycle` (creating, loading, deciding, cancelling), which do no I/O;
+:class:`Runner` performs their effects with plain calls and :class:`AsyncRunner` awaits every
+one that waits (the store, the lease, the approver, the model, tools, sleeps), so an event
+loop driving many runs is never blocked by one.
 A drive ends when the run is done, failed, cancelled, parked awaiting a decision the
 approver (if any) did not give, or parked until a retry is due (``max_wait``): a parked run
 holds no thread; :meth:`tether.stores.Store.list_due` finds it again when its retry is due.
@@ -14,20 +15,28 @@ A drive holds the run's lease from before its first model call or tool start to 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import random
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Self, TypeVar, cast
+
+from pydantic import BaseModel
 
 from tether.agent import Agent
-from tether.core import children, engine
-from tether.core.approvals import Approver, Decision, Deny, PendingApproval, pending_of
+from tether.core import engine, lifecycle
+from tether.core.approvals import (
+    Approver,
+    AsyncApprover,
+    Decision,
+    PendingApproval,
+    is_async_approver,
+    pending_of,
+)
 from tether.core.children import DriveChild
-from tether.core.compat import check_versions
 from tether.core.events import Event
 from tether.core.flow import (
     Activity,
@@ -35,6 +44,7 @@ from tether.core.flow import (
     Ask,
     Attempt,
     CheckLease,
+    CreateRun,
     Driven,
     Effect,
     Flow,
@@ -50,11 +60,10 @@ from tether.core.flow import (
     Sleep,
     StoreCache,
 )
-from tether.core.history import append_user_text, close_unanswered
-from tether.core.machine import MACHINE_VERSION
+from tether.core.results import typed_result
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, INITIAL, WAITING_RETRY, RunStatus, status_name
-from tether.errors import RunEnded, RunNotFound
+from tether.core.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
+from tether.errors import ConfigError
 from tether.execution import launches
 from tether.models import (
     AsyncModelAdapter,
@@ -66,10 +75,13 @@ from tether.models import (
     Usage,
 )
 from tether.policy import rules
-from tether.stores import SCHEMA_VERSION, RunRecord, Store, leases
+from tether.stores import AsyncStore, RunRecord, Store, leases
+from tether.stores.awaitable import as_async_store, is_async_store
 from tether.stores.memory import MemoryStore
 
 T = TypeVar("T")
+S = TypeVar("S", Store, AsyncStore)
+L = TypeVar("L", leases.Lease, leases.AsyncLease)
 EventListener = Callable[[RunState, Event], None]
 ActionListener = Callable[[RunState, Activity], None]
 """Told just before a drive starts slow work (a model call, a tool attempt, a retry wait).
@@ -108,7 +120,7 @@ class RunResult:
             "run_id": self.run_id,
             "status": self.status,
             "output": self.output,
-            "result": self.result,
+            "result": self.result.model_dump(mode="json") if isinstance(self.result, BaseModel) else self.result,
             "error": self.error,
             "steps": self.steps,
             "tool_calls": self.tool_calls,
@@ -171,28 +183,11 @@ def record_of(state: RunState) -> RunRecord:
     )
 
 
-def _conversation_spent(parent: RunState) -> dict[str, float]:
-    """What a conversation spent up to and including ``parent`` (for conversation budgets)."""
-    earlier = parent.spec.get("conversation") or {}
-    usage = parent.usage
-    tokens = (
-        usage.input_tokens + usage.output_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
-    )
-    return {
-        "tokens": float(earlier.get("tokens", 0)) + tokens,
-        "cost_usd": float(earlier.get("cost_usd", 0.0)) + parent.cost_usd,
-        "model_calls": int(earlier.get("model_calls", 0)) + parent.steps,
-        "tool_calls": int(earlier.get("tool_calls", 0)) + parent.tool_calls,
-        "started_at": float(earlier.get("started_at", parent.created_at)),
-    }
+class _RunnerBase(Generic[S, L]):
+    """What both drivers share: everything but how effects are performed (called, or awaited).
 
-
-class _RunnerBase:
-    """What both drivers share: everything but how the slow effects are performed.
-
-    A drive is a :class:`tether.core.flow.Flow`; this class performs each of its effects with plain
-    calls (:meth:`_perform`), which is all :class:`Runner` does; :class:`AsyncRunner` awaits the
-    model, the tools and sleeps instead.
+    Every operation is a flow (:class:`tether.core.flow.Flow`, :mod:`tether.core.lifecycle`);
+    :class:`Runner` performs each of its effects with plain calls, :class:`AsyncRunner` awaits them.
 
     ``approver`` answers gated calls during a drive. ``None`` means nobody will be asked:
     a gated call still parks the run (a later ``decide`` can free it), but a call a crash
@@ -204,12 +199,14 @@ class _RunnerBase:
     third of that while a drive works), so how long a killed driver keeps its run busy.
     """
 
+    store: S
+
     def __init__(
         self,
         agent: Agent,
-        store: Store | None = None,
+        store: Store | AsyncStore | None = None,
         *,
-        approver: Approver | None = None,
+        approver: Approver | AsyncApprover | None = None,
         listeners: Sequence[EventListener] = (),
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -218,8 +215,8 @@ class _RunnerBase:
         lease_ttl: float = leases.DEFAULT_TTL,
     ) -> None:
         self.agent = agent
-        self.store: Store = store if store is not None else MemoryStore()
         self.approver = approver
+        self.store = self._store_for(store if store is not None else MemoryStore())
         self.listeners = list(listeners)
         self.on_action = on_action
         self.on_text = on_text
@@ -228,13 +225,93 @@ class _RunnerBase:
         self.rng = rng if rng is not None else random.Random()
         """Draws retry jitter; pass ``random.Random(seed)`` for a schedule that repeats."""
         self.lease_ttl = lease_ttl
-        self._held: dict[str, leases.Lease] = {}
+        self._held: dict[str, L] = {}
         """The leases this runner holds now, by run id: every write to those runs checks its lease."""
+
+    def _store_for(self, store: Store | AsyncStore) -> S:
+        """The store as this driver calls it."""
+        raise NotImplementedError
+
+    def _lease(self, state: RunState) -> L:
+        lease = self._held.get(state.id)
+        if lease is None:
+            raise RuntimeError(f"step() needs the run's lease: call it inside `runner.hold({state.id!r})`")
+        return lease
+
+    def _flow(self, owner: str = "", agent: Agent | None = None) -> Flow:
+        """This runner's decisions (or ``agent``'s, for a child run), for a drive by ``owner`` (the lease's)."""
+        return Flow(agent or self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
+
+    def _child_runner(self, child: DriveChild) -> Self:
+        """A runner like this one (store, approver, listeners, clocks) for ``child``'s run and agent."""
+        return type(self)(
+            child.agent,
+            self.store,
+            approver=self.approver,
+            listeners=self.listeners,
+            clock=self.clock,
+            rng=self.rng,
+            on_action=self.on_action,
+            on_text=self.on_text,
+            lease_ttl=self.lease_ttl,
+        )
+
+    def approval_requests(self, state: RunState) -> list[PendingApproval]:
+        """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
+        return pending_of(state, self.agent)
+
+    def result(self, state: RunState) -> RunResult:
+        """Where ``state`` stands, its result an instance of the agent's ``output_type`` when it has one."""
+        result = result_of(state)
+        output_type = self.agent.output_type
+        if output_type is None or result.result is None:
+            return result
+        return replace(result, result=typed_result(output_type, result.result, run_id=state.id))
+
+    # Performing what both drivers perform alike -----------------------------------------
+    def _store_work(self, effect: Effect) -> Callable[[], Any] | None:
+        """The store call performing ``effect`` (its outcome, or an awaitable of it); None for other effects."""
+        store = self.store
+        match effect:
+            case LoadLog(run_id, tenant):
+                return functools.partial(store.load_log, run_id, tenant=tenant)
+            case LoadRun(run_id, tenant):
+                return functools.partial(store.load_run, run_id, tenant=tenant)
+            case CreateRun(state, events):
+                return functools.partial(store.create_run, record_of(state), events)
+            case Persist(state, events):
+                return functools.partial(store.append, record_of(state), state.version - 1, events)
+            case LookUpCache(key, now):
+                return functools.partial(store.cache_get, key, now)
+            case StoreCache(key, tool, value, expires_at):
+                return functools.partial(store.cache_put, key, tool, value, expires_at)
+        return None
+
+    def _tell(self, effect: Notify | Announce) -> None:
+        """Tell the listeners (plain callbacks, on both drivers: for displays, they must not block)."""
+        if isinstance(effect, Notify):
+            rules.log_warnings(effect.state.id, effect.events)
+            for listener in self.listeners:
+                for event in effect.events:
+                    listener(effect.state, event)
+        elif self.on_action is not None:
+            self.on_action(effect.state, effect.activity)
+
+
+class Runner(_RunnerBase[Store, leases.Lease]):
+    """Drives runs synchronously: every effect is a plain call."""
+
+    def _store_for(self, store: Store | AsyncStore) -> Store:
+        if is_async_store(store):
+            raise ConfigError(f"{type(store).__name__} is an async store: drive its runs with AsyncRunner")
+        if self.approver is not None and is_async_approver(self.approver):
+            raise ConfigError(f"{type(self.approver).__name__} decides asynchronously: use it with AsyncRunner")
+        return cast(Store, store)
 
     # Leases -------------------------------------------------------------------------------
     @contextmanager
     def hold(self, run_id: str, *, force: bool = False) -> Iterator[leases.Lease]:
-        """Hold the run's lease while the block lasts: what :meth:`Runner.step` needs (``drive`` does it).
+        """Hold the run's lease while the block lasts: what :meth:`step` needs (``drive`` does it).
 
         Raises :class:`~tether.errors.RunBusy` if another process holds it, unless ``force``.
         """
@@ -245,29 +322,10 @@ class _RunnerBase:
             finally:
                 del self._held[run_id]
 
-    def _lease(self, state: RunState) -> leases.Lease:
-        lease = self._held.get(state.id)
-        if lease is None:
-            raise RuntimeError(f"step() needs the run's lease: call it inside `with runner.hold({state.id!r}):`")
-        return lease
-
-    def _flow(self, owner: str = "", agent: Agent | None = None) -> Flow:
-        """This runner's decisions (or ``agent``'s, for a child run), for a drive by ``owner`` (the lease's)."""
-        return Flow(agent or self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
-
-    @contextmanager
-    def _driving(
-        self, run: str | RunState, tenant: str | None, *, force: bool, max_wait: float | None
-    ) -> Iterator[Flowing[RunState]]:
-        """A drive's flow, while the run's lease is held: claimed before anything else, released at the end."""
-        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
-            yield self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
-
-    # Loading and persisting ---------------------------------------------------------
+    # Runs ---------------------------------------------------------------------------------
     def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
         """Rebuild a run from its events (read with its version, in one consistent read)."""
-        log = self.store.load_log(run_id, tenant=tenant)
-        return RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
+        return self._complete(lifecycle.read(run_id, tenant))
 
     def create(
         self,
@@ -282,64 +340,10 @@ class _RunnerBase:
 
         ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
         """
-        messages: list[dict[str, Any]] = []
-        spec = {
-            **self.agent.recorded_spec,
-            "model": self.agent.model_name,
-            "max_steps": self.agent.limits.max_steps,
-            "max_tool_calls": self.agent.limits.max_tool_calls,
-            "budget": budget.to_dict() if (budget := self.agent.limits.budget) is not None else None,
-            "machine_version": MACHINE_VERSION,
-            "schema_version": SCHEMA_VERSION,
-            "tool_schemas": {tool.name: tool.input_schema() for tool in self.agent.all_tools},
-            "tool_settings": {tool.name: tool.settings() for tool in self.agent.all_tools},
-        }
-        if parent is not None:
-            spec["parent"] = parent
-        if continue_from is not None:
-            earlier = self.load(continue_from, tenant=tenant)
-            messages = [dict(m) for m in earlier.messages]
-            close_unanswered(messages, f"Not run: the earlier run ended ({earlier.status}) before this call ran.")
-            spec["continued_from"] = continue_from
-            spec["conversation"] = _conversation_spent(earlier)
-        append_user_text(messages, prompt)
-        state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
-        produced = engine.start_events(state, spec=spec, messages=messages, now=self.clock())
-        self.store.create_run(record_of(state), produced)
-        self._notify(state, produced)
-        return state
-
-    def _spec(self, tenant: str | None, run_id: str) -> dict[str, Any]:
-        return self.store.load_run(run_id, tenant=tenant).spec
-
-    def _child(self, child: DriveChild) -> Any:
-        """A runner like this one (store, approver, listeners, clocks) for ``child``'s run, created unless it exists."""
-        runner = type(self)(
-            child.agent,
-            self.store,
-            approver=self.approver,
-            listeners=self.listeners,
-            clock=self.clock,
-            rng=self.rng,
-            on_action=self.on_action,
-            on_text=self.on_text,
-            lease_ttl=self.lease_ttl,
+        flow = lifecycle.create(
+            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
         )
-        try:
-            self.store.load_run(child.run_id, tenant=child.tenant)
-        except RunNotFound:  # created once: a resumed parent drives the child it started
-            runner.create(child.prompt, tenant=child.tenant, run_id=child.run_id, parent=child.link)
-        return runner
-
-    def _notify(self, state: RunState, produced: list[Event]) -> None:
-        for listener in self.listeners:
-            for event in produced:
-                listener(state, event)
-
-    # Approvals ------------------------------------------------------------------------
-    def approval_requests(self, state: RunState) -> list[PendingApproval]:
-        """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
-        return pending_of(state, self.agent)
+        return self._complete(flow)
 
     def decide(
         self,
@@ -355,15 +359,8 @@ class _RunnerBase:
         Exactly one decision ever applies: a second one, or two racing processes, get
         :class:`~tether.errors.ApprovalError` or :class:`~tether.errors.StaleRun`.
         """
-        state = self.load(run_id, tenant=tenant)
-        if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
-            check_versions(state.id, state.spec)
-            decisions = self._flow()
-        else:  # a child run of this agent's tree is decided with the child's agent
-            decisions = self._flow(agent=children.agent_for(self.agent, state.spec, partial(self._spec, tenant)))
-            self._complete(decisions.load(state, tenant))
-        self._complete(decisions.decide(state, call_id, decision, fingerprint))
-        return result_of(state)
+        flow = lifecycle.decide(self._flow(), run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
+        return self.result(self._complete(flow))
 
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
         """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
@@ -375,79 +372,7 @@ class _RunnerBase:
         Raises:
             RunEnded: the run is done, cancelled, or failed for good.
         """
-        state = self.load(run_id, tenant=tenant)
-        if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
-            raise RunEnded(state.id, result_of(state).status, "cancel")
-        self._complete(self._flow().commit(state, engine.cancellation(reason)))
-        for child in state.children.values():  # then the runs it started, down the tree
-            with suppress(RunEnded, RunNotFound):
-                self.cancel(child, f"its parent run {state.id} was cancelled", tenant=tenant)
-        return result_of(state)
-
-    # Performing a flow's effects ------------------------------------------------------
-    def _complete(self, flow: Flowing[T]) -> T:
-        """Run ``flow`` to its end, performing each effect with plain calls."""
-        driven = Driven(flow)
-        while (effect := driven.next()) is not None:
-            with driven.reporting():
-                driven.outcome = self._perform(effect)
-        return driven.result
-
-    def _perform(self, effect: Effect) -> Any:
-        """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.core.flow`)."""
-        match effect:
-            case CheckLease(run_id):
-                lease = self._held.get(run_id)
-                if lease is not None:
-                    lease.check()
-            case LoadLog(run_id, tenant):
-                return self.store.load_log(run_id, tenant=tenant)
-            case LoadRun(run_id, tenant):
-                return self.store.load_run(run_id, tenant=tenant)
-            case ShownStatus(run_id, tenant):
-                return shown_status(self.store.load_run(run_id, tenant=tenant))
-            case Persist(state, events):
-                self.store.append(record_of(state), state.version - 1, events)
-            case Notify(state, events):
-                rules.log_warnings(state.id, events)
-                self._notify(state, events)
-            case Announce(state, activity):
-                if self.on_action is not None:
-                    self.on_action(state, activity)
-            case LookUpCache(key, now):
-                return self.store.cache_get(key, now)
-            case StoreCache(key, tool, value, expires_at):
-                self.store.cache_put(key, tool, value, expires_at)
-            case Ask(requests) if self.approver is not None:
-                return self.approver.decide(requests)
-            case Sleep(seconds):
-                time.sleep(seconds)
-            case engine.CallModel(request):
-                return self._call_model(request)
-            case Attempt(action, run_id):
-                return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
-            case Launch(Attempt(action, run_id)):
-                return launches.launch(
-                    partial(action.tool.execute, action.arguments, action.call.call_id, run_id=run_id)
-                )
-            case Landed(handles):
-                return launches.landed(handles)
-            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
-                return self._child(effect).drive(run_id, tenant=tenant, max_wait=max_wait)
-            case _:
-                raise TypeError(f"no driver for {effect!r}")
-        return None
-
-    def _call_model(self, request: ModelRequest) -> ModelResponse:
-        """One model call: streamed only when someone listens to the text and the model can stream."""
-        model = self.agent.model
-        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
-            return model.stream(request, self.on_text)
-        return model.complete(request)
-
-
-class Runner(_RunnerBase):
-    """Drives runs synchronously."""
+        return self.result(self._complete(lifecycle.cancel(self._flow(), run_id, reason, tenant)))
 
     def run(
         self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
@@ -471,8 +396,9 @@ class Runner(_RunnerBase):
         that driver is gone: if it still runs, it stops at its next write, but a call it
         was running may run twice.
         """
-        with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(self._complete(flow))
+        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
+            flow = self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
+            return self.result(self._complete(flow))
 
     def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work; False when there is nothing left to do now.
@@ -482,32 +408,145 @@ class Runner(_RunnerBase):
         """
         return self._complete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
+    # Performing a flow's effects ------------------------------------------------------
+    def _complete(self, flow: Flowing[T]) -> T:
+        """Run ``flow`` to its end, performing each effect with plain calls."""
+        driven = Driven(flow)
+        while (effect := driven.next()) is not None:
+            with driven.reporting():
+                driven.outcome = self._perform(effect)
+        return driven.result
 
-class AsyncRunner(_RunnerBase):
-    """Drives runs inside an event loop: the model, tools and waits are awaited (sync tools in threads).
+    def _perform(self, effect: Effect) -> Any:
+        """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.core.flow`)."""
+        if (work := self._store_work(effect)) is not None:
+            return work()
+        match effect:
+            case CheckLease(run_id):
+                lease = self._held.get(run_id)
+                if lease is not None:
+                    lease.check()
+            case ShownStatus(run_id, tenant):
+                return shown_status(self.store.load_run(run_id, tenant=tenant))
+            case Notify() | Announce():
+                self._tell(effect)
+            case Ask(requests) if self.approver is not None:
+                return self.approver.decide(requests)
+            case Sleep(seconds):
+                time.sleep(seconds)
+            case engine.CallModel(request):
+                return self._call_model(request)
+            case Attempt(action, run_id):
+                return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
+            case Launch(Attempt(action, run_id)):
+                return launches.launch(
+                    functools.partial(action.tool.execute, action.arguments, action.call.call_id, run_id=run_id)
+                )
+            case Landed(handles):
+                return launches.landed(handles)
+            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+                runner = self._child_runner(effect)
+                runner._complete(lifecycle.create_child(runner._flow(), effect))
+                return runner.drive(run_id, tenant=tenant, max_wait=max_wait)
+            case _:
+                raise TypeError(f"no driver for {effect!r}")
+        return None
 
-    The store, the approver, the lease and the listeners are still called as in :class:`Runner`.
+    def _call_model(self, request: ModelRequest) -> ModelResponse:
+        """One model call: streamed only when someone listens to the text and the model can stream."""
+        model = self.agent.model
+        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
+            return model.stream(request, self.on_text)
+        return model.complete(request)
+
+
+class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
+    """Drives runs inside an event loop: every effect that waits is awaited, so the loop is never blocked.
+
+    The store is an :class:`~tether.stores.AsyncStore` (:class:`~tether.stores.sql.AsyncSQLStore`);
+    a sync one is made awaitable (:func:`~tether.stores.awaitable.as_async_store`: a SQL store's
+    calls run in worker threads, a memory store's directly). The lease's heartbeat is a task, the
+    model and tools are awaited (sync ones in threads), an async approver is awaited and a sync one
+    runs in a thread (it may block: a terminal prompt). Listeners are plain calls (keep them quick).
+
+    Cancelling the task driving a run stops the drive at its next wait: a write in progress is
+    finished first, the lease is given up, and a later drive continues the run (a tool call it
+    had started is then in doubt, handled as after a crash).
     """
+
+    def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
+        return as_async_store(store)
+
+    # Leases -------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def hold(self, run_id: str, *, force: bool = False) -> AsyncIterator[leases.AsyncLease]:
+        """Hold the run's lease while the block lasts (``async with runner.hold(run_id):``); see :meth:`Runner.hold`."""
+        async with leases.ahold(self.store, run_id, ttl=self.lease_ttl, force=force) as lease:
+            self._held[run_id] = lease
+            try:
+                yield lease
+            finally:
+                del self._held[run_id]
+
+    # Runs ---------------------------------------------------------------------------------
+    async def load(self, run_id: str, *, tenant: str | None = None) -> RunState:
+        """See :meth:`Runner.load`."""
+        return await self._acomplete(lifecycle.read(run_id, tenant))
+
+    async def create(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+        parent: dict[str, Any] | None = None,
+    ) -> RunState:
+        """See :meth:`Runner.create`."""
+        flow = lifecycle.create(
+            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
+        )
+        return await self._acomplete(flow)
+
+    async def decide(
+        self,
+        run_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        fingerprint: str | None = None,
+        tenant: str | None = None,
+    ) -> RunResult:
+        """See :meth:`Runner.decide`."""
+        flow = lifecycle.decide(self._flow(), run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
+        return self.result(await self._acomplete(flow))
+
+    async def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
+        """See :meth:`Runner.cancel`."""
+        return self.result(await self._acomplete(lifecycle.cancel(self._flow(), run_id, reason, tenant)))
 
     async def run(
         self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
     ) -> RunResult:
         """Start a run and drive it as far as it goes (see :meth:`Runner.drive` for ``max_wait``)."""
-        return await self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
+        state = await self.create(prompt, continue_from=continue_from, tenant=tenant)
+        return await self.drive(state, max_wait=max_wait)
 
     async def drive(
         self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None, force: bool = False
     ) -> RunResult:
         """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
-        with self._driving(run, tenant, force=force, max_wait=max_wait) as flow:
-            return result_of(await self._acomplete(flow))
+        async with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
+            flow = self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
+            return self.result(await self._acomplete(flow))
 
     async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
-        """Do exactly one unit of work; False when there is nothing left to do now (see Runner.step)."""
+        """Do exactly one unit of work (inside ``async with runner.hold(run_id):``); see :meth:`Runner.step`."""
         return await self._acomplete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
+    # Performing a flow's effects ------------------------------------------------------
     async def _acomplete(self, flow: Flowing[T]) -> T:
-        """Run ``flow`` to its end, awaiting the slow effects (see :meth:`_perform` for the rest)."""
+        """Run ``flow`` to its end, awaiting each effect."""
         driven = Driven(flow)
         while (effect := driven.next()) is not None:
             with driven.reporting():
@@ -515,10 +554,22 @@ class AsyncRunner(_RunnerBase):
         return driven.result
 
     async def _aperform(self, effect: Effect) -> Any:
+        """Do what ``effect`` says without blocking the loop (see :meth:`Runner._perform`)."""
+        if (work := self._store_work(effect)) is not None:
+            return await work()  # begun, it ends whole even if the drive is cancelled (see AsyncStore)
         match effect:
+            case CheckLease(run_id):
+                lease = self._held.get(run_id)
+                if lease is not None:
+                    await lease.check()
+            case ShownStatus(run_id, tenant):
+                return shown_status(await self.store.load_run(run_id, tenant=tenant))
+            case Notify() | Announce():
+                self._tell(effect)
+            case Ask(requests) if self.approver is not None:
+                return await self._ask(self.approver, requests)
             case Sleep(seconds):
                 await asyncio.sleep(seconds)
-                return None
             case engine.CallModel(request):
                 return await self._acall_model(request)
             case Attempt(action, run_id):
@@ -528,8 +579,23 @@ class AsyncRunner(_RunnerBase):
             case Landed(handles):
                 return await launches.alanded(handles)
             case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
-                return await self._child(effect).drive(run_id, tenant=tenant, max_wait=max_wait)
-        return self._perform(effect)
+                runner = self._child_runner(effect)
+                await runner._acomplete(lifecycle.create_child(runner._flow(), effect))
+                return await runner.drive(run_id, tenant=tenant, max_wait=max_wait)
+            case _:
+                raise TypeError(f"no driver for {effect!r}")
+        return None
+
+    async def _ask(self, approver: Approver | AsyncApprover, requests: list[PendingApproval]) -> Any:
+        """The approver's decisions: awaited if it is async; a sync one in a thread, as it may block (a prompt)."""
+        if is_async_approver(approver):
+            answer: Any = approver.decide(requests)
+        else:
+            answer = await asyncio.to_thread(approver.decide, requests)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        decisions: Mapping[str, Decision] = answer
+        return decisions
 
     async def _acall_model(self, request: ModelRequest) -> ModelResponse:
         """One model call (see Runner._call_model), awaited natively when the model can; else in a thread."""

@@ -37,21 +37,26 @@ parked); 422 a body field of the wrong type, or edited input the tool's schema r
 
 Decisions are safe from any number of processes: the store's optimistic concurrency
 lets exactly one of two racing decisions through; the other gets 409.
+
+Runs are driven on the server's event loop by :class:`~tether.drivers.runner.AsyncRunner` on an
+:class:`~tether.stores.AsyncStore` (:class:`~tether.stores.sql.AsyncSQLStore` for a SQL URL): no
+request waits for a thread, and one process serves many runs at once. The app closes its store
+when it shuts down.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 try:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
@@ -61,7 +66,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny
-from tether.drivers.runner import Runner, shown_status
+from tether.drivers.runner import AsyncRunner, shown_status
 from tether.errors import (
     ApprovalError,
     ConfigError,
@@ -73,8 +78,9 @@ from tether.errors import (
     UnknownCall,
 )
 from tether.policy.access import Credentials, bearer
-from tether.stores import RunRecord, Store, open_store
-from tether.views.pending import pending_approvals
+from tether.stores import AsyncStore, RunRecord, Store, open_async_store
+from tether.stores.awaitable import as_async_store
+from tether.views.pending import apending_approvals
 
 TOKENS_ENV = "TETHER_SERVICE_TOKENS"
 """The token file ``main`` reads when ``--tokens`` is not given."""
@@ -115,9 +121,11 @@ def run_json(record: RunRecord) -> dict[str, Any]:
 
 
 class _Service:
-    """The endpoints; blocking store and model work runs in Starlette's thread pool."""
+    """The endpoints: every run is driven on the event loop, awaiting its store, model and tools."""
 
-    def __init__(self, agent_factory: AgentFactory, store: Store, max_wait: float, credentials: Credentials) -> None:
+    def __init__(
+        self, agent_factory: AgentFactory, store: AsyncStore, max_wait: float, credentials: Credentials
+    ) -> None:
         self.agent_factory = agent_factory
         self.store = store
         self.max_wait = max_wait
@@ -130,9 +138,9 @@ class _Service:
             raise ServiceError(401, "unauthorized", "send a valid token: Authorization: Bearer TOKEN")
         return grant.tenant
 
-    def runner(self, tenant: str) -> Runner:
+    def runner(self, tenant: str) -> AsyncRunner:
         # Decisions arrive over HTTP: a gated call (or one a crash left in doubt) parks the run.
-        return Runner(self.agent_factory(tenant), self.store, approver=DecideLater())
+        return AsyncRunner(self.agent_factory(tenant), self.store, approver=DecideLater())
 
     # Endpoints ----------------------------------------------------------------------
     async def start_run(self, request: Request) -> Response:
@@ -143,24 +151,23 @@ class _Service:
         if not prompt.strip():
             raise ServiceError(422, "invalid_body", "prompt must not be empty")
         runner = self.runner(tenant)
-        state = await run_in_threadpool(runner.create, prompt, tenant=tenant)
+        state = await runner.create(prompt, tenant=tenant)
         headers = {"Location": f"/runs/{state.id}"}
         if not wait:
-            record = await run_in_threadpool(self.store.load_run, state.id, tenant=tenant)
+            record = await self.store.load_run(state.id, tenant=tenant)
             task = BackgroundTask(self._drive_quietly, runner, state.id, tenant)
             return JSONResponse(run_json(record), status_code=202, headers=headers, background=task)
-        record = await run_in_threadpool(self._drive, runner, state.id, tenant)
+        record = await self._drive(runner, state.id, tenant)
         return JSONResponse(run_json(record), status_code=201, headers=headers)
 
     async def get_run(self, request: Request) -> Response:
         tenant = self.tenant(request)
-        record = await run_in_threadpool(self.store.load_run, request.path_params["run_id"], tenant=tenant)
+        record = await self.store.load_run(request.path_params["run_id"], tenant=tenant)
         return JSONResponse(run_json(record))
 
     async def resume(self, request: Request) -> Response:
         tenant = self.tenant(request)
-        run_id = request.path_params["run_id"]
-        record = await run_in_threadpool(self._drive, self.runner(tenant), run_id, tenant)
+        record = await self._drive(self.runner(tenant), request.path_params["run_id"], tenant)
         return JSONResponse(run_json(record))
 
     async def list_approvals(self, request: Request) -> Response:
@@ -169,7 +176,7 @@ class _Service:
         if asked is not None and asked != tenant:
             raise ServiceError(403, "tenant_mismatch", f"?tenant={asked} is not the tenant of your token")
         run_id = request.query_params.get("run_id")
-        pending = await run_in_threadpool(pending_approvals, self.store, tenant=tenant, run_id=run_id)
+        pending = await apending_approvals(self.store, tenant=tenant, run_id=run_id)
         return JSONResponse({"pending": [p.to_dict() for p in pending]})
 
     async def decide(self, request: Request) -> Response:
@@ -187,28 +194,23 @@ class _Service:
             Approve(input=edited, actor=actor, remember_for_run=for_run) if approve else Deny(reason, actor=actor)
         )
         run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
-        payload = await run_in_threadpool(self._decide_and_drive, tenant, run_id, call_id, decision, fingerprint)
-        return JSONResponse(payload)
-
-    # Blocking work (in a worker thread) -----------------------------------------------
-    def _decide_and_drive(
-        self, tenant: str, run_id: str, call_id: str, decision: Decision, fingerprint: str | None
-    ) -> dict[str, Any]:
         runner = self.runner(tenant)
-        runner.decide(run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
+        await runner.decide(run_id, call_id, decision, fingerprint=fingerprint, tenant=tenant)
         try:
-            return run_json(self._drive(runner, run_id, tenant))
+            record = await self._drive(runner, run_id, tenant)
         except StaleRun:  # the decision stands; another request is driving the run on
-            return run_json(self.store.load_run(run_id, tenant=tenant))
+            record = await self.store.load_run(run_id, tenant=tenant)
+        return JSONResponse(run_json(record))
 
-    def _drive(self, runner: Runner, run_id: str, tenant: str) -> RunRecord:
+    # Driving ---------------------------------------------------------------------------
+    async def _drive(self, runner: AsyncRunner, run_id: str, tenant: str) -> RunRecord:
         """Drive until done or parked; answer from the row, so every response has one shape."""
-        runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
-        return self.store.load_run(run_id, tenant=tenant)
+        await runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
+        return await self.store.load_run(run_id, tenant=tenant)
 
-    def _drive_quietly(self, runner: Runner, run_id: str, tenant: str) -> None:
+    async def _drive_quietly(self, runner: AsyncRunner, run_id: str, tenant: str) -> None:
         try:
-            runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
+            await runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
         except TetherError:  # after the response: log it; the run's row tells its status
             log.exception("background drive of %s failed", run_id)
 
@@ -219,7 +221,7 @@ DEFAULT_MAX_WAIT = 5.0
 
 def create_app(
     agent_factory: AgentFactory = demo_agent,
-    store: Store | None = None,
+    store: AsyncStore | Store | None = None,
     *,
     max_wait: float = DEFAULT_MAX_WAIT,
     credentials: Credentials,
@@ -229,8 +231,9 @@ def create_app(
     Args:
         agent_factory: builds a tenant's agent (its tools must stay compatible with the
             runs it already has). Default: the demo's tools on the offline scripted model.
-        store: where runs live; default ``$TETHER_DB`` or ``sqlite:///tether.db``. Use a SQL
-            store to decide from several processes.
+        store: where runs live; default ``$TETHER_DB`` or ``sqlite:///tether.db``, opened as an
+            :class:`~tether.stores.sql.AsyncSQLStore`. Use a SQL store to decide from several
+            processes. A sync store works too (its calls then run in worker threads).
         max_wait: seconds a request sleeps for a tool retry; a later one parks the run.
         credentials: the tokens requests carry, each bound to the tenant it acts for.
 
@@ -239,8 +242,14 @@ def create_app(
     """
     if None in credentials.tenants:
         raise ConfigError("the service acts for one tenant per request: every token must name a tenant")
-    store = store if store is not None else open_store(os.environ.get("TETHER_DB"))
-    service = _Service(agent_factory, store, max_wait, credentials)
+    opened = as_async_store(store) if store is not None else open_async_store(os.environ.get("TETHER_DB"))
+    service = _Service(agent_factory, opened, max_wait, credentials)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        await opened.close()  # its connections belong to this event loop
+
     routes = [
         Route("/runs", service.start_run, methods=["POST"]),
         Route("/runs/{run_id}", service.get_run, methods=["GET"]),
@@ -253,7 +262,7 @@ def create_app(
         TetherError: _tether_error,
         HTTPException: _http_error,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
 # Requests and errors ---------------------------------------------------------------
@@ -330,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"give --tokens FILE (or ${TOKENS_ENV}): each token names the tenant it acts for")
     try:
         app = create_app(
-            store=open_store(args.db or os.environ.get("TETHER_DB")), credentials=Credentials.from_file(tokens)
+            store=open_async_store(args.db or os.environ.get("TETHER_DB")), credentials=Credentials.from_file(tokens)
         )
     except ConfigError as error:
         parser.error(str(error))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from tether.core.history import Block, Message
+from tether.models.settings import ModelSettings
 from tether.models.shape import check_response
 
 
@@ -71,7 +72,10 @@ class ModelRequest:
     invocation: int = 0
     """How many model calls the run made before this one (replays use it as an index)."""
     tool_choice: dict[str, Any] | None = None
-    """The API's ``tool_choice``; ``{"type": "none"}`` asks for an answer without tools."""
+    """The Messages API's ``tool_choice``; ``{"type": "none"}`` asks for an answer without tools.
+    The engine sets it from :attr:`ModelSettings.tool_choice` unless it must say otherwise."""
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    """The agent's model settings; each adapter sends those its API has (``tool_choice`` is above)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ __all__ = [
     "ModelAdapter",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
     "StreamingModelAdapter",
     "TextListener",
     "Usage",

@@ -9,78 +9,39 @@ connection) is not retried by the SDK and reaches tether as the same kind of err
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import dataclasses
 import os
-import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anthropic
-import httpx2
 
 from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
-from tether.errors import ModelError
-from tether.models import ModelRequest, ModelResponse, TextListener
+from tether.errors import ConfigError, ModelError
+from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
+from tether.models.sdk import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT,
+    DEFAULT_TIMEOUT,
+    CappedRetries,
+    RetryWaitListener,
+    SdkAdapter,
+    transient,
+    translating,
+)
 from tether.redact import scrub
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
-DEFAULT_MAX_RETRIES = 4
-DEFAULT_TIMEOUT = 600.0
-DEFAULT_MAX_RETRY_WAIT = 60.0
-"""Cap on one SDK retry wait: the SDK honours any Retry-After the API sends, without bound."""
-
-RetryWaitListener = Callable[[float, int], None]
-"""Told how long the SDK is about to wait before a retry, and which retry (1 = the first),
-for a live view."""
-_call_waits: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("tether_call_waits", default=None)
-"""The waits of the call under way in this thread or task (see :func:`_collecting_waits`)."""
 
 
-@contextmanager
-def _collecting_waits() -> Iterator[list[float]]:
-    waits: list[float] = []
-    token = _call_waits.set(waits)
-    try:
-        yield waits
-    finally:
-        _call_waits.reset(token)
-
-
-class _CappedRetries:
-    """Mixin for the SDK clients: the SDK's own retries, with each wait capped and reported.
-
-    It overrides the SDK's retry-delay hook, the one place the wait is computed; the
-    retrying itself (which statuses, Retry-After parsing, backoff) stays the SDK's.
-    """
-
-    max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT
-    on_retry_wait: RetryWaitListener | None = None
-
-    def _calculate_retry_timeout(self, remaining_retries: int, options: Any, *args: Any, **kwargs: Any) -> float:
-        computed = super()._calculate_retry_timeout(remaining_retries, options, *args, **kwargs)  # type: ignore[misc]
-        wait = min(float(computed), self.max_retry_wait)
-        retry = options.get_max_retries(self.max_retries) - remaining_retries + 1  # type: ignore[attr-defined]
-        waits = _call_waits.get()
-        if waits is not None:
-            waits.append(round(wait, 3))
-        if self.on_retry_wait is not None:
-            self.on_retry_wait(wait, retry)
-        return wait
-
-
-class _Client(_CappedRetries, anthropic.Anthropic):
+class _Client(CappedRetries, anthropic.Anthropic):
     pass
 
 
-class _AsyncClient(_CappedRetries, anthropic.AsyncAnthropic):
+class _AsyncClient(CappedRetries, anthropic.AsyncAnthropic):
     pass
-
-
-_ClientT = TypeVar("_ClientT", bound=_CappedRetries)
 
 
 def default_model_name() -> str:
@@ -88,7 +49,7 @@ def default_model_name() -> str:
     return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
 
 
-class AnthropicModel:
+class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
     """One Messages API call per :meth:`complete`, with prompt caching on by default.
 
     Credentials and endpoint come from ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``
@@ -108,22 +69,42 @@ class AnthropicModel:
         on_retry_wait: RetryWaitListener | None = None,
         stream_fallback: bool = True,
     ) -> None:
+        super().__init__(
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=max_retries,
+            timeout=timeout,
+            max_retry_wait=max_retry_wait,
+            on_retry_wait=on_retry_wait,
+            stream_fallback=stream_fallback,
+        )
         self.name = model or default_model_name()
-        self.stream_fallback = stream_fallback
-        """A stream that breaks after it started is asked again once, unstreamed (see :meth:`stream`)."""
         self.prompt_caching = prompt_caching
-        self.max_retry_wait = max_retry_wait
-        self.on_retry_wait = on_retry_wait
-        self._options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
-        if api_key is not None:
-            self._options["api_key"] = api_key
-        if base_url is not None:
-            self._options["base_url"] = base_url
-        self._client: anthropic.Anthropic | None = None
-        self._async_client: anthropic.AsyncAnthropic | None = None
-        self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    def check_settings(self, settings: ModelSettings) -> None:
+        """Refuse settings the Messages API has no place for (an :class:`~tether.agent.Agent` calls this when made).
+
+        Raises:
+            ConfigError: temperature or top_p: anthropic-version 2026-10-21, the one the SDK
+                sends, refuses sampling parameters.
+        """
+        given = [name for name in ("temperature", "top_p") if getattr(settings, name) is not None]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)}: Claude's Messages API (anthropic-version 2026-10-21) takes no sampling "
+                "parameters; leave them unset for Claude models"
+            )
+
+    def new_client(self, options: dict[str, Any]) -> _Client:
+        """The sync ``anthropic`` client."""
+        return _Client(**options)
+
+    def new_async_client(self, options: dict[str, Any]) -> _AsyncClient:
+        """The async ``anthropic`` client."""
+        return _AsyncClient(**options)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
+        self.check_settings(request.settings)  # an agent checked them; a hand-made request may not have been
         messages = request.messages
         if self.prompt_caching:
             budget = MAX_CACHE_BREAKPOINTS - sum("cache_control" in tool for tool in request.tools)
@@ -139,18 +120,20 @@ class AnthropicModel:
             params["tools"] = request.tools
             if request.tool_choice is not None:
                 params["tool_choice"] = request.tool_choice
-        return params
+        return {**params, **_settings_params(request.settings)}
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the sync client."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            message = self._sync_client().messages.create(**self._params(request))
+            message = self._sync_client().messages.create(**params)
         return _response(message, waits)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         """Make the call with the async client (one per event loop: connections belong to a loop)."""
+        params = self._params(request)
         with _translated_errors() as waits:
-            message = await self._loop_client().messages.create(**self._params(request))
+            message = await self._loop_client().messages.create(**params)
         return _response(message, waits)
 
     def stream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
@@ -161,65 +144,46 @@ class AnthropicModel:
         once without streaming, which the SDK retries with its backoff, unless
         ``stream_fallback=False``: still one model invocation, since the broken one answered nothing.
         """
-        relay = _TextRelay(on_text)
+        relay, params = _TextRelay(on_text), self._params(request)
         try:
-            with _translated_errors() as waits, self._sync_client().messages.stream(**self._params(request)) as events:
+            with _translated_errors() as waits, self._sync_client().messages.stream(**params) as events:
                 for event in _folded(events):
                     relay.see(event)
                 message = relay.finished(events.get_final_message())
         except ModelError as error:
-            if not self._falls_back(relay, error):
+            if not self._falls_back_from(relay, error):
                 raise
             return self.complete(request)
         return _response(message, waits)
 
     async def astream(self, request: ModelRequest, on_text: TextListener) -> ModelResponse:
         """Async twin of :meth:`stream`."""
-        relay = _TextRelay(on_text)
+        relay, params = _TextRelay(on_text), self._params(request)
         try:
             with _translated_errors() as waits:
-                async with self._loop_client().messages.stream(**self._params(request)) as events:
+                async with self._loop_client().messages.stream(**params) as events:
                     async for event in _afolded(events):
                         relay.see(event)
                     message = relay.finished(await events.get_final_message())
         except ModelError as error:
-            if not self._falls_back(relay, error):
+            if not self._falls_back_from(relay, error):
                 raise
             return await self.acomplete(request)
         return _response(message, waits)
 
-    def _falls_back(self, relay: _TextRelay, error: ModelError) -> bool:
+    def _falls_back_from(self, relay: _TextRelay, error: ModelError) -> bool:
         """A broken stream is asked again unstreamed; a malformed one is not (it answered, badly)."""
-        return self.stream_fallback and relay.started and error.retryable and not isinstance(error, _MalformedStream)
+        return self._falls_back(relay.started, error) and not isinstance(error, _MalformedStream)
 
-    def _sync_client(self) -> anthropic.Anthropic:
-        if self._client is None:
-            self._client = self._configure(_Client(**self._options))
-        return self._client
 
-    def _loop_client(self) -> anthropic.AsyncAnthropic:
-        loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_loop is None or self._async_loop() is not loop:
-            self._async_client = self._configure(_AsyncClient(**self._options))
-            self._async_loop = weakref.ref(loop)
-        return self._async_client
-
-    def _configure(self, client: _ClientT) -> _ClientT:
-        client.max_retry_wait = self.max_retry_wait
-        client.on_retry_wait = self.on_retry_wait
-        return client
-
-    def close(self) -> None:
-        """Close the sync client's connections."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    async def aclose(self) -> None:
-        """Close the async client's connections."""
-        if self._async_client is not None:
-            await self._async_client.close()
-            self._async_client = None
+def _settings_params(settings: ModelSettings) -> dict[str, Any]:
+    """The Messages API fields the settings set (tool_choice and max_tokens are the request's)."""
+    params: dict[str, Any] = {}
+    if settings.stop_sequences:
+        params["stop_sequences"] = list(settings.stop_sequences)
+    if settings.thinking_budget is not None:
+        params["thinking"] = {"type": "enabled", "budget_tokens": settings.thinking_budget}
+    return params
 
 
 class _MalformedStream(ModelError):
@@ -287,16 +251,12 @@ class _TextRelay:
 def _translated_errors() -> Iterator[list[float]]:
     """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`.
 
-    Mid-stream, the SDK's HTTP client raises its own errors past the SDK's wrapping: those too.
+    Beyond what :func:`~tether.models.sdk.translating` turns: a streamed tool input the SDK
+    could not parse, and its way of saying no credentials were found.
     """
-    with _collecting_waits() as waits:
+    with translating(anthropic.AnthropicError, translate_error, "the Anthropic API") as waits:
         try:
             yield waits
-        except anthropic.AnthropicError as error:
-            raise translate_error(error, waits) from error
-        except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
-            message = f"the connection to the Anthropic API broke mid-stream: {error}"
-            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
         except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
             message = f"the response stream could not be read: {error}"
             raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
@@ -354,11 +314,13 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
         message = _api_message(error)
         status = error.status_code
         if status == 400 and "prompt is too long" in message.lower():
-            return ModelError(f"context window exceeded: {message}", status=status, retry_waits=retry_waits)
+            return ModelError(
+                f"context window exceeded: {message}", status=status, retry_waits=retry_waits, context_exceeded=True
+            )
         return ModelError(
             f"Anthropic API error {status}: {message}",
             status=status,
-            retryable=_transient(status),
+            retryable=transient(status),
             retry_waits=retry_waits,
         )
     if isinstance(error, anthropic.APIConnectionError):
@@ -389,11 +351,6 @@ def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...
     """An ``error`` event in a stream that had started (HTTP 200): judged as its HTTP twin."""
     kind = error.type or "unknown error"
     status = STREAM_ERROR_STATUS.get(kind)
-    retryable = status is not None and _transient(status)
+    retryable = status is not None and transient(status)
     message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
     return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)
-
-
-def _transient(status: int) -> bool:
-    """Whether an error with this HTTP status may pass if the call is made again later."""
-    return status in (408, 409, 429) or status >= 500

@@ -1,4 +1,4 @@
-"""What model calls cost: a price table for Claude models, overridable per agent.
+"""What model calls cost: a price table for Claude and OpenAI models, overridable per agent.
 
 Prices are USD per million tokens, by kind: input, output, cache writes (5-minute TTL) and
 cache reads. A model is matched by the longest known name prefix, so dated snapshots
@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.errors import ConfigError
 from tether.models import Usage
+from tether.models.providers import bare_name
 
 CACHE_WRITE_RATIO = 1.25
 CACHE_READ_RATIO = 0.1
@@ -128,16 +129,50 @@ PRICES: Mapping[str, Price] = {
     "claude-3-7-sonnet": Price(3.0, 15.0, 3.75, 0.30),
     "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
     "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
+    # OpenAI (Chat Completions, standard tier). The GPT-6 family bills a request of more than
+    # 272K prompt tokens at 2x input and cache, 1.5x output; models with no cache-write charge
+    # price writes as input (their usage reports none anyway).
+    "gpt-6.2-astra": Price(8.0, 40.0, 10.0, 0.40, long_prompt=(272_000, Price(16.0, 60.0, 20.0, 0.80))),
+    "gpt-6.2-sol": Price(2.0, 10.0, 2.50, 0.10, long_prompt=(272_000, Price(4.0, 15.0, 5.0, 0.20))),
+    "gpt-6.1-sol": Price(2.0, 10.0, 2.50, 0.10, long_prompt=(272_000, Price(4.0, 15.0, 5.0, 0.20))),
+    "gpt-6-astra": Price(10.0, 50.0, 12.50, 1.00, long_prompt=(272_000, Price(20.0, 75.0, 25.0, 2.00))),
+    "gpt-6-sol": Price(2.0, 10.0, 2.50, 0.20, long_prompt=(272_000, Price(4.0, 15.0, 5.0, 0.40))),
+    "gpt-6-luna": Price(0.10, 0.50, 0.125, 0.01, long_prompt=(272_000, Price(0.20, 0.75, 0.25, 0.02))),
+    "gpt-5.6-sol": Price(4.0, 20.0, 5.0, 0.40),
+    "gpt-5.6-terra": Price(2.0, 12.0, 2.50, 0.20),
+    "gpt-5.6-luna": Price(0.20, 1.20, 0.25, 0.02),
+    "gpt-5.5-pro": Price(30.0, 180.0, 30.0, 3.0),
+    "gpt-5.5": Price(5.0, 30.0, 5.0, 0.50),
+    "gpt-5.4-pro": Price(30.0, 180.0, 30.0, 3.0),
+    "gpt-5.4-mini": Price(0.75, 4.50, 0.75, 0.075),
+    "gpt-5.4-nano": Price(0.20, 1.25, 0.20, 0.02),
+    "gpt-5.4": Price(2.50, 15.0, 2.50, 0.25),
+    "gpt-4.1-mini": Price(0.40, 1.60, 0.40, 0.10),
+    "gpt-4.1-nano": Price(0.10, 0.40, 0.10, 0.025),
+    "gpt-4.1": Price(2.0, 8.0, 2.0, 0.50),
+    "gpt-4o-mini": Price(0.15, 0.60, 0.15, 0.075),
+    "gpt-4o": Price(2.50, 10.0, 2.50, 1.25),
 }
-"""Published list prices of Claude models (as of 2026-11); pass ``prices=`` to an Agent to add or change."""
+"""Published list prices of Claude and OpenAI models (as of 2026-11), matched by the model's
+own name (``openai:gpt-6-sol`` finds ``gpt-6-sol``); pass ``prices=`` to an Agent to add or change."""
 
 
 def price_for(model: str, overrides: Mapping[str, Price] | None = None) -> Price | None:
-    """The price of ``model``: an exact or longest-prefix match, overrides first."""
+    """The price of ``model``: an exact or longest-prefix match, overrides first.
+
+    A provider prefix (``openai:gpt-6-sol``) is looked up with it first (an override may
+    name it), then without.
+    """
     for table in (overrides or {}, PRICES):
-        if model in table:
-            return table[model]
-        matches = [name for name in table if model.startswith(name)]
-        if matches:
-            return table[max(matches, key=len)]
+        for name in dict.fromkeys((model, bare_name(model))):
+            price = _matched(table, name)
+            if price is not None:
+                return price
     return None
+
+
+def _matched(table: Mapping[str, Price], model: str) -> Price | None:
+    if model in table:
+        return table[model]
+    matches = [name for name in table if model.startswith(name)]
+    return table[max(matches, key=len)] if matches else None

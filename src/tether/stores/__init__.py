@@ -175,6 +175,88 @@ class Store(Protocol):
         ...
 
 
+class AsyncStore(Protocol):
+    """:class:`Store`'s contract for an event loop: the same methods, each awaited, none blocking the loop.
+
+    :class:`tether.stores.sql.AsyncSQLStore` is one natively; :func:`tether.stores.awaitable.as_async_store`
+    makes any :class:`Store` one. What each method does, raises and guarantees is said on
+    :class:`Store`, and one contract suite checks both kinds. One more guarantee: an operation,
+    once begun, runs to its end even if the awaiting task is cancelled meanwhile (the
+    cancellation is raised after it), so a cancelled drive leaves no write half-made and no
+    connection mid-transaction (:func:`tether.stores.awaitable.completed` does this).
+    """
+
+    async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
+        """See :meth:`Store.create_run`."""
+        ...
+
+    async def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
+        """See :meth:`Store.append`."""
+        ...
+
+    async def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
+        """See :meth:`Store.load_run`."""
+        ...
+
+    async def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """See :meth:`Store.load_events`."""
+        ...
+
+    async def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """See :meth:`Store.load_log`."""
+        ...
+
+    async def list_runs(
+        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """See :meth:`Store.list_runs`."""
+        ...
+
+    async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """See :meth:`Store.list_due`."""
+        ...
+
+    async def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+        include_parked: bool = False,
+    ) -> int:
+        """See :meth:`Store.delete_runs`."""
+        ...
+
+    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """See :meth:`Store.claim_run`."""
+        ...
+
+    async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """See :meth:`Store.renew_run`."""
+        ...
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """See :meth:`Store.release_run`."""
+        ...
+
+    async def cache_get(self, key: str, now: float) -> str | None:
+        """See :meth:`Store.cache_get`."""
+        ...
+
+    async def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """See :meth:`Store.cache_put`."""
+        ...
+
+    async def cache_purge(self, now: float) -> int:
+        """See :meth:`Store.cache_purge`."""
+        ...
+
+    async def close(self) -> None:
+        """See :meth:`Store.close`."""
+        ...
+
+
 PARKED_STATUSES: frozenset[RunStatus] = frozenset(RunStatus) - ENDED
 """Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
 DUE_KEY = "next_due_at"
@@ -234,13 +316,35 @@ def open_store(url: str | None) -> Store:
         return MemoryStore()
     from tether.stores.sql import SQLStore
 
-    return SQLStore(url or "sqlite:///tether.db")
+    return SQLStore(url or DEFAULT_URL)
 
+
+def open_async_store(url: str | None) -> AsyncStore:
+    """An :class:`AsyncStore` for a URL, as :func:`open_store` reads it.
+
+    ``memory://`` is a :class:`~tether.stores.memory.MemoryStore` (it never blocks, so it is
+    called directly); a SQLite or PostgreSQL URL is an :class:`~tether.stores.sql.AsyncSQLStore`
+    (``sqlite:///runs.db`` is reached through aiosqlite, ``postgresql://`` through psycopg 3).
+    """
+    if url == "memory://":
+        from tether.stores.awaitable import as_async_store
+        from tether.stores.memory import MemoryStore
+
+        return as_async_store(MemoryStore())
+    from tether.stores.sql import AsyncSQLStore
+
+    return AsyncSQLStore(url or DEFAULT_URL)
+
+
+DEFAULT_URL = "sqlite:///tether.db"
+"""Where runs live when no URL is given (nor ``$TETHER_DB``, for the CLI and the service)."""
 
 __all__ = [
+    "DEFAULT_URL",
     "DUE_KEY",
     "PARKED_STATUSES",
     "SCHEMA_VERSION",
+    "AsyncStore",
     "RunLease",
     "RunLog",
     "RunRecord",
@@ -248,6 +352,7 @@ __all__ = [
     "check_deletable",
     "check_limit",
     "deletable",
+    "open_async_store",
     "open_store",
     "shown_url",
 ]

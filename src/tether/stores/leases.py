@@ -3,10 +3,11 @@
 Whether another process is still driving a run is read from the database alone, never
 from pids: a pid says nothing across hosts or PID namespaces (a driver in a container on
 the same host can share a hostname and reuse a pid). A drive claims the run's lease before
-any model call or tool start (:func:`hold`); a heartbeat thread renews it every third of its
-time to live, so a long tool, model call or wait keeps it; a process that dies stops
-renewing and its lease expires. Whoever holds the lease owns every call in flight: a call
-another owner started and never finished was abandoned, and the in-doubt rules resolve it.
+any model call or tool start (:func:`hold`, or :func:`ahold` in an event loop); a heartbeat
+(a thread, or a task for :class:`AsyncLease`) renews it every third of its time to live, so a
+long tool, model call or wait keeps it; a process that dies stops renewing and its lease expires.
+Whoever holds the lease owns every call in flight: a call another owner started and never
+finished was abandoned, and the in-doubt rules resolve it.
 
 A drive that finds its lease taken (an operator's ``--force``, or a renewal that came too
 late) stops before its next write (:class:`~tether.errors.RunBusy`). Owner strings are
@@ -15,16 +16,18 @@ late) stops before its next write (:class:`~tether.errors.RunBusy`). Owner strin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 
 from tether.errors import RunBusy, StoreError
-from tether.stores import RunLease, Store
+from tether.stores import AsyncStore, RunLease, Store
+from tether.stores.awaitable import completed
 
 DEFAULT_TTL = 30.0
 """Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy."""
@@ -35,15 +38,10 @@ def _new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Lease:
-    """A run's lease while this process holds it: renewed by a heartbeat, checked before work.
+class _Held:
+    """What a held lease knows and decides, whichever way its store is called (see :class:`Lease`)."""
 
-    Get one from :func:`hold`; as a context manager it renews the lease while inside, and
-    gives it up on the way out.
-    """
-
-    def __init__(self, store: Store, claimed: RunLease, ttl: float) -> None:
-        self.store = store
+    def __init__(self, claimed: RunLease, ttl: float) -> None:
         self.run_id = claimed.run_id
         self.owner = claimed.owner
         self.ttl = ttl
@@ -51,6 +49,35 @@ class Lease:
         self.lost: str | None = None
         """Who took the run over (``another process`` if it has let the run go since); once set,
         this drive must write nothing more."""
+
+    def _due(self) -> bool:
+        """Whether the heartbeat fell behind (the process was paused, the database unreachable): renew first."""
+        return self.lost is None and time.time() > self.expires_at - self.ttl / 3
+
+    def _raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise RunBusy(self.run_id, self.lost, None, lost=True)
+
+    def _renewed(self, lease: RunLease | None) -> None:
+        """Take the store's answer to a renewal: extended, or lost for good."""
+        if lease is None:
+            self.lost = "another process"
+        elif lease.owner == self.owner:
+            self.expires_at = lease.expires_at
+        else:
+            self.lost = lease.owner
+
+
+class Lease(_Held):
+    """A run's lease while this process holds it: renewed by a heartbeat thread, checked before work.
+
+    Get one from :func:`hold`; as a context manager it renews the lease while inside, and
+    gives it up on the way out. :class:`AsyncLease` is the same for an event loop.
+    """
+
+    def __init__(self, store: Store, claimed: RunLease, ttl: float) -> None:
+        super().__init__(claimed, ttl)
+        self.store = store
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name=f"tether-lease-{self.run_id}", daemon=True)
@@ -58,13 +85,11 @@ class Lease:
     def check(self) -> None:
         """Raise :class:`RunBusy` unless this drive still holds the lease (before any model call, tool or write).
 
-        Cheap while the heartbeat keeps the lease fresh; when it has not (the process was
-        paused, the database unreachable), it is renewed here first.
+        Cheap while the heartbeat keeps the lease fresh; when it has not, it is renewed here first.
         """
-        if self.lost is None and time.time() > self.expires_at - self.ttl / 3:
+        if self._due():
             self.renew()
-        if self.lost is not None:
-            raise RunBusy(self.run_id, self.lost, None, lost=True)
+        self._raise_if_lost()
 
     def renew(self) -> None:
         """Extend the lease; if it was taken meanwhile (and maybe released since), it is lost for good.
@@ -73,15 +98,8 @@ class Lease:
         old driver must not grab it back.
         """
         with self._lock:
-            if self.lost is not None:
-                return
-            lease = self.store.renew_run(self.run_id, self.owner, now=time.time(), ttl=self.ttl)
-            if lease is None:
-                self.lost = "another process"
-            elif lease.owner == self.owner:
-                self.expires_at = lease.expires_at
-            else:
-                self.lost = lease.owner
+            if self.lost is None:
+                self._renewed(self.store.renew_run(self.run_id, self.owner, now=time.time(), ttl=self.ttl))
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3) and self.lost is None:
@@ -101,6 +119,69 @@ class Lease:
                 self.store.release_run(self.run_id, self.owner)
 
 
+class AsyncLease(_Held):
+    """:class:`Lease` for an event loop: its store is awaited and its heartbeat is a task, not a thread.
+
+    Get one from :func:`ahold`. Leaving it (even when the drive's task was cancelled) stops the
+    heartbeat and gives the lease up before the cancellation goes on.
+    """
+
+    def __init__(self, store: AsyncStore, claimed: RunLease, ttl: float) -> None:
+        super().__init__(claimed, ttl)
+        self.store = store
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def check(self) -> None:
+        """See :meth:`Lease.check`."""
+        if self._due():
+            await self.renew()
+        self._raise_if_lost()
+
+    async def renew(self) -> None:
+        """See :meth:`Lease.renew`."""
+        async with self._lock:
+            if self.lost is None:
+                self._renewed(await self.store.renew_run(self.run_id, self.owner, now=time.time(), ttl=self.ttl))
+
+    async def _beat(self) -> None:
+        while self.lost is None:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.ttl / 3)
+                return
+            with suppress(StoreError):  # tried again next beat; check() stops the drive if the lease lapses
+                await self.renew()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._heartbeat = asyncio.create_task(self._beat(), name=f"tether-lease-{self.run_id}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stop renewing, and give the lease up unless another owner has it (both seen through to the end)."""
+        await completed(self._leave())
+
+    async def _leave(self) -> None:
+        self._stop.set()
+        if self._heartbeat is not None:
+            await self._heartbeat
+        if self.lost is None:
+            with suppress(StoreError):  # unreachable database: the lease simply expires
+                await self.store.release_run(self.run_id, self.owner)
+
+
+def _check_ttl(ttl: float) -> None:
+    if ttl <= 0:
+        raise ValueError(f"a lease's ttl must be positive, not {ttl}")
+
+
+def _taken(claimed: RunLease, owner: str) -> RunLease:
+    """The lease claimed for ``owner``; :class:`RunBusy` if the claim found another holder."""
+    if claimed.owner != owner:
+        raise RunBusy(claimed.run_id, claimed.owner, claimed.expires_at)
+    return claimed
+
+
 @contextmanager
 def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = False) -> Iterator[Lease]:
     """Claim the run's lease for the duration of a drive; :class:`RunBusy` if another process holds it.
@@ -108,11 +189,25 @@ def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = F
     ``force`` takes it even from a live holder (an operator who knows that holder is gone;
     if it is not, it stops at its next check).
     """
-    if ttl <= 0:
-        raise ValueError(f"a lease's ttl must be positive, not {ttl}")
+    _check_ttl(ttl)
     owner = _new_owner()
-    claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force)
-    if claimed.owner != owner:
-        raise RunBusy(run_id, claimed.owner, claimed.expires_at)
+    claimed = _taken(store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
     with Lease(store, claimed, ttl) as lease:
+        yield lease
+
+
+@asynccontextmanager
+async def ahold(
+    store: AsyncStore, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = False
+) -> AsyncIterator[AsyncLease]:
+    """Claim the run's lease for an async drive, as :func:`hold` does (used as ``async with``)."""
+    _check_ttl(ttl)
+    owner = _new_owner()
+    try:
+        claimed = _taken(await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
+    except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
+        with suppress(StoreError):
+            await store.release_run(run_id, owner)
+        raise
+    async with AsyncLease(store, claimed, ttl) as lease:
         yield lease

@@ -1,7 +1,15 @@
-"""The SQL store on sqlmodel: SQLite (WAL) by default, PostgreSQL for many processes.
+"""The SQL stores on sqlmodel: SQLite (WAL) by default, PostgreSQL for many processes.
 
 The only module that imports sqlmodel/SQLAlchemy. Content is JSON on SQLite and JSONB on
-PostgreSQL. Tables are created on first use.
+PostgreSQL. Tables are created on first use. :class:`SQLStore` is called from threads,
+:class:`AsyncSQLStore` awaited in an event loop; each operation's statements and the reading of
+their results are written once (``_Work``), and each store only says how a connection runs them.
+
+Round trips: a step's commit (:meth:`SQLStore.append`) is one statement on PostgreSQL, run
+outside a transaction (atomic alone): one round trip. Connections are not pinged before each
+use, only when they sat idle in the pool longer than :data:`IDLE_PING_AFTER` (a server that
+restarted meanwhile, a firewall that dropped them); a connection that drops mid-use fails that
+operation with a transient :class:`~tether.errors.StoreError`, which a drive tries again.
 """
 
 from __future__ import annotations
@@ -11,10 +19,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
@@ -37,8 +46,10 @@ from tether.stores import (
     check_limit,
     codec,
 )
+from tether.stores.awaitable import completed
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
+T = TypeVar("T")
 
 
 class RunRow(SQLModel, table=True):
@@ -92,6 +103,44 @@ def _step_update(columns: tuple[str, ...]) -> Any:
     )
 
 
+_STEP_ROW = (
+    sa.update(_RUN)
+    .where(_RUN.c.id == sa.bindparam("b_id"), _RUN.c.version == sa.bindparam("b_expected"))
+    .values(**{c: sa.bindparam(f"b_{c}", type_=_RUN.c[c].type) for c in ("status", "version", "summary", "updated_at")})
+    .returning(_RUN.c.id)
+    .cte("step")
+)
+_STEP_EVENTS = (
+    sa.func.unnest(
+        sa.bindparam("b_seqs", type_=postgresql.ARRAY(sa.Integer)),
+        sa.bindparam("b_types", type_=postgresql.ARRAY(sa.String)),
+        sa.bindparam("b_data", type_=postgresql.ARRAY(sa.Text)),  # JSON text, cast to JSONB by the server
+        sa.bindparam("b_ats", type_=postgresql.ARRAY(sa.Float)),
+    )
+    .table_valued("seq", "type", "data", "at")
+    .render_derived(name="e")
+)
+_STEP_LOGGED = (
+    sa.insert(_EVENT)
+    .from_select(
+        ["run_id", "seq", "type", "data", "at"],
+        sa.select(
+            _STEP_ROW.c.id,
+            _STEP_EVENTS.c.seq,
+            _STEP_EVENTS.c.type,
+            sa.cast(_STEP_EVENTS.c.data, JSONB),
+            _STEP_EVENTS.c.at,
+        ).select_from(_STEP_ROW.join(_STEP_EVENTS, sa.true())),
+    )
+    .returning(_EVENT.c.seq)
+    .cte("logged")
+)
+_STEP_POSTGRES = sa.select(sa.select(sa.func.count()).select_from(_STEP_ROW).scalar_subquery()).add_cte(_STEP_LOGGED)
+"""A step's commit on PostgreSQL as ONE statement: the version-guarded row update, and the events
+inserted only if it matched (data-modifying CTEs run once each, whether read or not). It answers
+how many rows the update changed (1, or 0 when another writer advanced the run)."""
+
+
 class ToolCacheRow(SQLModel, table=True):
     """One cached tool result, shared by every process using the database (see tether.core.cache)."""
 
@@ -122,6 +171,31 @@ class RunLeaseRow(SQLModel, table=True):
 
 
 _LEASE = RunLeaseRow.__table__  # type: ignore[attr-defined]
+
+
+IDLE_PING_AFTER = 10.0
+"""Seconds a pooled connection may sit unused before its next use pings the server first: a
+dead one is then replaced unseen. A connection in steady use is never pinged (a step stays one
+round trip); one that drops mid-use fails that use with a transient StoreError."""
+
+
+def _ping_when_idle(engine: sa.Engine) -> None:
+    """Ping a connection on checkout only after it sat idle :data:`IDLE_PING_AFTER` seconds (not per step)."""
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["tether_idle_since"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop("tether_idle_since", None)
+        if since is None or time.monotonic() - since <= IDLE_PING_AFTER:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise sa.exc.DisconnectionError(f"a pooled connection went away while idle: {error}") from error
+
+    sa.event.listen(engine, "checkin", checked_in)
+    sa.event.listen(engine, "checkout", checked_out)
 
 
 def _sqlite_pragmas(busy_timeout_ms: int, *, read_only: bool) -> Any:
@@ -229,20 +303,30 @@ def _read_only_sqlite(url: sa.engine.URL) -> sa.engine.URL | None:
     return url.set(database=f"file:{quote(str(path))}", query=query)
 
 
-class SQLStore:
-    """Runs and events in a relational database reached by a SQLAlchemy URL.
+@dataclass(frozen=True)
+class _Work(Generic[T]):
+    """One store operation: what it runs on a connection, shared by :class:`SQLStore` and :class:`AsyncSQLStore`.
 
-    Args:
-        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://...``).
-        busy_timeout: SQLite only: seconds to wait for another connection's write lock
-            before failing with :class:`tether.errors.StoreError`.
-        connect_timeout: PostgreSQL only: seconds to wait for the server to accept a
-            connection (a ``connect_timeout`` in the URL's query wins).
-
-    Call :meth:`close` when done, to release the connection pool.
+    Each store only opens the connection and runs ``run`` on it (the async one in
+    SQLAlchemy's greenlet, through ``run_sync``): statements and the reading of their results
+    are written once.
     """
 
-    def __init__(self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10) -> None:
+    run: Callable[[sa.Connection], T]
+    single: bool = False
+    """One statement, atomic alone: on PostgreSQL it runs outside a transaction, saving the
+    round trips of BEGIN and COMMIT (a step's commit is then one round trip)."""
+    on_conflict: Callable[[sa.exc.IntegrityError], T] | None = None
+    """What a constraint violation means for this write (raise the right error, or an answer)."""
+
+
+class _SQLBase:
+    """What both SQL stores share: the URL read once, the schema set up once, errors said one way."""
+
+    def __init__(
+        self, url: str, *, busy_timeout: float, connect_timeout: int, drivers: Mapping[str, str] | None = None
+    ) -> None:
+        """``drivers``: the driver for each backend when the URL names none (None: SQLAlchemy's defaults)."""
         self.url = url
         self.busy_timeout = busy_timeout
         try:
@@ -260,40 +344,48 @@ class SQLStore:
             parsed = reader or parsed
             options["connect_args"] = {"timeout": busy_timeout, "check_same_thread": False}
         else:
-            options["pool_pre_ping"] = True
             libpq = parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in {
                 "psycopg",
                 "psycopg2",
             }
             if libpq and "connect_timeout" not in parsed.query:
                 options["connect_args"] = {"connect_timeout": connect_timeout}
-        try:
-            self.engine = sa.create_engine(parsed, **options)
-        except (sa.exc.ArgumentError, ImportError) as error:
-            hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else ""
-            raise ConfigError(f"cannot use database {self._where()!r}: {error}{hint}") from error
-        if self._sqlite:
-            pragmas = _sqlite_pragmas(round(busy_timeout * 1000), read_only=self._read_only)
-            sa.event.listen(self.engine, "connect", pragmas)
+        backend = parsed.get_backend_name()
+        if drivers and backend in drivers and "+" not in parsed.drivername:
+            parsed = parsed.set(drivername=f"{backend}+{drivers[backend]}")
+        self._parsed = parsed
+        self._options = options
         self._ready = False
-        self._ready_lock = threading.Lock()
 
-    def close(self) -> None:
-        """Close the pooled connections (the store reconnects if used again)."""
-        self.engine.dispose()
+    def _configure(self, engine: sa.Engine) -> None:
+        """Set up a new (sync) engine, or an async engine's sync side: SQLite's pragmas, idle pings."""
+        if self._sqlite:
+            pragmas = _sqlite_pragmas(round(self.busy_timeout * 1000), read_only=self._read_only)
+            sa.event.listen(engine, "connect", pragmas)
+        else:
+            _ping_when_idle(engine)
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sa.Connection]:
-        self._ensure_schema()
-        try:
-            with self.engine.begin() as connection:
-                yield connection
-        except sa.exc.IntegrityError:
-            raise  # the caller knows what a constraint violation means for its write
-        except sa.exc.DBAPIError as error:
+    def _cannot_use(self, error: Exception, extra: str) -> ConfigError:
+        hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else extra
+        return ConfigError(f"cannot use database {self._where()!r}: {error}{hint}")
+
+    # Performing work (inside the connection: plain calls on both stores) ---------------
+    def _perform(self, raw: sa.Connection, work: _Work[T]) -> T:
+        """Run ``work`` on a connection fresh from the pool: in a transaction, or alone (see ``_Work.single``)."""
+        if work.single and raw.dialect.name == "postgresql":
+            return work.run(raw.execution_options(isolation_level="AUTOCOMMIT"))
+        with raw.begin():
+            return work.run(raw)
+
+    def _failed(self, work: _Work[T], error: Exception) -> T:
+        """The error ``work`` raised, said as the store's contract says it (or the answer a conflict means)."""
+        if isinstance(error, sa.exc.IntegrityError) and work.on_conflict is not None:
+            return work.on_conflict(error)
+        if isinstance(error, sa.exc.DBAPIError):
             raise self._store_error(error) from error
-        except sa.exc.StatementError as error:  # parameters failed before reaching the database
+        if isinstance(error, sa.exc.StatementError):  # parameters failed before reaching the database
             raise StoreError(f"cannot write to database ({self._where()}): {error.orig}") from error
+        raise error
 
     def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError:
         """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``)."""
@@ -316,22 +408,17 @@ class SQLStore:
     def _where(self) -> str:
         return redact_url(self.url)
 
-    def _ensure_schema(self) -> None:
+    # The schema --------------------------------------------------------------------------
+    def _set_up(self, raw: sa.Connection) -> None:
+        """Create or migrate the tables on a connection of their own (or, read-only, check them), once."""
         if self._ready:
             return
-        with self._ready_lock:
-            if self._ready:
-                return
-            try:
-                if self._read_only:  # nothing can be created or migrated: only read what is there
-                    with self.engine.connect() as connection:
-                        self._check_schema(connection)
-                else:
-                    with self._schema_transaction() as connection:
-                        _migrate(connection)
-            except sa.exc.DBAPIError as error:
-                raise self._store_error(error, "cannot open database") from error
-            self._ready = True
+        if self._read_only:  # nothing can be created or migrated: only read what is there
+            self._check_schema(raw)
+        else:
+            with self._schema_transaction(raw) as connection:
+                _migrate(connection)
+        self._ready = True
 
     def _check_schema(self, connection: sa.Connection) -> None:
         """A read-only database must already be in this tether's layout."""
@@ -345,7 +432,7 @@ class SQLStore:
         _refuse_newer(stored)
 
     @contextmanager
-    def _schema_transaction(self) -> Iterator[sa.Connection]:
+    def _schema_transaction(self, raw: sa.Connection) -> Iterator[sa.Connection]:
         """A transaction no other process setting up the same database runs at the same time.
 
         SQLite: ``BEGIN IMMEDIATE`` (the write lock, taken before reading the version);
@@ -353,121 +440,360 @@ class SQLStore:
         migrations and the version are then written together or not at all.
         """
         if not self._sqlite:
-            with self.engine.begin() as connection:
-                if connection.dialect.name == "postgresql":
-                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.tether'))"))
-                yield connection
+            with raw.begin():
+                if raw.dialect.name == "postgresql":
+                    raw.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.tether'))"))
+                yield raw
             return
-        with self.engine.connect() as raw:
-            connection = raw.execution_options(isolation_level="AUTOCOMMIT")  # pysqlite must not BEGIN itself
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        connection = raw.execution_options(isolation_level="AUTOCOMMIT")  # pysqlite must not BEGIN itself
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield connection
+        except BaseException:
+            connection.exec_driver_sql("ROLLBACK")
+            raise
+        connection.exec_driver_sql("COMMIT")
+
+
+class SQLStore(_SQLBase):
+    """Runs and events in a relational database reached by a SQLAlchemy URL.
+
+    Args:
+        url: a SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://...``).
+        busy_timeout: SQLite only: seconds to wait for another connection's write lock
+            before failing with :class:`tether.errors.StoreError`.
+        connect_timeout: PostgreSQL only: seconds to wait for the server to accept a
+            connection (a ``connect_timeout`` in the URL's query wins).
+
+    Call :meth:`close` when done, to release the connection pool. :class:`AsyncSQLStore` is
+    the same store for an event loop.
+    """
+
+    def __init__(self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10) -> None:
+        super().__init__(url, busy_timeout=busy_timeout, connect_timeout=connect_timeout)
+        try:
+            self.engine = sa.create_engine(self._parsed, **self._options)
+        except (sa.exc.ArgumentError, ImportError) as error:
+            raise self._cannot_use(error, "") from error
+        self._configure(self.engine)
+        self._ready_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the pooled connections (the store reconnects if used again)."""
+        self.engine.dispose()
+
+    def _run(self, work: _Work[T]) -> T:
+        if not self._ready:
             try:
-                yield connection
-            except BaseException:
-                connection.exec_driver_sql("ROLLBACK")
-                raise
-            connection.exec_driver_sql("COMMIT")
+                with self._ready_lock, self.engine.connect() as raw:
+                    self._set_up(raw)
+            except sa.exc.DBAPIError as error:
+                raise self._store_error(error, "cannot open database") from error
+        try:
+            with self.engine.connect() as raw:
+                return self._perform(raw, work)
+        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+            return self._failed(work, error)
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run with its first events."""
-        try:
-            with self._transaction() as connection:
-                connection.execute(sa.insert(_RUN).values(**_row(record)))
-                _insert_events(connection, record.id, events)
-        except sa.exc.IntegrityError as error:
-            raise StoreError(f"run {record.id!r} already exists") from error
+        return self._run(_create_run(record, events))
 
     def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
-        """Add events and replace the row in one transaction, if the version still matches."""
-        try:
-            with self._transaction() as connection:
-                changing = _row(record, changing_only=True)
-                updated = connection.execute(
-                    _step_update(tuple(changing)),
-                    {"b_id": record.id, "b_expected": expected_version, **{f"b_{k}": v for k, v in changing.items()}},
-                )
-                if updated.rowcount != 1:
-                    exists = connection.execute(sa.select(_RUN.c.id).where(_RUN.c.id == record.id)).first()
-                    raise RunNotFound(record.id) if exists is None else StaleRun(record.id, expected_version)
-                _insert_events(connection, record.id, events)
-        except sa.exc.IntegrityError as error:
-            raise StaleRun(record.id, expected_version) from error
+        """Add events and replace the row in one transaction (one statement on PostgreSQL), if the version matches."""
+        return self._run(_append(record, expected_version, events))
 
     def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
         """The row, if visible to ``tenant``."""
-        query = sa.select(_RUN).where(_RUN.c.id == run_id)
-        if tenant is not None:
-            query = query.where(_RUN.c.tenant == tenant)
-        with self._transaction() as connection:
-            row = connection.execute(query).mappings().first()
+        return self._run(_load_run(run_id, tenant))
+
+    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """The whole log, oldest first."""
+        return self._run(_load_events(run_id, tenant))
+
+    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
+        return self._run(_load_log(run_id, tenant))
+
+    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Newest first."""
+        return self._run(_list_runs(status, tenant, limit))
+
+    def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
+        return self._run(_list_due(now, tenant, limit))
+
+    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """Take or renew the run's lease (see :func:`_claim_run`)."""
+        return self._run(_claim_run(run_id, owner, now, ttl, force))
+
+    def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """Extend ``owner``'s lease if the row names it, then read what holds."""
+        return self._run(_renew_run(run_id, owner, now, ttl))
+
+    def release_run(self, run_id: str, owner: str) -> None:
+        """Delete the run's lease if ``owner`` holds it."""
+        return self._run(_release_run(run_id, owner))
+
+    def cache_get(self, key: str, now: float) -> str | None:
+        """The cached value, if present and not expired at ``now``."""
+        return self._run(_cache_get(key, now))
+
+    def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """Store (or replace) a cached tool result, in one transaction."""
+        return self._run(_cache_put(key, tool, value, expires_at))
+
+    def cache_purge(self, now: float) -> int:
+        """Delete expired cache entries (the ``expires_at`` index finds them)."""
+        return self._run(_cache_purge(now))
+
+    def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+        include_parked: bool = False,
+    ) -> int:
+        """Delete old finished (or, if asked, parked) runs with their events (see :func:`_delete_runs`)."""
+        return self._run(_delete_runs(finished_before, statuses, tenant, include_retryable, include_parked))
+
+
+class AsyncSQLStore(_SQLBase):
+    """:class:`SQLStore` for an event loop (an :class:`~tether.stores.AsyncStore`): nothing it does blocks the loop.
+
+    The same tables, statements, errors and arguments, on SQLAlchemy's asyncio support: a
+    SQLite URL is reached through aiosqlite, a PostgreSQL one through psycopg 3's async mode
+    (a URL naming no driver gets these). Needs the ``async`` extra (``pip install
+    'tether[async]'``; PostgreSQL also ``tether[postgres]``). Await :meth:`close` when done.
+    """
+
+    def __init__(self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10) -> None:
+        drivers = {"sqlite": "aiosqlite", "postgresql": "psycopg"}
+        super().__init__(url, busy_timeout=busy_timeout, connect_timeout=connect_timeout, drivers=drivers)
+        try:
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            self.engine = create_async_engine(self._parsed, **self._options)
+        except (sa.exc.ArgumentError, sa.exc.InvalidRequestError, ImportError) as error:
+            raise self._cannot_use(error, " (install tether[async] for the async store)") from error
+        self._configure(self.engine.sync_engine)
+
+    async def close(self) -> None:
+        """Close the pooled connections (the store reconnects if used again)."""
+        await self.engine.dispose()
+
+    async def _run(self, work: _Work[T]) -> T:
+        return await completed(self._started(work))  # see AsyncStore: begun, an operation runs to its end
+
+    async def _started(self, work: _Work[T]) -> T:
+        if not self._ready:  # two first uses at once both set up: it is idempotent
+            try:
+                async with self.engine.connect() as raw:
+                    await raw.run_sync(self._set_up)
+            except sa.exc.DBAPIError as error:
+                raise self._store_error(error, "cannot open database") from error
+        try:
+            async with self.engine.connect() as raw:
+                return await raw.run_sync(self._perform, work)
+        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+            return self._failed(work, error)
+
+    async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
+        """See :meth:`SQLStore.create_run`."""
+        return await self._run(_create_run(record, events))
+
+    async def append(self, record: RunRecord, expected_version: int, events: Sequence[Event]) -> None:
+        """See :meth:`SQLStore.append`."""
+        return await self._run(_append(record, expected_version, events))
+
+    async def load_run(self, run_id: str, *, tenant: str | None = None) -> RunRecord:
+        """See :meth:`SQLStore.load_run`."""
+        return await self._run(_load_run(run_id, tenant))
+
+    async def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+        """See :meth:`SQLStore.load_events`."""
+        return await self._run(_load_events(run_id, tenant))
+
+    async def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+        """See :meth:`SQLStore.load_log`."""
+        return await self._run(_load_log(run_id, tenant))
+
+    async def list_runs(
+        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """See :meth:`SQLStore.list_runs`."""
+        return await self._run(_list_runs(status, tenant, limit))
+
+    async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """See :meth:`SQLStore.list_due`."""
+        return await self._run(_list_due(now, tenant, limit))
+
+    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+        """See :meth:`SQLStore.claim_run`."""
+        return await self._run(_claim_run(run_id, owner, now, ttl, force))
+
+    async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
+        """See :meth:`SQLStore.renew_run`."""
+        return await self._run(_renew_run(run_id, owner, now, ttl))
+
+    async def release_run(self, run_id: str, owner: str) -> None:
+        """See :meth:`SQLStore.release_run`."""
+        return await self._run(_release_run(run_id, owner))
+
+    async def cache_get(self, key: str, now: float) -> str | None:
+        """See :meth:`SQLStore.cache_get`."""
+        return await self._run(_cache_get(key, now))
+
+    async def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
+        """See :meth:`SQLStore.cache_put`."""
+        return await self._run(_cache_put(key, tool, value, expires_at))
+
+    async def cache_purge(self, now: float) -> int:
+        """See :meth:`SQLStore.cache_purge`."""
+        return await self._run(_cache_purge(now))
+
+    async def delete_runs(
+        self,
+        *,
+        finished_before: float,
+        statuses: Collection[str],
+        tenant: str | None = None,
+        include_retryable: bool = False,
+        include_parked: bool = False,
+    ) -> int:
+        """See :meth:`SQLStore.delete_runs`."""
+        return await self._run(_delete_runs(finished_before, statuses, tenant, include_retryable, include_parked))
+
+
+# The work of each operation, for both stores ---------------------------------------------
+def _create_run(record: RunRecord, events: Sequence[Event]) -> _Work[None]:
+    def run(connection: sa.Connection) -> None:
+        connection.execute(sa.insert(_RUN).values(**_row(record)))
+        _insert_events(connection, record.id, events)
+
+    def exists(error: sa.exc.IntegrityError) -> None:
+        raise StoreError(f"run {record.id!r} already exists") from error
+
+    return _Work(run, on_conflict=exists)
+
+
+def _append(record: RunRecord, expected_version: int, events: Sequence[Event]) -> _Work[None]:
+    """The row's guarded update and the step's events: one statement on PostgreSQL, two in a transaction elsewhere.
+
+    A row not updated is a run another writer advanced (StaleRun) or that is gone (RunNotFound);
+    an event whose seq is taken fails the unique (run, seq), which is the same lost race.
+    """
+    changing = _row(record, changing_only=True)
+    values = {"b_id": record.id, "b_expected": expected_version, **{f"b_{k}": v for k, v in changing.items()}}
+
+    def run(connection: sa.Connection) -> None:
+        if connection.dialect.name == "postgresql":
+            logged = [(e.seq, e.type, _dump_json(e.data), e.at) for e in events]
+            seqs, types, data, ats = (list(column) for column in zip(*logged, strict=True)) if logged else ([],) * 4
+            updated = connection.execute(
+                _STEP_POSTGRES, {**values, "b_seqs": seqs, "b_types": types, "b_data": data, "b_ats": ats}
+            ).scalar_one()
+        else:
+            updated = connection.execute(_step_update(tuple(changing)), values).rowcount
+            if updated == 1:
+                _insert_events(connection, record.id, events)
+        if updated != 1:
+            exists = connection.execute(sa.select(_RUN.c.id).where(_RUN.c.id == record.id)).first()
+            raise RunNotFound(record.id) if exists is None else StaleRun(record.id, expected_version)
+
+    def lost(error: sa.exc.IntegrityError) -> None:
+        raise StaleRun(record.id, expected_version) from error
+
+    return _Work(run, single=True, on_conflict=lost)
+
+
+def _load_run(run_id: str, tenant: str | None) -> _Work[RunRecord]:
+    query = sa.select(_RUN).where(_RUN.c.id == run_id)
+    if tenant is not None:
+        query = query.where(_RUN.c.tenant == tenant)
+
+    def run(connection: sa.Connection) -> RunRecord:
+        row = connection.execute(query).mappings().first()
         if row is None:
             raise RunNotFound(run_id)
         return _record(row, strict=True)
 
-    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
-        """The whole log, oldest first."""
-        visible = sa.select(_RUN.c.id).where(_RUN.c.id == run_id)
-        if tenant is not None:
-            visible = visible.where(_RUN.c.tenant == tenant)
-        query = sa.select(_EVENT).where(_EVENT.c.run_id == run_id).order_by(_EVENT.c.seq)
-        with self._transaction() as connection:  # one transaction for the check and the log
-            if connection.execute(visible).first() is None:
-                raise RunNotFound(run_id)
-            rows = connection.execute(query).mappings().all()
-        return [_event(run_id, r) for r in rows]
+    return _Work(run, single=True)
 
-    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
-        """The log and the row's version in ONE statement, so one snapshot (on both databases)."""
-        query = (
-            sa.select(_RUN.c.version, _RUN.c.tenant, _EVENT.c.seq, _EVENT.c.type, _EVENT.c.data, _EVENT.c.at)
-            .select_from(_RUN.outerjoin(_EVENT, _EVENT.c.run_id == _RUN.c.id))
-            .where(_RUN.c.id == run_id)
-            .order_by(_EVENT.c.seq)
-        )
-        if tenant is not None:
-            query = query.where(_RUN.c.tenant == tenant)
-        with self._transaction() as connection:
-            rows = connection.execute(query).mappings().all()
+
+def _load_events(run_id: str, tenant: str | None) -> _Work[list[Event]]:
+    visible = sa.select(_RUN.c.id).where(_RUN.c.id == run_id)
+    if tenant is not None:
+        visible = visible.where(_RUN.c.tenant == tenant)
+    query = sa.select(_EVENT).where(_EVENT.c.run_id == run_id).order_by(_EVENT.c.seq)
+
+    def run(connection: sa.Connection) -> list[Event]:  # one transaction for the check and the log
+        if connection.execute(visible).first() is None:
+            raise RunNotFound(run_id)
+        return [_event(run_id, r) for r in connection.execute(query).mappings().all()]
+
+    return _Work(run)
+
+
+def _load_log(run_id: str, tenant: str | None) -> _Work[RunLog]:
+    query = (
+        sa.select(_RUN.c.version, _RUN.c.tenant, _EVENT.c.seq, _EVENT.c.type, _EVENT.c.data, _EVENT.c.at)
+        .select_from(_RUN.outerjoin(_EVENT, _EVENT.c.run_id == _RUN.c.id))
+        .where(_RUN.c.id == run_id)
+        .order_by(_EVENT.c.seq)
+    )
+    if tenant is not None:
+        query = query.where(_RUN.c.tenant == tenant)
+
+    def run(connection: sa.Connection) -> RunLog:
+        rows = connection.execute(query).mappings().all()
         if not rows:
             raise RunNotFound(run_id)
         events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events)
 
-    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Newest first."""
-        check_limit(limit)
-        query = sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
-        if status is not None:
-            query = query.where(_RUN.c.status == status)
-        if tenant is not None:
-            query = query.where(_RUN.c.tenant == tenant)
-        with self._transaction() as connection:
-            rows = connection.execute(query).mappings().all()
-        return [_record(r, strict=False) for r in rows]
+    return _Work(run, single=True)
 
-    def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
-        check_limit(limit)
-        due_at = _RUN.c.summary[DUE_KEY].as_float()
-        query = (
-            sa.select(_RUN)
-            .where(_RUN.c.status == WAITING_RETRY_STATUS.value, due_at <= now)
-            .order_by(due_at, _RUN.c.id)
-            .limit(limit)
-        )
-        if tenant is not None:
-            query = query.where(_RUN.c.tenant == tenant)
-        with self._transaction() as connection:
-            rows = connection.execute(query).mappings().all()
-        return [_record(r, strict=False) for r in rows]
 
-    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
-        """Take or renew the run's lease in one upsert guarded by a WHERE, then read what holds.
+def _list_runs(status: str | None, tenant: str | None, limit: int) -> _Work[list[RunRecord]]:
+    check_limit(limit)
+    query = sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
+    if status is not None:
+        query = query.where(_RUN.c.status == status)
+    if tenant is not None:
+        query = query.where(_RUN.c.tenant == tenant)
+    return _Work(functools.partial(_records, query), single=True)
 
-        On PostgreSQL the upsert locks the lease row even when its WHERE refuses the update,
-        so the row read after it in the same transaction is the lease in force.
-        """
-        dialect = sqlite if self._sqlite else postgresql
+
+def _list_due(now: float, tenant: str | None, limit: int) -> _Work[list[RunRecord]]:
+    check_limit(limit)
+    due_at = _RUN.c.summary[DUE_KEY].as_float()
+    query = (
+        sa.select(_RUN)
+        .where(_RUN.c.status == WAITING_RETRY_STATUS.value, due_at <= now)
+        .order_by(due_at, _RUN.c.id)
+        .limit(limit)
+    )
+    if tenant is not None:
+        query = query.where(_RUN.c.tenant == tenant)
+    return _Work(functools.partial(_records, query), single=True)
+
+
+def _records(query: Any, connection: sa.Connection) -> list[RunRecord]:
+    return [_record(r, strict=False) for r in connection.execute(query).mappings().all()]
+
+
+def _claim_run(run_id: str, owner: str, now: float, ttl: float, force: bool) -> _Work[RunLease]:
+    """Take or renew the run's lease in one upsert guarded by a WHERE, then read what holds.
+
+    On PostgreSQL the upsert locks the lease row even when its WHERE refuses the update,
+    so the row read after it in the same transaction is the lease in force.
+    """
+
+    def run(connection: sa.Connection) -> RunLease:
+        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
         insert = dialect.insert(_LEASE).values(run_id=run_id, owner=owner, expires_at=now + ttl, claimed_at=now)
         mine = _LEASE.c.owner == insert.excluded.owner
         claim = insert.on_conflict_do_update(
@@ -479,86 +805,96 @@ class SQLStore:
             },
             where=None if force else mine | (_LEASE.c.expires_at <= now),
         )
-        with self._transaction() as connection:
-            connection.execute(claim)
-            row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().one()
-        return _lease(row)
+        connection.execute(claim)
+        return _lease(connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().one())
 
-    def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
-        """Extend ``owner``'s lease if the row names it, then read what holds."""
-        mine = (_LEASE.c.run_id == run_id) & (_LEASE.c.owner == owner)
-        with self._transaction() as connection:
-            connection.execute(sa.update(_LEASE).where(mine).values(expires_at=now + ttl))
-            row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
+    return _Work(run)
+
+
+def _renew_run(run_id: str, owner: str, now: float, ttl: float) -> _Work[RunLease | None]:
+    mine = (_LEASE.c.run_id == run_id) & (_LEASE.c.owner == owner)
+
+    def run(connection: sa.Connection) -> RunLease | None:
+        connection.execute(sa.update(_LEASE).where(mine).values(expires_at=now + ttl))
+        row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
         return None if row is None else _lease(row)
 
-    def release_run(self, run_id: str, owner: str) -> None:
-        """Delete the run's lease if ``owner`` holds it."""
-        with self._transaction() as connection:
-            connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id == run_id, _LEASE.c.owner == owner))
+    return _Work(run)
 
-    def cache_get(self, key: str, now: float) -> str | None:
-        """The cached value, if present and not expired at ``now``."""
-        query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
-        with self._transaction() as connection:
-            value = connection.execute(query).scalar()
+
+def _release_run(run_id: str, owner: str) -> _Work[None]:
+    def run(connection: sa.Connection) -> None:
+        connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id == run_id, _LEASE.c.owner == owner))
+
+    return _Work(run, single=True)
+
+
+def _cache_get(key: str, now: float) -> _Work[str | None]:
+    query = sa.select(_CACHE.c.value).where(_CACHE.c.key == key, _CACHE.c.expires_at > now)
+
+    def run(connection: sa.Connection) -> str | None:
+        value = connection.execute(query).scalar()
         return None if value is None else codec.decode_text(str(value))
 
-    def cache_put(self, key: str, tool: str, value: str, expires_at: float) -> None:
-        """Store (or replace) a cached tool result, in one transaction."""
-        stored = codec.encode_text(value)  # PostgreSQL text holds no NUL nor lone surrogate
-        row = {"key": key, "tool": tool, "value": stored, "created_at": time.time(), "expires_at": expires_at}
-        try:
-            with self._transaction() as connection:
-                connection.execute(sa.delete(_CACHE).where(_CACHE.c.key == key))
-                connection.execute(sa.insert(_CACHE).values(**row))
-        except sa.exc.IntegrityError:
-            pass  # another process cached the same call at the same moment: its value is as good
+    return _Work(run, single=True)
 
-    def cache_purge(self, now: float) -> int:
-        """Delete expired cache entries (the ``expires_at`` index finds them)."""
-        with self._transaction() as connection:
-            deleted = connection.execute(sa.delete(_CACHE).where(_CACHE.c.expires_at <= now))
-        return int(deleted.rowcount)
 
-    def delete_runs(
-        self,
-        *,
-        finished_before: float,
-        statuses: Collection[str],
-        tenant: str | None = None,
-        include_retryable: bool = False,
-        include_parked: bool = False,
-    ) -> int:
-        """Delete finished (or, if asked, parked) runs last updated before ``finished_before``, with their events.
+def _cache_put(key: str, tool: str, value: str, expires_at: float) -> _Work[None]:
+    stored = codec.encode_text(value)  # PostgreSQL text holds no NUL nor lone surrogate
+    row = {"key": key, "tool": tool, "value": stored, "created_at": time.time(), "expires_at": expires_at}
 
-        A failed or parked run can still change (resuming it moves it on), so the rows are
-        locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one writer) and
-        every DELETE repeats the conditions: a run another process resumed meanwhile is left
-        whole, never deleted, never stripped of its events (nor of its lease).
-        """
-        check_deletable(statuses)
-        chosen = _RUN.c.status.in_(sorted(statuses))
-        if not include_retryable:  # a transient failure may still be resumed: keep it
-            retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
-            chosen &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
-        if include_parked:  # unless a driver held its lease since the cutoff
-            driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
-            chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
-        doomed = chosen & (_RUN.c.updated_at < finished_before)
-        if tenant is not None:
-            doomed &= _RUN.c.tenant == tenant
+    def run(connection: sa.Connection) -> None:
+        connection.execute(sa.delete(_CACHE).where(_CACHE.c.key == key))
+        connection.execute(sa.insert(_CACHE).values(**row))
+
+    def cached_meanwhile(error: sa.exc.IntegrityError) -> None:
+        """Another process cached the same call at the same moment: its value is as good."""
+
+    return _Work(run, on_conflict=cached_meanwhile)
+
+
+def _cache_purge(now: float) -> _Work[int]:
+    def run(connection: sa.Connection) -> int:
+        return int(connection.execute(sa.delete(_CACHE).where(_CACHE.c.expires_at <= now)).rowcount)
+
+    return _Work(run, single=True)
+
+
+def _delete_runs(
+    finished_before: float, statuses: Collection[str], tenant: str | None, include_retryable: bool, include_parked: bool
+) -> _Work[int]:
+    """Delete finished (or, if asked, parked) runs last updated before ``finished_before``, with their events.
+
+    A failed or parked run can still change (resuming it moves it on), so the rows are
+    locked as they are chosen (``FOR UPDATE`` on PostgreSQL; SQLite has one writer) and
+    every DELETE repeats the conditions: a run another process resumed meanwhile is left
+    whole, never deleted, never stripped of its events (nor of its lease).
+    """
+    check_deletable(statuses)
+    chosen = _RUN.c.status.in_(sorted(statuses))
+    if not include_retryable:  # a transient failure may still be resumed: keep it
+        retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
+        chosen &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
+    if include_parked:  # unless a driver held its lease since the cutoff
+        driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
+        chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
+    doomed = chosen & (_RUN.c.updated_at < finished_before)
+    if tenant is not None:
+        doomed &= _RUN.c.tenant == tenant
+
+    def run(connection: sa.Connection) -> int:
         deleted = 0
-        with self._transaction() as connection:
-            ids = [row[0] for row in connection.execute(sa.select(_RUN.c.id).where(doomed).with_for_update())]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                still = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk), doomed)
-                connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
-                deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
-                kept = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk))
-                connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id.in_(chunk), _LEASE.c.run_id.not_in(kept)))
+        ids = [row[0] for row in connection.execute(sa.select(_RUN.c.id).where(doomed).with_for_update())]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            still = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk), doomed)
+            connection.execute(sa.delete(_EVENT).where(_EVENT.c.run_id.in_(still)))
+            deleted += connection.execute(sa.delete(_RUN).where(_RUN.c.id.in_(chunk), doomed)).rowcount
+            kept = sa.select(_RUN.c.id).where(_RUN.c.id.in_(chunk))
+            connection.execute(sa.delete(_LEASE).where(_LEASE.c.run_id.in_(chunk), _LEASE.c.run_id.not_in(kept)))
         return deleted
+
+    return _Work(run)
 
 
 # Schema versions -----------------------------------------------------------------------

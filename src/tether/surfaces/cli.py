@@ -59,6 +59,7 @@ from tether.errors import (
     TetherError,
 )
 from tether.models import ModelAdapter
+from tether.models.sdk import SdkAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
@@ -287,11 +288,8 @@ class _Session:
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
             listeners += [self.live, ProgressPrinter(self.out)]
-            if "tether.models.anthropic" in sys.modules:  # only then can the model be Claude's
-                from tether.models.anthropic import AnthropicModel
-
-                if isinstance(agent.model, AnthropicModel):  # surface the SDK's retry waits
-                    agent.model.on_retry_wait = self._show_retry_wait
+            if isinstance(agent.model, SdkAdapter):  # Claude's or OpenAI's: surface the SDK's retry waits
+                agent.model.on_retry_wait = self._show_retry_wait
         on_action = self.live.on_action if self.live is not None else None
         on_text = self.live.on_text if self.live is not None and self.live.enabled else None  # stream to a screen only
         return Runner(
@@ -422,8 +420,22 @@ def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
         "max_steps": args.max_steps,
         "policy": str(Path(args.policy).resolve()) if args.policy else None,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
+        "model_settings": _model_settings_flags(args) or None,
     }
     return {k: v for k, v in flags.items() if v is not None}
+
+
+def _model_settings_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The model settings the flags set, in their stored form (checked when the agent is made)."""
+    given = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_tokens": args.max_tokens_per_call,
+        "stop_sequences": list(args.stop) or None,
+        "tool_choice": args.tool_choice,
+        "thinking_budget": args.thinking_budget,
+    }
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = None) -> Agent:
@@ -717,7 +729,11 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--tools", action="append", default=[], metavar="MODULE:ATTR", help="a tool or list of tools (repeatable)"
     )
-    run.add_argument("--model", help="Claude model name, or scripted:PATH (default $TETHER_MODEL)")
+    run.add_argument(
+        "--model",
+        help="anthropic:NAME, openai:NAME or scripted:PATH; a bare name is Claude's (default $TETHER_MODEL). "
+        "Keys and base URLs come from ANTHROPIC_API_KEY/ANTHROPIC_BASE_URL and OPENAI_API_KEY/OPENAI_BASE_URL",
+    )
     run.add_argument("--system", help="system prompt")
     run.add_argument(
         "--max-steps", type=_positive(int), metavar="N", help="cap on model invocations: reaching it fails the run"
@@ -745,6 +761,7 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         "run's; cache prices default to 1.25x and 0.1x INPUT; repeatable)",
     )
     _add_toolsets(run)
+    _add_model_settings(run)
     run.add_argument("--policy", metavar="FILE", help="policy rules (.toml, .yaml, .yml) over the tool calls")
     run.add_argument(
         "--continue",
@@ -846,6 +863,30 @@ def _add_toolsets(run: argparse.ArgumentParser) -> None:
     group.add_argument("--prefix", action=_ToolsetOption, metavar="TEXT", help="put before the toolset's tool names")
     group.add_argument(
         "--include", action=_ToolsetOption, metavar="GLOB", help="offer only the tools whose names match (repeatable)"
+    )
+
+
+def _add_model_settings(run: argparse.ArgumentParser) -> None:
+    """``tether run``'s model settings: stored with the run, so resuming asks the model the same way."""
+    settings = run.add_argument_group(
+        "model settings", "how every model call of the run is made (kept by resume and --continue)"
+    )
+    settings.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0-2; Claude: 0-1)")
+    settings.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (0-1)")
+    settings.add_argument(
+        "--max-tokens-per-call", type=_positive(int), metavar="N", help="the length of each answer, in tokens"
+    )
+    settings.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="a text that ends the answer (repeatable)"
+    )
+    settings.add_argument(
+        "--tool-choice", metavar="auto|any|none|TOOL", help="whether the model must (any, TOOL) or may not call tools"
+    )
+    settings.add_argument(
+        "--thinking-budget",
+        type=_positive(int),
+        metavar="N",
+        help="Claude's extended thinking: tokens it may think in (>= 1024, below the answer's length)",
     )
 
 

@@ -31,6 +31,7 @@ from tether.core.events import (
     ApprovalRequested,
     CacheMiss,
     Event,
+    HistoryCompacted,
     ModelResponded,
     RetryScheduled,
     RunFinished,
@@ -44,6 +45,7 @@ from tether.core.state import RunState
 from tether.core.status import WAITING_RETRY, RunStatus, status_name
 from tether.drivers.runner import RunResult
 from tether.errors import DeniedByPolicy, InvalidEditedInput
+from tether.models import Usage
 from tether.views.audit import AuditEntry
 
 CHOICES = {
@@ -511,7 +513,10 @@ def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
 def _measures(event: Event) -> tuple[str, str, str, str]:
     """An event's tokens in/out/cache write/read, cost in $, model and tool seconds ("": none)."""
     match event.fact:
-        case ModelResponded(usage=usage, cost_usd=cost, latency=latency):
+        case (
+            ModelResponded(usage=usage, cost_usd=cost, latency=latency)
+            | HistoryCompacted(usage=Usage() as usage, cost_usd=cost, latency=latency)  # a summary's call
+        ):
             counts = (usage.input_tokens, usage.output_tokens, usage.cache_creation_input_tokens)
             tokens = "/".join(str(count) for count in (*counts, usage.cache_read_input_tokens))
             return tokens, "?" if cost is None else f"{cost:.6f}", _seconds(latency), ""

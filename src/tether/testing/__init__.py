@@ -8,6 +8,10 @@
   ``tool_use``/``tool_result`` pairing, a fifth cache breakpoint... get the API's HTTP 400).
   :func:`validate_messages_request` is that check alone. See
   :mod:`tether.testing.fake_messages_api` for streaming and error scripting.
+- :class:`FakeChatCompletionsAPI` does the same for an OpenAI-compatible Chat Completions API,
+  for the OpenAI adapter (``OpenAIModel(base_url=api.url)``); it refuses a conversation whose
+  ``tool_calls`` are not answered in order by ``tool`` messages, as a strict server does.
+  :func:`validate_chat_request` is that check alone.
 - :class:`RecordingApprover` answers gated calls from a mapping and records what it was shown.
 
 Nothing here needs a test framework.
@@ -19,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from tether.core.approvals import ApprovalRequest, Approver, Decision
 from tether.models.scripted import ScriptedModel
+from tether.testing.fake_chat_completions import FakeChatCompletionsAPI, validate_chat_request
 from tether.testing.fake_messages_api import FakeMessagesAPI, validate_messages_request
 
 
@@ -43,4 +48,11 @@ class RecordingApprover:
 
 _: type[Approver] = RecordingApprover
 
-__all__ = ["FakeMessagesAPI", "RecordingApprover", "ScriptedModel", "validate_messages_request"]
+__all__ = [
+    "FakeChatCompletionsAPI",
+    "FakeMessagesAPI",
+    "RecordingApprover",
+    "ScriptedModel",
+    "validate_chat_request",
+    "validate_messages_request",
+]

@@ -29,20 +29,14 @@ library, so it cannot drift with the client it is testing, and needs no test fra
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import json
 import re
-import socket
-import threading
-from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, NoReturn, Self, cast
-from urllib.parse import urlsplit
+from collections.abc import Mapping
+from typing import Any, NoReturn, cast
+
+from tether.testing.fake_server import Answer, Failure, FakeServer, Reply, Responder, Stream
 
 __all__ = [
     "DEFAULT_ERROR_TYPES",
@@ -53,8 +47,6 @@ __all__ = [
     "validate_messages_request",
 ]
 
-Responder = Callable[[dict[str, Any]], dict[str, Any]]
-"""Builds a response dict from the parsed request body (see `FakeMessagesAPI.reply_with`)."""
 
 DEFAULT_ERROR_TYPES: Mapping[int, str] = {
     400: "invalid_request_error",
@@ -80,10 +72,9 @@ _DEFAULT_USAGE: Mapping[str, int] = {
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAX_CACHE_BREAKPOINTS = 4
 _MIN_THINKING_BUDGET = 1024
-_POLL_INTERVAL = 0.01  # seconds
 
-# Top-level request fields the client may send (the GA and beta `MessageCreateParams`,
-# plus sampling knobs older API versions accepted). Anything else is a typo that the
+# Top-level request fields the client may send (the GA and beta `MessageCreateParams` of
+# anthropic-version 2026-10-21, the one the SDK sends). Anything else is a typo that the
 # real API rejects with "Extra inputs are not permitted".
 _KNOWN_FIELDS = frozenset(
     {
@@ -108,17 +99,17 @@ _KNOWN_FIELDS = frozenset(
         "stop_sequences",
         "stream",
         "system",
-        "temperature",
         "thinking",
         "thread",
         "tool_choice",
         "tools",
-        "top_k",
-        "top_p",
         "user_profile_id",
         "workspace_id",
     }
 )
+
+_REMOVED_SAMPLING = ("temperature", "top_p", "top_k")
+"""Taken by anthropic-version 2023-06-01, refused by 2026-10-21 (even at their defaults)."""
 
 # Blocks that only the model produces, so they may appear only in assistant turns.
 _ASSISTANT_ONLY = frozenset(
@@ -268,13 +259,14 @@ class _Validator:
             _reject("tool_choice.disable_parallel_tool_use: Input should be a valid boolean")
         return cast(str, kind)
 
-    def thinking(self, value: object, max_tokens: int, tool_choice: str | None) -> None:
+    def thinking(self, value: object, max_tokens: int, tool_choice: str | None) -> bool:
+        """Check the thinking config (and what it rules out); whether thinking is on."""
         config = _as_dict(value, "thinking")
         kind = config.get("type")
         if kind not in ("enabled", "disabled", "adaptive"):
             _reject("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'")
         if kind == "disabled":
-            return
+            return False
         if kind == "enabled":
             budget = config.get("budget_tokens")
             if not isinstance(budget, int) or isinstance(budget, bool):
@@ -287,6 +279,27 @@ class _Validator:
                 _reject("`max_tokens` must be greater than `thinking.budget_tokens`.")
         if tool_choice in ("any", "tool"):
             _reject("Thinking may not be enabled when tool_choice forces tool use.")
+        return True
+
+    def thinking_first(self, messages: list[Any]) -> None:
+        """With thinking on, the assistant turn whose tool calls the last user turn answers starts with thinking.
+
+        It is the turn the model is still in: the API needs its reasoning back, verbatim.
+        """
+        if len(messages) < 2 or messages[-1].get("role") != "user" or messages[-2].get("role") != "assistant":
+            return
+        content = messages[-2].get("content")
+        blocks = content if isinstance(content, list) else []
+        if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks):
+            return
+        first = blocks[0].get("type") if blocks and isinstance(blocks[0], dict) else None
+        if first not in ("thinking", "redacted_thinking"):
+            _reject(
+                f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                f"`{first}`. When `thinking` is enabled, a final `assistant` message must start with a thinking block "
+                "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
+                "thinking blocks from previous turns. To avoid this requirement, disable `thinking`."
+            )
 
     def block(self, value: object, path: str, role: str) -> dict[str, Any]:
         block = _as_dict(value, path)
@@ -478,6 +491,9 @@ def _validate(value: object) -> None:
     for key in ("model", "max_tokens", "messages"):
         if key not in body:
             _reject(f"{key}: Field required")
+    for name in _REMOVED_SAMPLING:
+        if name in body:
+            _reject(f"{name}: sampling parameters (temperature, top_p, top_k) are not accepted on this API version")
     _check_extra(body, _KNOWN_FIELDS, "")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         _reject("stream: Input should be a valid boolean")
@@ -504,14 +520,10 @@ def _validate(value: object) -> None:
                 _reject(f"stop_sequences.{k}: Input should be a valid string")
     if body.get("metadata") is not None:
         _as_dict(body["metadata"], "metadata")
-    temperature = body.get("temperature")
-    if temperature is not None and (
-        not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 1
-    ):
-        _reject("temperature: Input should be a number between 0 and 1")
-    if body.get("thinking") is not None:
-        v.thinking(body["thinking"], max_tokens, choice)
+    thinking = body.get("thinking") is not None and v.thinking(body["thinking"], max_tokens, choice)
     v.messages(body["messages"])
+    if thinking:
+        v.thinking_first(body["messages"])
     v.cache_control(body, "")  # top-level automatic caching counts as a breakpoint too
     if v.cache_breakpoints > _MAX_CACHE_BREAKPOINTS:
         _reject(
@@ -608,44 +620,6 @@ def error_event(error_type: str = "overloaded_error", message: str = "Overloaded
 # --------------------------------------------------------------------------- server
 
 
-@dataclass(frozen=True)
-class _Reply:
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _Dynamic:
-    responder: Responder
-
-
-@dataclass(frozen=True)
-class _Failure:
-    status: int
-    message: str
-    error_type: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Events:
-    events: list[dict[str, Any]]
-    drop_connection: bool
-
-
-_Scripted = _Reply | _Dynamic | _Failure | _Events
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    body: dict[str, Any]
-    headers: Mapping[str, str] = field(default_factory=dict)
-    events: list[dict[str, Any]] | None = None
-    """Served as server-sent events instead of ``body``."""
-    drop_connection: bool = False
-    """Close the connection after ``events``, without ending the stream."""
-
-
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
@@ -656,80 +630,12 @@ def _default_error_type(status: int) -> str:
     return "api_error" if status >= 500 else "invalid_request_error"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    api: FakeMessagesAPI
+def _encoded(events: list[dict[str, Any]]) -> list[bytes]:
+    """Each event as the API writes it: ``event: TYPE`` then its JSON ``data``."""
+    return [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Thin HTTP shell; all behaviour lives in `FakeMessagesAPI.answer`."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
-    disable_nagle_algorithm = True  # headers and body go out in two writes; avoid a 40 ms stall
-
-    def setup(self) -> None:
-        super().setup()
-        self._api().track(self.connection, open_=True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self._api().track(self.connection, open_=False)
-
-    def _api(self) -> FakeMessagesAPI:
-        return cast(_Server, self.server).api
-
-    def handle(self) -> None:
-        """Serve until the client leaves; one that drops a stream half read resets the connection."""
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            super().handle()
-
-    def do_POST(self) -> None:
-        """Serve an API call."""
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        self._send(self._api().answer(urlsplit(self.path).path, headers, raw))
-
-    def do_GET(self) -> None:
-        """Nothing is served over GET; answer like the API does for unknown routes."""
-        self._send(_Answer(404, _error_body("not_found_error", f"Not found: {self.path}")))
-
-    def _send(self, answer: _Answer) -> None:
-        if answer.events is not None:
-            self._send_events(answer)
-            return
-        payload = json.dumps(answer.body).encode()
-        self.send_response(answer.status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _send_events(self, answer: _Answer) -> None:
-        """One chunk per event, each written at once, as the real API streams (chunked HTTP/1.1)."""
-        self.send_response(answer.status)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("transfer-encoding", "chunked")
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        for event in answer.events or []:
-            data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        if answer.drop_connection:
-            self.close_connection = True  # no terminating chunk: the client sees a cut body
-            return
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Keep test output quiet."""
-
-
-class FakeMessagesAPI:
+class FakeMessagesAPI(FakeServer):
     """A scripted Anthropic Messages API on ``127.0.0.1`` for the real client to call.
 
     Why: scripted replies make agent runs deterministic, while validation of every
@@ -753,68 +659,16 @@ class FakeMessagesAPI:
                 retry loop does not sleep its default 0.5-8 s back-off. The real API
                 does not send this header; it changes only timing, never behaviour.
         """
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.paths: list[str] = []
-        self._fast_retries = fast_retries
-        self._queue: deque[_Scripted] = deque()
-        self._lock = threading.Lock()
-        self._request_ids = itertools.count(1)
         self._message_ids = itertools.count(1)
         self._tool_use_ids = itertools.count(1)
-        self._connections: set[socket.socket] = set()
-        self._closed = False
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.api = self
-        # A short poll interval keeps `close` (which waits for the loop to notice) near-instant.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL},
-            name="FakeMessagesAPI",
-            daemon=True,
-        )
-        self._thread.start()
-
-    # -- lifecycle
+        self._signed: dict[str, str] = {}
+        """The thinking each signature it served was given with: a thinking block sent back must be unchanged."""
+        super().__init__(name="FakeMessagesAPI", fast_retries=fast_retries)
 
     @property
     def url(self) -> str:
         """Base URL to pass as ``base_url`` to ``anthropic.Anthropic``."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the server and drop kept-alive connections (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
-
-    def track(self, conn: socket.socket, *, open_: bool) -> None:
-        """Record live connections so `close` can end kept-alive ones (server internal)."""
-        with self._lock:
-            if open_:
-                self._connections.add(conn)
-            else:
-                self._connections.discard(conn)
+        return self.origin
 
     # -- scripting
 
@@ -827,8 +681,7 @@ class FakeMessagesAPI:
         ``None`` and a usage of 10 input / 5 output tokens (missing usage keys only).
         Anything else is served as given, malformed or not, to test how a client copes.
         """
-        with self._lock:
-            self._queue.append(_Reply(copy.deepcopy(dict(response))))
+        self.enqueue(Reply(copy.deepcopy(dict(response))))
 
     def reply_text(self, text: str, **fields: Any) -> None:
         """Queue an ``end_turn`` reply holding one text block."""
@@ -852,15 +705,6 @@ class FakeMessagesAPI:
         self.reply({"content": content, **fields})
         return tool_id
 
-    def reply_with(self, responder: Responder) -> None:
-        """Queue a dynamic reply: ``responder(request_body)`` returns the response dict.
-
-        Defaults are filled as for `reply`. If the responder raises, the client gets
-        500 ``api_error`` naming the exception.
-        """
-        with self._lock:
-            self._queue.append(_Dynamic(responder))
-
     def fail(
         self,
         status: int,
@@ -874,9 +718,8 @@ class FakeMessagesAPI:
         carries a ``request-id`` header, ``retry-after: 0`` for 429, and ``headers``
         on top (which may override those).
         """
-        failure = _Failure(status, message, error_type or _default_error_type(status), headers or {})
-        with self._lock:
-            self._queue.append(failure)
+        body = _error_body(error_type or _default_error_type(status), message)
+        self.enqueue(Failure(status, body, headers or {}))
 
     def reply_events(self, events: list[dict[str, Any]], *, drop_connection: bool = False) -> None:
         """Queue a stream served exactly as given, for a ``stream: true`` request.
@@ -886,104 +729,60 @@ class FakeMessagesAPI:
         the connection after the events without ending the HTTP body. A non-streaming
         request meeting this item gets 500 ``api_error``, so the test fails loudly.
         """
-        with self._lock:
-            self._queue.append(_Events(copy.deepcopy(events), drop_connection))
+        self.enqueue(Stream(_encoded(copy.deepcopy(events)), drop_connection))
 
-    def reset(self) -> None:
-        """Forget the script, the recorded requests and the id counters.
-
-        Why: lets one server (and one client, whose construction is the slow part)
-        serve a whole test module; call it between tests.
-        """
-        with self._lock:
-            self._queue.clear()
-            self.requests.clear()
-            self.headers.clear()
-            self.paths.clear()
-            self._request_ids = itertools.count(1)
-            self._message_ids = itertools.count(1)
-            self._tool_use_ids = itertools.count(1)
-
-    @property
-    def pending(self) -> int:
-        """Number of scripted items not yet consumed."""
-        with self._lock:
-            return len(self._queue)
+    def reset_counters(self) -> None:
+        """Restart the message and tool_use ids (see :meth:`FakeServer.reset`)."""
+        self._message_ids = itertools.count(1)
+        self._tool_use_ids = itertools.count(1)
+        self._signed = {}
 
     # -- serving
 
-    def answer(self, path: str, headers: dict[str, str], raw: bytes) -> _Answer:
-        """Decide the response to one POST (server internal; runs on handler threads)."""
-        try:
-            parsed: object = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = None
-            body: dict[str, Any] = {"_unparsed": raw.decode("utf-8", "replace")}
-        else:
-            body = cast(dict[str, Any], parsed) if isinstance(parsed, dict) else {"_body": parsed}
-        with self._lock:
-            self.requests.append(body)
-            self.headers.append(dict(headers))
-            self.paths.append(path)
-            request_id = f"req_fake_{next(self._request_ids)}"
+    def not_found(self, path: str) -> Answer:
+        """Answer like the API does for unknown routes."""
+        return Answer(404, _error_body("not_found_error", f"Not found: {path}"))
 
-        answer = self._check_request(path, headers, parsed)
-        if answer is None:
-            answer = self._scripted(body)
-        return replace(answer, headers={"request-id": request_id, **answer.headers})
-
-    def _check_request(self, path: str, headers: Mapping[str, str], parsed: object) -> _Answer | None:
+    def check_request(self, path: str, headers: dict[str, str], parsed: object) -> Answer | None:
+        """Route, key, version header and the body as :func:`validate_messages_request` judges it."""
         if path.rstrip("/") != "/v1/messages":
-            return _Answer(404, _error_body("not_found_error", f"Not found: {path}"))
+            return self.not_found(path)
         auth = headers.get("authorization", "")
         if not headers.get("x-api-key") and not auth.lower().startswith("bearer "):
             # This client version sends the key as a Bearer token; older ones used x-api-key.
-            return _Answer(401, _error_body("authentication_error", "x-api-key header is required"))
+            return Answer(401, _error_body("authentication_error", "x-api-key header is required"))
         if not headers.get("anthropic-version"):
-            return _Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
+            return Answer(400, _error_body("invalid_request_error", "anthropic-version: header is required"))
         if parsed is None:
-            return _Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
-        error = validate_messages_request(parsed)
+            return Answer(400, _error_body("invalid_request_error", "There was an error parsing the body"))
+        error = validate_messages_request(parsed) or self._changed_thinking(parsed)
         if error is not None:
-            return _Answer(400, _error_body("invalid_request_error", error))
+            return Answer(400, _error_body("invalid_request_error", error))
         return None
 
-    def _scripted(self, request: dict[str, Any]) -> _Answer:
-        with self._lock:
-            item = self._queue.popleft() if self._queue else None
-        if item is None:
-            return _Answer(500, _error_body("api_error", "fake API: no scripted reply left"))
-        streaming = request.get("stream") is True
-        if isinstance(item, _Failure):  # before a stream starts, errors are plain HTTP errors
-            return self._failure(item)
-        if isinstance(item, _Events):
-            if not streaming:
-                message = "fake API: a stream was scripted for a non-streaming call"
-                return _Answer(500, _error_body("api_error", message))
-            return _Answer(200, {}, events=item.events, drop_connection=item.drop_connection)
-        if isinstance(item, _Dynamic):
-            try:
-                response = item.responder(copy.deepcopy(request))
-            except Exception as exc:  # noqa: BLE001 - whatever a test's responder raises, the client gets an API error
-                message = f"fake API: reply_with callable raised {type(exc).__name__}: {exc}"
-                return _Answer(500, _error_body("api_error", message))
-            message_body = self._complete(dict(response), request)
-        else:
-            message_body = self._complete(copy.deepcopy(item.body), request)
-        if streaming:
-            return _Answer(200, {}, events=sse_events(message_body))
-        return _Answer(200, message_body)
+    def _changed_thinking(self, body: object) -> str | None:
+        """The API's error for a thinking block this server signed, sent back changed (it must be verbatim)."""
+        for i, message in enumerate(cast(dict[str, Any], body)["messages"]):
+            content = message.get("content")
+            for j, block in enumerate(content if isinstance(content, list) else []):
+                if block.get("type") != "thinking":
+                    continue
+                with self._lock:
+                    signed = self._signed.get(block["signature"])
+                if signed is not None and signed != block["thinking"]:
+                    return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+        return None
 
-    def _failure(self, item: _Failure) -> _Answer:
-        headers: dict[str, str] = {}
-        if item.status == 429:
-            headers["retry-after"] = "0"
-        if self._fast_retries and (item.status in (408, 409, 429) or item.status >= 500):
-            headers["retry-after-ms"] = "1"
-        headers.update(item.headers)
-        return _Answer(item.status, _error_body(item.error_type, item.message), headers)
+    def error_body(self, message: str) -> dict[str, Any]:
+        """An ``api_error`` body."""
+        return _error_body("api_error", message)
 
-    def _complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    def stream_of(self, body: dict[str, Any], request: Mapping[str, Any]) -> list[bytes]:
+        """The Message as the API streams it (see :func:`sse_events`)."""
+        return _encoded(sse_events(body))
+
+    def complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill a Message's missing fields (see :meth:`reply`)."""
         with self._lock:
             n = next(self._message_ids)
         response.setdefault("id", f"msg_fake_{n}")
@@ -994,6 +793,10 @@ class FakeMessagesAPI:
         has_tool_use = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
         response.setdefault("stop_reason", "tool_use" if has_tool_use else "end_turn")
         response.setdefault("stop_sequence", None)
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "thinking" and isinstance(block.get("signature"), str):
+                with self._lock:
+                    self._signed[block["signature"]] = str(block.get("thinking"))
         usage = response.get("usage") or {}
         if isinstance(usage, Mapping):  # anything else is a malformed usage scripted on purpose
             response["usage"] = {**_DEFAULT_USAGE, **usage}

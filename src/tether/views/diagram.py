@@ -80,8 +80,9 @@ GRAPHVIZ_HINT = (
 )
 TOOLS_STATE = AgentMachine.executing_tool.id
 """The state the tools note is attached to (when the machine has it)."""
-DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.5"}
-"""Room between states (the library's 0.3 packs edges through the labels of their neighbours)."""
+DOT_SPACING = {"nodesep": "0.5", "ranksep": "0.9"}
+"""Room between states (the library's 0.3 packs edges through the labels of their neighbours; with
+two self-loops on Thinking, less rank separation runs the edge to Failed through one's label)."""
 ENDED_IDS = frozenset(status.shown for status in ENDED)
 """States where a drive stops (done, failed, cancelled), by id."""
 SELF_LOOP_SIDES = ("n", "s")

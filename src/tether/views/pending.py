@@ -8,10 +8,12 @@ one indexed query and never replays an event log. Decide with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tether.core.approvals import PendingApproval
 from tether.core.children import chain_of, link_of
 from tether.core.status import AWAITING
-from tether.stores import RunRecord, Store
+from tether.stores import AsyncStore, RunRecord, Store
 
 
 def pending_approvals(
@@ -27,9 +29,21 @@ def pending_approvals(
         limit: at most this many parked runs are read.
     """
     if run_id is not None:
-        records = [store.load_run(run_id, tenant=tenant)]
-    else:
-        records = store.list_runs(status=AWAITING, tenant=tenant, limit=limit)
+        return _pending_in([store.load_run(run_id, tenant=tenant)])
+    return _pending_in(store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+
+
+async def apending_approvals(
+    store: AsyncStore, *, tenant: str | None = None, run_id: str | None = None, limit: int = 1000
+) -> list[PendingApproval]:
+    """:func:`pending_approvals` from an :class:`~tether.stores.AsyncStore` (a service's event loop)."""
+    if run_id is not None:
+        return _pending_in([await store.load_run(run_id, tenant=tenant)])
+    return _pending_in(await store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+
+
+def _pending_in(records: Sequence[RunRecord]) -> list[PendingApproval]:
+    """The calls waiting in these rows, oldest parked run first."""
     found: list[PendingApproval] = []
     for record in sorted(records, key=lambda r: (r.updated_at, r.id)):
         if record.status == AWAITING:
@@ -49,4 +63,4 @@ def _of(record: RunRecord) -> list[PendingApproval]:
     ]
 
 
-__all__ = ["PendingApproval", "pending_approvals"]
+__all__ = ["PendingApproval", "apending_approvals", "pending_approvals"]

@@ -1,0 +1,85 @@
+"""Model names with a provider prefix: ``anthropic:NAME``, ``openai:NAME``, ``scripted:PATH``.
+
+A run stores its model as one such name and nothing else about it: keys and base URLs come
+from each provider's usual environment variables (``ANTHROPIC_API_KEY`` and
+``ANTHROPIC_BASE_URL``; ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``) whenever the adapter is
+made, so a resumed run uses the credentials of the process resuming it. A name without a
+prefix is a Claude model's, as before prefixes existed; a prefix tether does not know is an
+error naming the ones it does (a model name is never sent to the wrong API).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tether.errors import ConfigError
+from tether.models import ModelAdapter
+
+ANTHROPIC, OPENAI, SCRIPTED = "anthropic", "openai", "scripted"
+PROVIDERS = (ANTHROPIC, OPENAI, SCRIPTED)
+"""The prefixes tether knows, in the order messages list them."""
+EXTRAS = {OPENAI: "openai"}
+"""The optional extra a provider's SDK comes with (``pip install 'tether[openai]'``)."""
+_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*):(.*)$", re.DOTALL)
+
+
+def split_model(spec: str) -> tuple[str, str]:
+    """``(provider, name)`` of a model name; a bare name is Anthropic's.
+
+    Raises:
+        ConfigError: the prefix is unknown, or the name after it is empty.
+    """
+    match = _PREFIX.match(spec)
+    if match is None:
+        return ANTHROPIC, spec
+    provider, name = match.group(1).lower(), match.group(2)
+    if provider not in PROVIDERS:
+        known = ", ".join(f"{known}:" for known in PROVIDERS)
+        raise ConfigError(
+            f"--model {spec!r}: unknown provider {match.group(1)!r}; known providers are {known} "
+            "(a name without a prefix is a Claude model)"
+        )
+    if not name.strip():
+        raise ConfigError(f"--model {spec!r}: the model name after {provider}: is empty")
+    return provider, name
+
+
+def bare_name(spec: str) -> str:
+    """The model's own name, without a provider prefix (what prices are looked up by)."""
+    match = _PREFIX.match(spec)
+    if match is None or match.group(1).lower() not in PROVIDERS:
+        return spec
+    return match.group(2)
+
+
+def normalise(spec: str) -> str:
+    """``spec`` checked, with a scripted path made absolute (a resume may run elsewhere)."""
+    provider, name = split_model(spec)
+    if provider == SCRIPTED:
+        return f"{SCRIPTED}:{Path(name).resolve()}"
+    return spec
+
+
+def model_for(spec: str) -> ModelAdapter:
+    """The adapter a model name stands for, configured from the environment.
+
+    Raises:
+        ConfigError: an unknown prefix, or the provider's SDK is not installed.
+    """
+    provider, name = split_model(spec)
+    if provider == SCRIPTED:
+        from tether.models.scripted import ScriptedModel
+
+        return ScriptedModel.from_file(name)
+    if provider == OPENAI:
+        try:
+            from tether.models.openai import OpenAIModel
+        except ImportError as error:
+            raise ConfigError(
+                f"--model {spec!r} needs the openai package: pip install 'tether[{EXTRAS[OPENAI]}]' ({error})"
+            ) from error
+        return OpenAIModel(name)
+    from tether.models.anthropic import AnthropicModel
+
+    return AnthropicModel(name)
