@@ -226,6 +226,30 @@ STORED: list[tuple[ev.Fact, dict[str, Any]]] = [
         ev.CallAbandoned("c1", "host:1:ab", "op", "forced"),
         {"call_id": "c1", "owner": "host:1:ab", "by": "op", "reason": "forced"},
     ),
+    (
+        ev.ChildStarted("c1", "review", "run_child", 1, 1),
+        {"call_id": "c1", "tool": "review", "run_id": "run_child", "attempt": 1, "depth": 1},
+    ),
+    (
+        ev.ChildParked("c1", "run_child", [{"call_id": "c2", "run_id": "run_child", "chain": ["run_1", "run_child"]}]),
+        {
+            "call_id": "c1",
+            "run_id": "run_child",
+            "pending": [{"call_id": "c2", "run_id": "run_child", "chain": ["run_1", "run_child"]}],
+        },
+    ),
+    (ev.ChildResumed("c1", "run_child"), {"call_id": "c1", "run_id": "run_child"}),
+    (
+        ev.ChildEnded("c1", "run_child", "done", Usage(3, 2, 0, 0), 0.5, 2),
+        {
+            "call_id": "c1",
+            "run_id": "run_child",
+            "status": "done",
+            "usage": Usage(3, 2, 0, 0).to_dict(),
+            "cost_usd": 0.5,
+            "tool_calls": 2,
+        },
+    ),
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -18,6 +18,10 @@ from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
 from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
 from tether.toolsets import Toolset
+
+if TYPE_CHECKING:
+    from tether.core.children import AgentTool
+    from tether.policy.policies import ApprovalSetting, RetryPolicy
 
 DEFAULT_MAX_CONCURRENT_TOOLS = 8
 """Enough for the parallel calls a model asks for in one turn, few enough to stay polite to the services they call."""
@@ -137,3 +141,22 @@ class Agent:
         if not self.toolsets:
             return dict(self.spec)
         return {**self.spec, "toolsets": [toolset.record() for toolset in self.toolsets]}
+
+    def as_tool(
+        self,
+        name: str,
+        description: str,
+        *,
+        approval: ApprovalSetting = False,
+        retry: RetryPolicy | None = None,
+    ) -> AgentTool:
+        """This agent as another agent's tool: each call hands its ``task`` to a child run of this agent.
+
+        The child run has this agent's own tools, policy and limits, and is linked to the
+        calling run (parent run, call, depth); its answer (or typed result) is the call's
+        result, a failed child an ``is_error`` result under ``retry``. A gated call in the
+        child parks both runs until it is decided. See :mod:`tether.core.children`.
+        """
+        from tether.core.children import agent_tool
+
+        return agent_tool(self, name, description, approval=approval, retry=retry)

@@ -46,6 +46,9 @@ class PendingApproval:
     """The run's tenant (what an approval callable sees when edited input is checked)."""
     waiting_since: float | None = None
     """Unix time the run last changed (when it parked, or a sibling call was decided); known from a row."""
+    chain: tuple[str, ...] = ()
+    """For a child run's call, read from a row: the runs from the root of its tree down to it
+    (parent → child). Such a call is decided on the child (``run_id``), from any process."""
 
     def item(self) -> dict[str, Any]:
         """The run's own list entry (``pending_approvals`` of ``--json`` and of the run's row)."""
@@ -59,7 +62,13 @@ class PendingApproval:
 
     @classmethod
     def from_item(
-        cls, item: Mapping[str, Any], *, run_id: str, tenant: str | None, waiting_since: float
+        cls,
+        item: Mapping[str, Any],
+        *,
+        run_id: str,
+        tenant: str | None,
+        waiting_since: float,
+        chain: tuple[str, ...] = (),
     ) -> PendingApproval:
         """An :meth:`item` read back from a run's row (which has no tool descriptions)."""
         return cls(
@@ -71,16 +80,15 @@ class PendingApproval:
             fingerprint=str(item.get("fingerprint") or ""),
             tenant=tenant,
             waiting_since=waiting_since,
+            chain=chain,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape of ``tether pending --json`` and the service's ``GET /approvals``."""
-        return {
-            "run_id": self.run_id,
-            **self.item(),
-            "tenant": self.tenant,
-            "waiting_since": self.waiting_since,
-        }
+        """The JSON of ``tether pending --json`` and the service's ``GET /approvals`` (``chain``: a child's call)."""
+        shown = {"run_id": self.run_id, **self.item(), "tenant": self.tenant, "waiting_since": self.waiting_since}
+        if len(self.chain) > 1:  # a child run's call: the runs above it, root first
+            shown["chain"] = list(self.chain)
+        return shown
 
 
 ApprovalRequest = PendingApproval

@@ -521,6 +521,88 @@ class CallAbandoned:
         return {"call_id": self.call_id, "owner": self.owner, "by": self.by, "reason": self.reason}
 
 
+@_frozen
+class ChildStarted:
+    """A call of an agent tool is served by a child run (committed with the call's start, before the child exists).
+
+    The child's id is derived from the parent, the call and the attempt, so whoever resumes the
+    parent finds (or creates) that very child: never a second one for the same attempt.
+    """
+
+    kind: ClassVar[Literal["child_started"]] = "child_started"
+    call_id: str
+    tool: str
+    run_id: str
+    """The child run's id."""
+    attempt: int
+    depth: int
+    """The child's depth in the tree (the root run is 0)."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "depth": self.depth,
+        }
+
+
+@_frozen
+class ChildParked:
+    """The child serving a call waits for a person: the parent waits with it (``awaitingApproval``)."""
+
+    kind: ClassVar[Literal["child_parked"]] = "child_parked"
+    call_id: str
+    run_id: str
+    pending: list[Json] = field(default_factory=list)
+    """The child's calls waiting for a decision, as the child's run lists them (with ``run_id`` and ``chain``)."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"call_id": self.call_id, "run_id": self.run_id, "pending": self.pending}
+
+
+@_frozen
+class ChildResumed:
+    """The parked child no longer waits for a person: the parent goes back to its call."""
+
+    kind: ClassVar[Literal["child_resumed"]] = "child_resumed"
+    call_id: str
+    run_id: str
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"call_id": self.call_id, "run_id": self.run_id}
+
+
+@_frozen
+class ChildEnded:
+    """The child serving a call ended; what it spent counts toward the parent's usage and budget."""
+
+    kind: ClassVar[Literal["child_ended"]] = "child_ended"
+    call_id: str
+    run_id: str
+    status: str
+    """The child's status as shown (``done``, ``failed``, ``cancelled``)."""
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = None
+    """None: some model's price in the child (or below it) is unknown."""
+    tool_calls: int = 0
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {
+            "call_id": self.call_id,
+            "run_id": self.run_id,
+            "status": self.status,
+            "usage": self.usage.to_dict(),
+            "cost_usd": self.cost_usd,
+            "tool_calls": self.tool_calls,
+        }
+
+
 Fact: TypeAlias = (
     RunStarted
     | ModelResponded
@@ -540,6 +622,10 @@ Fact: TypeAlias = (
     | CacheHit
     | CacheMiss
     | CallAbandoned
+    | ChildStarted
+    | ChildParked
+    | ChildResumed
+    | ChildEnded
 )
 """Every fact a run can record."""
 
@@ -564,6 +650,10 @@ _KINDS: dict[str, type[Fact]] = {
         CacheHit,
         CacheMiss,
         CallAbandoned,
+        ChildStarted,
+        ChildParked,
+        ChildResumed,
+        ChildEnded,
     )
 }
 EVENT_TYPES = frozenset(_KINDS)
@@ -626,6 +716,10 @@ __all__ = [
     "CacheHit",
     "CacheMiss",
     "CallAbandoned",
+    "ChildEnded",
+    "ChildParked",
+    "ChildResumed",
+    "ChildStarted",
     "Event",
     "Fact",
     "Json",

@@ -30,6 +30,7 @@ Effects and what performing one gives back:
 :class:`Attempt`       the tool's serialised result; raises what the tool raised
 :class:`Launch`        a handle for the attempt, started and not waited for
 :class:`Landed`        ``(handle, result or what the tool raised)`` of each ended attempt
+``DriveChild``         the child run's :class:`~tether.RunResult`, once created and driven (``tether.core.children``)
 ====================== ==========================================================
 
 Concurrent calls (tools that :meth:`~tether.Agent.runs_concurrently`) are the one place a step
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from tether.agent import Agent
-from tether.core import cache, engine
+from tether.core import cache, children, engine
 from tether.core.approvals import Decision, PendingApproval, pending_of
 from tether.core.compat import check_compatible
 from tether.core.events import Event, Fact
@@ -212,6 +213,7 @@ Effect = (
     | Attempt
     | Launch
     | Landed
+    | children.DriveChild
 )
 Flowing = Generator[Effect, Any, T]
 """A flow that yields effects, is sent their outcomes and returns a ``T``."""
@@ -283,6 +285,12 @@ class Flow:
         self.clock = clock
         self.timer = timer
         self.rng = rng if rng is not None else random.Random()
+
+    def for_agent(self, agent: Agent) -> Flow:
+        """The same driver's decisions for ``agent`` (a child run's, in this agent's tree)."""
+        if agent is self.agent:
+            return self
+        return Flow(agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng)
 
     # A whole drive ------------------------------------------------------------------------
     def drive(
@@ -360,6 +368,8 @@ class Flow:
         yield CheckLease(state.id)
         action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
         if isinstance(action, engine.Stop):
+            if state.status == AWAITING and state.waiting_on:
+                return (yield from children.resume_parked(self, state, max_wait))
             if state.status != AWAITING or not self.can_ask:
                 return False
             decisions: Mapping[str, Decision] = yield Ask(pending_of(state, self.agent))
@@ -374,6 +384,8 @@ class Flow:
             yield from self.commit(state, action.step)
         elif isinstance(action, engine.CallModel):
             yield from self._call_model(state, action)
+        elif isinstance(action.tool, children.AgentTool):
+            return (yield from children.run_child(self, state, action, max_wait))
         elif self._runs_beside_others(state, action):
             yield from self._run_batch(state, action)
         elif not (yield from self._answered_from_cache(state, action)):

@@ -9,18 +9,22 @@ Like a drive (:meth:`tether.core.flow.Flow.drive`), each is a generator that yie
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
 
-from tether.core import engine
+from tether.core import children, engine
 from tether.core.approvals import Decision, Deny
 from tether.core.compat import check_versions
-from tether.core.flow import CreateRun, Flow, Flowing, LoadLog, Notify
+from tether.core.flow import CreateRun, Flow, Flowing, LoadLog, LoadRun, Notify
 from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.core.status import ENDED, RunStatus, status_name
-from tether.errors import RunEnded
-from tether.stores import SCHEMA_VERSION, RunLog
+from tether.errors import RunEnded, RunNotFound
+from tether.stores import SCHEMA_VERSION, RunLog, RunRecord
+
+if TYPE_CHECKING:
+    from tether.agent import Agent
 
 
 def read(run_id: str, tenant: str | None) -> Flowing[RunState]:
@@ -30,9 +34,18 @@ def read(run_id: str, tenant: str | None) -> Flowing[RunState]:
 
 
 def create(
-    flow: Flow, prompt: str, *, continue_from: str | None, tenant: str | None, run_id: str | None
+    flow: Flow,
+    prompt: str,
+    *,
+    continue_from: str | None,
+    tenant: str | None,
+    run_id: str | None,
+    parent: dict[str, Any] | None = None,
 ) -> Flowing[RunState]:
-    """Persist a new run of ``flow``'s agent (its prompt, spec and any earlier history) without driving it."""
+    """Persist a new run of ``flow``'s agent (its prompt, spec and any earlier history) without driving it.
+
+    ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
+    """
     agent = flow.agent
     messages: list[dict[str, Any]] = []
     spec = {
@@ -47,12 +60,14 @@ def create(
         "tool_schemas": {tool.name: tool.input_schema() for tool in agent.all_tools},
         "tool_settings": {tool.name: tool.settings() for tool in agent.all_tools},
     }
+    if parent is not None:
+        spec["parent"] = parent
     if continue_from is not None:
-        parent = yield from read(continue_from, tenant)
-        messages = [dict(m) for m in parent.messages]
-        close_unanswered(messages, f"Not run: the earlier run ended ({parent.status}) before this call ran.")
+        earlier = yield from read(continue_from, tenant)
+        messages = [dict(m) for m in earlier.messages]
+        close_unanswered(messages, f"Not run: the earlier run ended ({earlier.status}) before this call ran.")
         spec["continued_from"] = continue_from
-        spec["conversation"] = _conversation_spent(parent)
+        spec["conversation"] = _conversation_spent(earlier)
     append_user_text(messages, prompt)
     state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
     produced = engine.start_events(state, spec=spec, messages=messages, now=flow.clock())
@@ -81,19 +96,42 @@ def decide(
     flow: Flow, run_id: str, call_id: str, decision: Decision, *, fingerprint: str | None, tenant: str | None
 ) -> Flowing[RunState]:
     """Record one decision on a stored run (see :meth:`tether.Runner.decide`); the run as it is now."""
+    state = yield from read(run_id, tenant)
     if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
-        state = yield from read(run_id, tenant)
         check_versions(state.id, state.spec)
-    else:
-        state = yield from flow.load(run_id, tenant)
+    else:  # a child run of this agent's tree is decided with the child's agent
+        flow = flow.for_agent((yield from agent_of(flow.agent, state.spec, tenant)))
+        yield from flow.load(state, tenant)
     yield from flow.decide(state, call_id, decision, fingerprint)
     return state
 
 
+def agent_of(root: Agent, spec: dict[str, Any], tenant: str | None) -> Flowing[Agent]:
+    """The agent of a run in ``root``'s tree: down the agent tools its chain of parents went through."""
+    link = children.link_of(spec)
+    if link is None:
+        return root
+    parent: RunRecord = yield LoadRun(str(link["run_id"]), tenant)
+    return children.child_agent((yield from agent_of(root, parent.spec, tenant)), link)
+
+
+def create_child(flow: Flow, child: children.DriveChild) -> Flowing[None]:
+    """Create ``child``'s run with ``flow`` (the child's agent's) unless it exists: a resumed parent finds its child."""
+    try:
+        yield LoadRun(child.run_id, child.tenant)
+    except RunNotFound:
+        yield from create(
+            flow, child.prompt, continue_from=None, tenant=child.tenant, run_id=child.run_id, parent=child.link
+        )
+
+
 def cancel(flow: Flow, run_id: str, reason: str, tenant: str | None) -> Flowing[RunState]:
-    """Stop a run that has not ended (see :meth:`tether.Runner.cancel`); the run as it is now."""
+    """Stop a run that has not ended (see :meth:`tether.Runner.cancel`), then its child runs; the run as it is now."""
     state = yield from read(run_id, tenant)
     if state.status in ENDED and not (state.status == RunStatus.failed and state.can_retry):
         raise RunEnded(state.id, status_name(state.status), "cancel")  # ended: no retry is due, the status says it
     yield from flow.commit(state, engine.cancellation(reason))
+    for child in state.children.values():  # then the runs it started, down the tree
+        with suppress(RunEnded, RunNotFound):
+            yield from cancel(flow, child, f"its parent run {state.id} was cancelled", tenant)
     return state

@@ -125,6 +125,12 @@ class RunState:
     can_retry: bool = False
     """The run failed transiently; resuming it may try again (a machine guard)."""
     error: str | None = None
+    children: dict[str, str] = field(default_factory=dict)
+    """The child run serving each call of an agent tool, by call id (its latest attempt's)."""
+    waiting_on: dict[str, str] = field(default_factory=dict)
+    """Parked children this run waits on, by call id (see :mod:`tether.core.children`)."""
+    child_pending: list[dict[str, Any]] = field(default_factory=list)
+    """The calls those children wait on a person for, as their runs list them."""
     created_at: float = 0.0
     updated_at: float = 0.0
     bound_machine: Any = field(default=None, init=False, repr=False, compare=False)
@@ -212,11 +218,8 @@ def _fold(state: RunState, fact: Fact) -> None:
             state.spec = dict(spec)
             state.messages = [dict(m) for m in messages]
             state.created_at = created_at
-        case ev.RetryScheduled(call_id=call_id, duration=duration, due_at=due_at):
-            state.tool_seconds += duration
-            state.in_flight.pop(call_id, None)
-            state.tool_calls += 1
-            state.retry_due[call_id] = due_at
+        case ev.RetryScheduled():
+            _retry_scheduled(state, fact)
         case ev.ApprovalRequested():
             _approval_requested(state, fact)
         case ev.ApprovalDecided():
@@ -241,6 +244,8 @@ def _fold(state: RunState, fact: Fact) -> None:
             _result_demanded(state, fact)
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
+        case ev.ChildStarted() | ev.ChildParked() | ev.ChildResumed() | ev.ChildEnded():
+            _child_fact(state, fact)
         case ev.CacheHit() | ev.CacheMiss():
             pass  # the audit's; the result that follows a hit is folded as any other
 
@@ -286,6 +291,26 @@ def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
         state.output = text_of(state.messages[-1])
 
 
+def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.ChildResumed | ev.ChildEnded) -> None:
+    """A child run's link, its parking and its end (see :mod:`tether.core.children`)."""
+    match fact:
+        case ev.ChildStarted(call_id=call_id, run_id=child):
+            state.children[call_id] = child
+        case ev.ChildParked(call_id=call_id, run_id=child, pending=pending):
+            state.waiting_on[call_id] = child
+            state.child_pending = [*state.child_pending, *pending]
+        case ev.ChildResumed(call_id=call_id):
+            state.waiting_on.pop(call_id, None)
+            state.child_pending = []
+        case ev.ChildEnded():  # its spending rolls up into the parent's (what the parent's budget counts)
+            state.usage = state.usage + fact.usage
+            state.tool_calls += fact.tool_calls
+            if fact.cost_usd is None:
+                state.cost_unknown = True
+            else:
+                state.cost_usd += fact.cost_usd
+
+
 def _result_demanded(state: RunState, fact: ev.ResultDemanded) -> None:
     append_user_text(state.messages, fact.prompt)
     state.result_demands, state.demanding_result = fact.attempt, fact.forced
@@ -295,6 +320,13 @@ def _history_compacted(state: RunState, fact: ev.HistoryCompacted) -> None:
     state.messages = [dict(message) for message in fact.messages]
     if fact.usage is not None:  # a summary: one more model call
         _model_call(state, fact.usage, fact.cost_usd, fact.latency)
+
+
+def _retry_scheduled(state: RunState, fact: ev.RetryScheduled) -> None:
+    state.tool_seconds += fact.duration
+    state.in_flight.pop(fact.call_id, None)
+    state.tool_calls += 1
+    state.retry_due[fact.call_id] = fact.due_at
 
 
 def _tool_finished(state: RunState, fact: ev.ToolFinished) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -36,6 +36,7 @@ from tether.core.approvals import (
     is_async_approver,
     pending_of,
 )
+from tether.core.children import DriveChild
 from tether.core.events import Event
 from tether.core.flow import (
     Activity,
@@ -156,7 +157,9 @@ def result_of(state: RunState) -> RunResult:
         model_seconds=round(state.model_seconds, 6),
         tool_seconds=round(state.tool_seconds, 6),
         # a run cancelled or failed at its gate waits for no one
-        pending_approvals=[pending.item() for pending in pending_of(state)] if state.status == AWAITING else [],
+        pending_approvals=[*(pending.item() for pending in pending_of(state)), *state.child_pending]
+        if state.status == AWAITING
+        else [],
     )
 
 
@@ -235,9 +238,23 @@ class _RunnerBase(Generic[S, L]):
             raise RuntimeError(f"step() needs the run's lease: call it inside `runner.hold({state.id!r})`")
         return lease
 
-    def _flow(self, owner: str = "") -> Flow:
-        """This runner's decisions, for a drive by ``owner`` (the lease's)."""
-        return Flow(self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
+    def _flow(self, owner: str = "", agent: Agent | None = None) -> Flow:
+        """This runner's decisions (or ``agent``'s, for a child run), for a drive by ``owner`` (the lease's)."""
+        return Flow(agent or self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
+
+    def _child_runner(self, child: DriveChild) -> Self:
+        """A runner like this one (store, approver, listeners, clocks) for ``child``'s run and agent."""
+        return type(self)(
+            child.agent,
+            self.store,
+            approver=self.approver,
+            listeners=self.listeners,
+            clock=self.clock,
+            rng=self.rng,
+            on_action=self.on_action,
+            on_text=self.on_text,
+            lease_ttl=self.lease_ttl,
+        )
 
     def approval_requests(self, state: RunState) -> list[PendingApproval]:
         """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
@@ -317,9 +334,15 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         continue_from: str | None = None,
         tenant: str | None = None,
         run_id: str | None = None,
+        parent: dict[str, Any] | None = None,
     ) -> RunState:
-        """Persist a new run (its prompt, spec and any earlier history) without driving it."""
-        flow = lifecycle.create(self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id)
+        """Persist a new run (its prompt, spec and any earlier history) without driving it.
+
+        ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
+        """
+        flow = lifecycle.create(
+            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
+        )
         return self._complete(flow)
 
     def decide(
@@ -342,6 +365,7 @@ class Runner(_RunnerBase[Store, leases.Lease]):
     def cancel(self, run_id: str, reason: str = "", *, tenant: str | None = None) -> RunResult:
         """Stop a run that has not ended, from any process; a run that failed transiently ends for good.
 
+        Its child runs (see :meth:`tether.Agent.as_tool`) are cancelled with it, after it.
         Needs neither the run's tools nor its model. A tool another process is running is not
         stopped: that driver finds the run changed when it records the result, and stops.
 
@@ -420,6 +444,10 @@ class Runner(_RunnerBase[Store, leases.Lease]):
                 )
             case Landed(handles):
                 return launches.landed(handles)
+            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+                runner = self._child_runner(effect)
+                runner._complete(lifecycle.create_child(runner._flow(), effect))
+                return runner.drive(run_id, tenant=tenant, max_wait=max_wait)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
         return None
@@ -472,9 +500,12 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         continue_from: str | None = None,
         tenant: str | None = None,
         run_id: str | None = None,
+        parent: dict[str, Any] | None = None,
     ) -> RunState:
         """See :meth:`Runner.create`."""
-        flow = lifecycle.create(self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id)
+        flow = lifecycle.create(
+            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
+        )
         return await self._acomplete(flow)
 
     async def decide(
@@ -547,6 +578,10 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
                 return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
             case Landed(handles):
                 return await launches.alanded(handles)
+            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+                runner = self._child_runner(effect)
+                await runner._acomplete(lifecycle.create_child(runner._flow(), effect))
+                return await runner.drive(run_id, tenant=tenant, max_wait=max_wait)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
         return None

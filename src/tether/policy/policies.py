@@ -197,6 +197,9 @@ class Limits:
     note saying so; the full value stays in the ``tool_finished`` event (``full_content``). None = no cap."""
     budget: Budget | None = None
     """Token, cost, call and time budgets for the run (and its conversation)."""
+    max_depth: int = 4
+    """How deep this agent's calls of agent tools may start child runs (its own run at depth 0
+    or deeper, its children one deeper): a call that would go deeper gets an error result."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tether.core.approvals import PendingApproval
+from tether.core.children import chain_of, link_of
 from tether.core.status import AWAITING
 from tether.stores import AsyncStore, RunRecord, Store
 
@@ -51,9 +52,14 @@ def _pending_in(records: Sequence[RunRecord]) -> list[PendingApproval]:
 
 
 def _of(record: RunRecord) -> list[PendingApproval]:
+    """The row's own undecided calls (a parent's row also names its children's: those are listed from their rows)."""
+    chain = tuple(chain_of(record.id, record.spec)) if link_of(record.spec) is not None else ()
     return [
-        PendingApproval.from_item(item, run_id=record.id, tenant=record.tenant, waiting_since=record.updated_at)
+        PendingApproval.from_item(
+            item, run_id=record.id, tenant=record.tenant, waiting_since=record.updated_at, chain=chain
+        )
         for item in record.summary.get("pending_approvals") or []
+        if item.get("run_id", record.id) == record.id
     ]
 
 
