@@ -287,6 +287,18 @@ class LagProbe:
             await self._task
 
 
+async def all_or_none(runs: Any) -> None:
+    """Await every coroutine at once; the first failure cancels the rest and is raised as itself."""
+    import asyncio
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for run in runs:
+                group.create_task(run)
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
 async def scale_point(
     system: str, k: int, calls: int, repeats: int, one_run: Callable[[list[float]], Any]
 ) -> dict[str, Any]:
@@ -296,7 +308,6 @@ async def scale_point(
     ``one_run(latencies)`` drives one run to its end, appending each step's latency in seconds.
     Throughput is the median over repeats; latencies and loop lags are pooled across them.
     """
-    import asyncio
 
     repeats = repeats if k < 256 else 1
     rates, latencies, lags, cpu_shares, rss_per_run = [], [], [], [], []
@@ -307,7 +318,7 @@ async def scale_point(
         reset_peak_rss()
         probe.start()
         cpu, wall = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(one_run(latencies) for _ in range(k)))
+        await all_or_none(one_run(latencies) for _ in range(k))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         await probe.stop()
         lags.extend(probe.lags)

@@ -21,11 +21,13 @@ from bench_common import (
     MODEL_DELAY,
     PROMPT,
     TOOL_DELAY,
+    describe_error,
     echo,
     gate,
     parked_memory,
     reply,
     scale_point,
+    unavailable,
 )
 
 SYSTEMS = ("tether-sqlite", "tether-postgres")
@@ -102,7 +104,10 @@ async def run_scale(
         await asyncio.gather(*(one_run([]) for _ in range(4)))  # warm-up: connections, caches
         for k in ks:
             print(f"[scale] {system} K={k}", file=sys.stderr, flush=True)
-            rows.append(await scale_point(system, k, calls, repeats, one_run))
+            try:
+                rows.append(await scale_point(system, k, calls, repeats, one_run))
+            except Exception as error:  # noqa: BLE001 - a K that fails (say, the pool's timeout) is a row
+                rows.append(unavailable(f"K={k}: {describe_error(error)}", system=system, k=k))
         rows.append(await park_runs(system, store, parked))
     finally:
         await store.close()
@@ -137,8 +142,6 @@ def section_scale(
     plan: Any, workdir: Path, pg_url: str | None, pg_error: str | None, *, peers: Any, run_worker: Any
 ) -> list[dict[str, Any]]:
     """tether on both stores (a worker process each), then the peers in the peer venv."""
-    from bench_common import unavailable
-
     rows: list[dict[str, Any]] = []
     urls = {"tether-sqlite": f"sqlite:///{workdir / 'tether-scale.db'}", "tether-postgres": pg_url}
     for system in SYSTEMS:
@@ -254,7 +257,7 @@ def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool)
         point = ok.get((system, judged_k))
         target = f"{system} throughput at K={TARGET_K} >= 80% of ideal (K runs, a step per latency)"
         if point is None:
-            add(target, "not measured", None)
+            add(target, f"n/a: {why_not(rows, system, judged_k)}"[:160], None)
         else:
             add(
                 target,
@@ -265,10 +268,7 @@ def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool)
         peer = ok.get((SAME_STORE[system], judged_k))
         target = f"{system} >= 2x LangGraph's async throughput on the same store, K={TARGET_K}"
         if point is None or peer is None:
-            why = next(
-                (r["why"] for r in rows if r["system"] == SAME_STORE[system] and r["status"] != "ok"), "not measured"
-            )
-            add(target, f"n/a: {why}"[:160], None)
+            add(target, f"n/a: {why_not(rows, system if point is None else SAME_STORE[system], judged_k)}"[:160], None)
         else:
             ratio = point["steps_per_s"] / peer["steps_per_s"]
             add(target, f"{ratio:.2f}x ({peer['steps_per_s']:,.0f} steps/s at K={judged_k})", ratio >= 2)
@@ -290,6 +290,12 @@ def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool)
                 parked["held_bytes_per_run"] <= 50_000,
             )
     return found
+
+
+def why_not(rows: list[dict[str, Any]], system: str, k: int) -> str:
+    """Why ``system`` has no figure at ``k`` (the row's reason, else any of its reasons)."""
+    reasons = [r for r in rows if r["system"] == system and r["status"] != "ok"]
+    return next((r["why"] for r in reasons if r.get("k") == k), reasons[0]["why"] if reasons else "not measured")
 
 
 def scale_ks(quick: bool) -> list[int]:
