@@ -35,8 +35,8 @@ PEER_SYSTEMS = ("langgraph-sqlite", "langgraph-postgres", "pydantic-ai")
 LABELS = {
     "tether-sqlite": "tether, AsyncRunner + AsyncSQLStore (aiosqlite)",
     "tether-postgres": "tether, AsyncRunner + AsyncSQLStore (psycopg async)",
-    "langgraph-sqlite": "LangGraph ainvoke + AsyncSqliteSaver",
-    "langgraph-postgres": "LangGraph ainvoke + AsyncPostgresSaver",
+    "langgraph-sqlite": "LangGraph astream + AsyncSqliteSaver",
+    "langgraph-postgres": "LangGraph astream + AsyncPostgresSaver",
     "pydantic-ai": "Pydantic AI agent.iter (async, no persistence)",
 }
 SAME_STORE = {"tether-sqlite": "langgraph-sqlite", "tether-postgres": "langgraph-postgres"}
