@@ -63,6 +63,9 @@ from bench_common import (  # noqa: E402 - the path above makes the sibling impo
     unavailable,
     wal_bytes,
 )
+from bench_scale import PEER_SYSTEMS as PEER_SCALE  # noqa: E402
+from bench_scale import report_scale, scale_ks, scale_targets, section_scale  # noqa: E402
+from bench_scale import worker as scale_worker  # noqa: E402
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 LABELS = {
@@ -100,6 +103,10 @@ class Plan:
         self.concurrency_repeats = 1 if quick else 3
         self.processes_p = [1, 2] if quick else [1, 2, 4, 8]
         self.process_runs = 3 if quick else 6
+        self.scale_k = scale_ks(quick)
+        self.scale_calls = 10
+        self.scale_repeats = 1 if quick else 3
+        self.scale_parked = 100 if quick else 1000
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -738,6 +745,39 @@ class PeerVenv:
             )
         return rows
 
+    def scale(self, plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None) -> list[dict[str, Any]]:
+        """Section 5's workload on LangGraph's async checkpointers and Pydantic AI's async agent."""
+        rows: list[dict[str, Any]] = []
+        for system in PEER_SCALE:
+            if not self.enabled or (system.endswith("postgres") and pg_url is None):
+                why = self.why_not if not self.enabled else (pg_error or "no PostgreSQL")
+                rows.extend(unavailable(why, system=system, k=k) for k in plan.scale_k)
+                continue
+            log(f"scale {system} (peer venv)")
+            url = (pg_url or "").replace("postgresql+psycopg://", "postgresql://")
+            found = self.call(
+                [
+                    "scale",
+                    "--system",
+                    system,
+                    "--sizes",
+                    ",".join(map(str, plan.scale_k)),
+                    "--calls",
+                    str(plan.scale_calls),
+                    "--repeats",
+                    str(plan.scale_repeats),
+                    "--pg-url",
+                    url,
+                    "--dir",
+                    str(workdir / "peers"),
+                ],
+                timeout=1800,
+                system=system,
+                k=None,
+            )
+            rows.extend(found if isinstance(found, list) else [found])
+        return rows
+
     def resume(self, plan: Plan, workdir: Path) -> list[dict[str, Any]]:
         if not self.enabled:
             return [
@@ -967,6 +1007,8 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
             )
         )
         out.extend(unavailable_notes(conc["async"] + conc["processes"], "system"))
+    if "scale" in results:
+        out.extend(report_scale(results["scale"], meta["plan"], fmt, table))
     if results.get("targets"):
         out.append("\n### Targets\n")
         out.append(
@@ -1056,6 +1098,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row["resume_ms"] <= 20,
                 steps=row["history_steps"],
             )
+    if "scale" in results:
+        found.extend(scale_targets(results["scale"], plan, results["meta"]["mode"] == "quick"))
     return found
 
 
@@ -1081,10 +1125,10 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     parser.add_argument("--json-out", type=Path, default=ROOT / "bench-results.json")
     parser.add_argument("--pg-url", default=os.environ.get("TETHER_BENCH_PG_URL", DEFAULT_PG))
     parser.add_argument("--peer-python", type=Path, default=ROOT / ".bench-venv" / "bin" / "python")
-    parser.add_argument("--sections", default="overhead,growth,resume,concurrency")
+    parser.add_argument("--sections", default="overhead,growth,resume,concurrency,scale")
     parser.add_argument("--sizes", help="override N (comma-separated tool-call counts)")
     parser.add_argument("--repeats", type=int, help="override repeats for every N")
-    parser.add_argument("--worker", choices=["growth", "pg-proc"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["growth", "pg-proc", "scale"], help=argparse.SUPPRESS)
     parser.add_argument("--system", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)
@@ -1099,6 +1143,14 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
         except Exception as error:  # noqa: BLE001
             traceback.print_exc()
             emit(unavailable(describe_error(error), system=args.system, n=args.calls))
+        return 0
+    if args.worker == "scale":
+        ks = [int(k) for k in args.sizes.split(",")]
+        try:
+            emit(scale_worker(args.system, args.pg_url, ks, calls=args.calls, repeats=args.repeats, parked=args.runs))
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            emit([unavailable(describe_error(error), system=args.system, k=k) for k in ks])
         return 0
     if args.worker == "pg-proc":
         worker_pg_proc(args.pg_url, args.runs, args.calls)
@@ -1145,6 +1197,8 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
                 results["resume"] = section_resume(plan, workdir, pg_url, pg_why, peers)
             if "concurrency" in sections:
                 results["concurrency"] = section_concurrency(plan, workdir, pg_url, pg_why)
+            if "scale" in sections:
+                results["scale"] = section_scale(plan, workdir, pg_url, pg_why, peers=peers, run_worker=run_worker)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["meta"]["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

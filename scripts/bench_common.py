@@ -7,6 +7,7 @@ test gets its model replies from :func:`reply`, so they all see the same Message
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -231,3 +232,149 @@ def emit(data: Any) -> None:
     """The one JSON document a worker process prints on stdout."""
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
+
+
+# Service scale (section 5) ---------------------------------------------------------------------
+MODEL_DELAY = 0.05
+"""Seconds the scale section's model takes to answer (a simulated API call, awaited)."""
+TOOL_DELAY = 0.005
+"""Seconds the scale section's tool awaits (simulated I/O)."""
+LAG_INTERVAL = 0.005
+"""How often the loop-lag probe asks to wake up."""
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100, nearest rank) of ``values``; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def ideal_steps_per_s(k: int, calls: int) -> float:
+    """K runs each taking one step per simulated latency: what waiting alone allows."""
+    return k * steps_of(calls) / ((calls + 1) * MODEL_DELAY + calls * TOOL_DELAY)
+
+
+class LagProbe:
+    """Measures event-loop lag: how late a task asking to sleep LAG_INTERVAL wakes up.
+
+    Anything that blocks the loop (a sync call, a long callback) shows up as oversleep.
+    """
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: Any = None
+
+    async def _watch(self) -> None:
+        import asyncio
+
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(LAG_INTERVAL)
+            self.lags.append(time.perf_counter() - asked - LAG_INTERVAL)
+
+    def start(self) -> None:
+        import asyncio
+
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        import asyncio
+
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def all_or_none(runs: Any) -> None:
+    """Await every coroutine at once; the first failure cancels the rest and is raised as itself."""
+    import asyncio
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for run in runs:
+                group.create_task(run)
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
+async def scale_point(
+    system: str, k: int, calls: int, repeats: int, one_run: Callable[[list[float]], Any]
+) -> dict[str, Any]:
+    """K concurrent runs of ``calls`` tool calls, ``repeats`` times (once from K=256: they take long).
+
+    The caller warmed up first.
+    ``one_run(latencies)`` drives one run to its end, appending each step's latency in seconds.
+    Throughput is the median over repeats; latencies and loop lags are pooled across them.
+    """
+
+    repeats = repeats if k < 256 else 1
+    rates, latencies, lags, cpu_shares, rss_per_run = [], [], [], [], []
+    for _ in range(repeats):
+        gc.collect()
+        probe = LagProbe()
+        before = rss_mib()
+        reset_peak_rss()
+        probe.start()
+        cpu, wall = time.process_time(), time.perf_counter()
+        await all_or_none(one_run(latencies) for _ in range(k))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        await probe.stop()
+        lags.extend(probe.lags)
+        rates.append(k * steps_of(calls) / wall)
+        cpu_shares.append(cpu / wall)
+        rss_per_run.append((peak_rss_mib() - before) * 1024 / k)
+    if len(latencies) != repeats * k * steps_of(calls):
+        raise RuntimeError(f"{len(latencies)} steps timed, expected {repeats * k * steps_of(calls)}")
+    rate = statistics.median(rates)
+    ideal = ideal_steps_per_s(k, calls)
+    return {
+        "system": system,
+        "status": "ok",
+        "k": k,
+        "calls_per_run": calls,
+        "steps_per_s": rate,
+        "ideal_steps_per_s": ideal,
+        "ratio_to_ideal": rate / ideal,
+        "cpu_share": statistics.median(cpu_shares),
+        "step_p50_ms": percentile(latencies, 50) * 1000,  # type: ignore[operator]
+        "step_p99_ms": percentile(latencies, 99) * 1000,  # type: ignore[operator]
+        "lag_p99_ms": (percentile(lags, 99) or 0.0) * 1000,
+        "lag_max_ms": max(lags, default=0.0) * 1000,
+        "peak_rss_kib_per_run": max(rss_per_run),
+        "repeats": repeats,
+        "rates": [round(r, 1) for r in rates],
+    }
+
+
+async def parked_memory(system: str, parked: int, park_all: Callable[[], Any]) -> dict[str, Any]:
+    """What ``parked`` runs awaiting approval leave held in this process once parked.
+
+    ``await park_all()`` parks ``parked`` runs and keeps nothing (not even their results). First
+    the RSS growth (it also counts the database driver's page cache and the allocator's free
+    lists), then, parking as many again under tracemalloc, the Python heap still held after a
+    full collection (the target's measure).
+    """
+    import tracemalloc
+
+    gc.collect()
+    rss_before = rss_mib()
+    await park_all()
+    gc.collect()
+    rss_growth = rss_mib() - rss_before
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        await park_all()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    return {
+        "system": system,
+        "status": "ok",
+        "parked": parked,
+        "held_bytes_per_run": held / parked,
+        "rss_kib_per_run": rss_growth * 1024 / parked,
+    }

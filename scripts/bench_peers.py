@@ -9,6 +9,7 @@ imported or run becomes an ``unavailable`` row with the reason, never a crash.
   python scripts/bench_peers.py overhead --sizes 10,100 --repeats 3 --dir DIR
   python scripts/bench_peers.py growth --system langgraph-sqlite --calls 1000 --early 10 --late 1000 --dir DIR
   python scripts/bench_peers.py resume --sizes 100,1000 --repeats 5 --dir DIR
+  python scripts/bench_peers.py scale --system langgraph-sqlite --sizes 1,16,64 --calls 10 --repeats 1 --dir DIR
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ PACKAGES = (
     "langgraph",
     "langgraph-checkpoint",
     "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres",
+    "psycopg",
     "langgraph-prebuilt",
     "langchain-core",
     "pydantic-ai-slim",
@@ -403,6 +406,19 @@ def langgraph_resume(history: int, repeats: int, workdir: Path) -> dict[str, Any
     }
 
 
+def scale_section(
+    system: str, ks: list[int], *, calls: int, repeats: int, workdir: Path, pg_url: str
+) -> list[dict[str, Any]]:
+    """Section 5 (bench_peers_scale.py); a peer that cannot run gives a row per K saying why."""
+    try:
+        from bench_peers_scale import scale
+
+        return scale(system, ks, calls=calls, repeats=repeats, workdir=workdir, pg_url=pg_url)
+    except Exception as error:  # noqa: BLE001
+        traceback.print_exc()
+        return [unavailable(describe_error(error), system=system, k=k) for k in ks]
+
+
 def versions() -> dict[str, Any]:
     found = {}
     for package in PACKAGES:
@@ -415,7 +431,7 @@ def versions() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("section", choices=["versions", "overhead", "growth", "resume"])
+    parser.add_argument("section", choices=["versions", "overhead", "growth", "resume", "scale"])
     parser.add_argument("--sizes", default="10,100")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path.cwd())
@@ -424,6 +440,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--early", type=int, default=10)
     parser.add_argument("--late", type=int, default=100)
+    parser.add_argument("--pg-url", default="")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     os.makedirs(args.dir, exist_ok=True)
@@ -433,6 +450,12 @@ def main() -> None:
         emit(overhead(sizes, args.repeats, args.dir, [s for s in args.systems.split(",") if s]))
     elif args.section == "growth":
         emit(growth(args.system, args.calls, args.early, args.late, args.dir))
+    elif args.section == "scale":
+        emit(
+            scale_section(
+                args.system, sizes, calls=args.calls, repeats=args.repeats, workdir=args.dir, pg_url=args.pg_url
+            )
+        )
     else:
         emit(resume(sizes, args.repeats, args.dir))
 

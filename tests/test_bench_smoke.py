@@ -80,6 +80,21 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
     assert all(row["status"] == "ok" for row in results["resume"] if row["system"] == "tether-sqlite")
 
     concurrency = results["concurrency"]
+    scale = {(row["system"], row.get("k"), row.get("parked")) for row in results["scale"] if row["status"] == "ok"}
+    assert results["meta"]["plan"]["scale_k"] == [1, 16, 64]
+    assert {("tether-sqlite", k, None) for k in (1, 16, 64)} <= scale, results["scale"]
+    assert ("tether-sqlite", None, 100) in scale, results["scale"]
+    for row in results["scale"]:
+        if row["status"] == "ok" and "k" in row:
+            assert row["steps_per_s"] > 0, row
+            assert row["ideal_steps_per_s"] > 0, row
+            assert row["step_p99_ms"] > 0, row
+    assert all(row["status"] == "unavailable" for row in results["scale"] if row["system"].startswith("langgraph"))
+    scale_targets = [t for t in results["targets"] if t["target"].startswith(("tether-sqlite", "tether-postgres"))]
+    assert len(scale_targets) >= 4, results["targets"]
+    assert all(t["not_judged"] == "quick" for t in scale_targets if t["met"] is None and "not_judged" in t)
+    assert "### 5. Service scale" in done.stdout
+
     assert {(row["system"], row["k"]) for row in concurrency["async"]} >= {
         ("tether-memory", 1),
         ("tether-memory", 4),
