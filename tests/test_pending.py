@@ -207,3 +207,22 @@ def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None
     assert json.loads(run_tether(tmp_path, "pending", "--json", "--db", db).stdout) == {"pending": []}
     empty = run_tether(tmp_path, "pending", "--db", db)
     assert "No tool calls are waiting for approval." in empty.stdout
+
+
+def test_the_pending_footer_names_the_command_this_tether_was_started_by() -> None:
+    import io
+
+    from rich.console import Console  # noqa: TID251 - the footer is read off a rich console writing to a buffer
+
+    from tether.surfaces.terminal import render_pending
+
+    call = PendingApproval(
+        run_id="run_1", call_id="toolu_1", tool="refund", input={"amount": 5}, reason="gated", fingerprint="f"
+    )
+    out = io.StringIO()
+    render_pending(Console(file=out, width=200, color_system=None), [call], command=".venv/bin/tether")
+    footer = out.getvalue().strip().splitlines()[-1]
+    assert footer == (
+        "1 call(s) waiting. Decide with .venv/bin/tether approve RUN CALL or "
+        ".venv/bin/tether deny RUN CALL, then .venv/bin/tether resume RUN"
+    )

@@ -561,7 +561,7 @@ def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending)
+    render_pending(session.out, pending, command=invocation())
     return EXIT_DONE
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
@@ -529,8 +530,10 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None:
+def render_pending(console: Console, pending: Sequence[PendingApproval], *, command: str = "tether") -> None:
     """Calls waiting for a person, one block each, with the exact input they would approve.
+
+    ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied).
 
     Ids are whole (they are copied into approve/deny); the input is pretty JSON, never cut
     nor respaced, control characters shown as escapes.
@@ -555,8 +558,8 @@ def render_pending(console: Console, pending: Sequence[PendingApproval]) -> None
         console.print(Text.assemble(("  input  ", "dim"), shown), soft_wrap=True)  # copied as it is
         console.print()
     console.print(
-        f"{len(pending)} call(s) waiting. Decide with [bold]tether approve RUN CALL[/] or "
-        "[bold]tether deny RUN CALL[/], then [bold]tether resume RUN[/]"
+        f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL[/] or "
+        f"[bold]{escape(command)} deny RUN CALL[/], then [bold]{escape(command)} resume RUN[/]"
     )
 
 
