@@ -73,17 +73,13 @@ class Run:
         self.run_id = ""
 
     def start(self, *, max_wait: float | None = None) -> RunResult:
-        if isinstance(self.runner, AsyncRunner):
-            result = asyncio.run(self.runner.run("go", max_wait=max_wait))
-        else:
-            result = self.runner.run("go", max_wait=max_wait)
+        result: RunResult = done(self.runner.run("go", max_wait=max_wait))
         self.run_id = result.run_id
         return result
 
     def resume(self) -> RunResult:
-        if isinstance(self.runner, AsyncRunner):
-            return asyncio.run(self.runner.drive(self.run_id))
-        return self.runner.drive(self.run_id)
+        result: RunResult = done(self.runner.drive(self.run_id))
+        return result
 
     def events(self, *kinds: str) -> list[Event]:
         return [e for e in self.store.load_events(self.run_id) if not kinds or e.type in kinds]
