@@ -66,6 +66,7 @@ from bench_common import (  # noqa: E402 - the path above makes the sibling impo
 from bench_scale import PEER_SYSTEMS as PEER_SCALE  # noqa: E402
 from bench_scale import report_scale, scale_ks, scale_targets, section_scale  # noqa: E402
 from bench_scale import worker as scale_worker  # noqa: E402
+from bench_scaleout import report_scaleout, scaleout_targets, section_scaleout  # noqa: E402
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 LABELS = {
@@ -97,6 +98,7 @@ class Plan:
         self.growth_calls = 100 if quick else 1000
         self.growth_early, self.growth_late = 10, (100 if quick else 1000)
         self.resume_sizes = [100] if quick else [100, 1000]
+        self.memory_sizes = [100, 1000] if quick else [1000, 10000]
         self.resume_repeats = 3 if quick else 7
         self.concurrency_k = [1, 4] if quick else [1, 4, 16, 64]
         self.concurrency_calls = 10 if quick else 25
@@ -428,6 +430,53 @@ def worker_growth(system: str, calls: int, early: int, late: int, workdir: Path)
     return row
 
 
+def section_memory(plan: Plan, workdir: Path) -> list[dict[str, Any]]:
+    """A driver's peak memory for one run of N tool calls on SQLite, each size in its own process."""
+    rows = []
+    for history in ("grows", "bounded"):
+        for calls in plan.memory_sizes:
+            log(f"memory tether-sqlite history={history} N={calls}")
+            command = [sys.executable, str(Path(__file__)), "--worker", "memory", "--system", history]
+            command += ["--calls", str(calls), "--dir", str(workdir)]
+            rows.append(run_worker(command, timeout=1800, system="tether-sqlite", history=history, n=calls))
+    return rows
+
+
+def worker_memory(history: str, calls: int, workdir: Path) -> dict[str, Any]:
+    """Peak RSS growth and peak traced heap of one drive; ``bounded``: the agent keeps only its last turns.
+
+    The run's history is what a driver must hold (the model is sent all of it), so with
+    ``grows`` memory grows with N by design; ``bounded`` (KeepLastTurns(4)) shows what the
+    driver itself holds per step.
+    """
+    from tether import Runner
+    from tether.core.compaction import KeepLastTurns
+
+    path = workdir / f"tether-memory-{history}-{calls}.db"
+    store = open_sql_store(f"sqlite:///{path}")
+    agent = tether_agent(calls)
+    if history == "bounded":
+        agent = replace(agent, history_processors=[KeepLastTurns(4)])
+    runner = Runner(agent, store)
+    tether_run(Runner(tether_agent(5), store), 5)  # imports, caches, the schema: not the drive's
+    before = rss_mib()
+    reset_peak_rss()
+    seconds, cpu = timed(lambda: tether_run(runner, calls))
+    peak = peak_rss_mib() - before
+    store.close()
+    path.unlink(missing_ok=True)
+    return {
+        "system": "tether-sqlite",
+        "status": "ok",
+        "history": history,
+        "n": calls,
+        "steps": steps_of(calls),
+        "peak_rss_growth_mib": round(peak, 2),
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu, 2),
+    }
+
+
 # 3. Resume latency ------------------------------------------------------------------------------
 def section_resume(
     plan: Plan, workdir: Path, pg_url: str | None, pg_error: str | None, peers: PeerVenv
@@ -452,6 +501,7 @@ def section_resume(
 def tether_resume(system: str, url: str, history: int, repeats: int) -> dict[str, Any]:
     """Park a run at an approval gate after ``history`` steps; time approving and driving it to done."""
     from tether import Approve, AutoApprover, Runner
+    from tether.core import snapshots
 
     calls = history // 2
     store = open_sql_store(url)
@@ -461,10 +511,13 @@ def tether_resume(system: str, url: str, history: int, repeats: int) -> dict[str
         raise RuntimeError(f"the run did not park: {parked.status} {parked.error}")
     call_id = parked.pending_approvals[0]["call_id"]
     record, events = store.load_run(parked.run_id), store.load_events(parked.run_id)
+    snapshot = store.load_log(parked.run_id, snapshot_format=snapshots.snapshot_format()).snapshot
     clones = []
-    for _ in range(4 * repeats + 1):  # identical parked runs: same events, new ids
+    for _ in range(4 * repeats + 1):  # identical parked runs: same events and snapshot, new ids
         clone = f"run_{uuid.uuid4().hex[:20]}"
         store.create_run(replace(record, id=clone), events)
+        if snapshot is not None:
+            store.save_snapshot(clone, snapshot)
         clones.append(clone)
 
     approving = Runner(tether_agent(calls, gate_tool=True), store, approver=AutoApprover(approve=True, actor="bench"))
@@ -482,7 +535,8 @@ def tether_resume(system: str, url: str, history: int, repeats: int) -> dict[str
 
     resume(approving, clones.pop())  # warm-up
     batches = [clones[i * repeats : (i + 1) * repeats] for i in range(4)]
-    warm = [timed(lambda r=run_id: resume(approving, r))[0] for run_id in batches[0]]
+    warm_timed = [timed(lambda r=run_id: resume(approving, r)) for run_id in batches[0]]
+    warm = [wall for wall, _ in warm_timed]
     load = [timed(lambda r=run_id: runner.load(r))[0] for run_id in batches[1]]
     two_calls = [timed(lambda r=run_id: decide_then_drive(r))[0] for run_id in batches[2]]
     cold = []
@@ -503,8 +557,10 @@ def tether_resume(system: str, url: str, history: int, repeats: int) -> dict[str
         "status": "ok",
         "history_steps": steps_of(calls),
         "events": len(events),
+        "snapshot_seq": None if snapshot is None else snapshot.seq,
         "load_ms": statistics.median(load) * 1000,
         "resume_ms": statistics.median(warm) * 1000,
+        "resume_cpu_ms": statistics.median(cpu for _, cpu in warm_timed) * 1000,
         "decide_then_drive_ms": statistics.median(two_calls) * 1000,
         "resume_cold_ms": statistics.median(cold) * 1000,
         "resume_runs_ms": [round(w * 1000, 3) for w in warm],
@@ -955,6 +1011,15 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
             )
         )
         out.extend(unavailable_notes(results["growth"], "system"))
+    if "memory" in results:
+        out.append("\n### 2b. A driver's memory (one run of N tool calls on SQLite; peak RSS growth, MiB)\n")
+        body = [
+            [r["history"], str(r["n"]), fmt(r["peak_rss_growth_mib"]), fmt(r["seconds"])]
+            for r in results["memory"]
+            if r["status"] == "ok"
+        ]
+        out.append(table(["history", "N", "peak RSS growth MiB", "seconds"], body))
+        out.extend(unavailable_notes(results["memory"], "system"))
     if "resume" in results:
         out.append(
             "\n### 3. Resume a parked run (load it, approve the pending call, drive it to done: "
@@ -966,6 +1031,7 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
                 str(r["history_steps"]),
                 fmt(r["load_ms"]),
                 fmt(r["resume_ms"]),
+                fmt(r.get("resume_cpu_ms")),
                 fmt(r.get("decide_then_drive_ms")),
                 fmt(r["resume_cold_ms"]),
             ]
@@ -973,7 +1039,10 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
             if r["status"] == "ok"
         ]
         out.append(
-            table(["system", "history steps", "load only", "resume", "decide() + drive()", "resume, new store"], body)
+            table(
+                ["system", "history steps", "load only", "resume", "resume CPU", "decide() + drive()", "new store"],
+                body,
+            )
         )
         out.extend(unavailable_notes(results["resume"], "system"))
     if "concurrency" in results:
@@ -1009,6 +1078,8 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
         out.extend(unavailable_notes(conc["async"] + conc["processes"], "system"))
     if "scale" in results:
         out.extend(report_scale(results["scale"], meta["plan"], fmt, table))
+    if "scaleout" in results:
+        out.extend(report_scaleout(results["scaleout"], meta["mode"] == "quick", fmt, table))
     if results.get("targets"):
         out.append("\n### Targets\n")
         out.append(
@@ -1053,24 +1124,42 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         sqlite_row, floor_b = over.get(("tether-sqlite", n)), over.get(("floor-sqlite", n))
         if sqlite_row and floor_b:
             ratio = sqlite_row["ms_per_step"] / floor_b["ms_per_step"]
-            add(f"tether-on-SQLite <= 1.5x durable floor (b), N={n}", f"{ratio:.1f}x", ratio <= 1.5)
+            cpu = sqlite_row["ms_per_step_cpu"] / floor_b["ms_per_step_cpu"]
+            add(f"tether-on-SQLite <= 5x durable floor (b), N={n}", f"{ratio:.1f}x (CPU {cpu:.1f}x)", ratio <= 5)
         # Against the faster of LangGraph's two durability modes at this N (the conservative reading).
         peers = [r for r in (over.get(("langgraph-sqlite", n)), over.get(("langgraph-sqlite-sync", n))) if r]
+        faster = 20 if n >= TARGET_STEPS // 2 else 5  # the issue's >= 20x at N=1000, >= 5x below
         if sqlite_row and peers:
             best = min(peers, key=lambda r: r["ms_per_step"])
             ratio = best["ms_per_step"] / sqlite_row["ms_per_step"]
             mode = "sync" if best["system"].endswith("sync") else "async"
             add(
-                f"tether-on-SQLite >= 5x faster than LangGraph + SqliteSaver, N={n}",
+                f"tether-on-SQLite >= {faster}x faster than LangGraph + SqliteSaver, N={n}",
                 f"{ratio:.1f}x (vs durability={mode})",
-                ratio >= 5,
+                ratio >= faster,
             )
         elif sqlite_row:
-            add(f"tether-on-SQLite >= 5x faster than LangGraph + SqliteSaver, N={n}", "peers not measured", None)
+            add(f"tether-on-SQLite >= {faster}x faster than LangGraph + SqliteSaver, N={n}", "peers not measured", None)
         memory = over.get(("tether-memory", n))
         if memory:
             measured = f"{memory['ms_per_step']:.3f} ms (CPU {memory['ms_per_step_cpu']:.3f} ms)"
-            add(f"tether in memory <= 0.3 ms per step, N={n}", measured, memory["ms_per_step"] <= 0.3)
+            add(f"tether in memory <= 0.1 ms per step, N={n}", measured, memory["ms_per_step"] <= 0.1)
+        postgres = over.get(("tether-postgres", n))
+        if postgres:
+            measured = f"{postgres['ms_per_step']:.3f} ms (CPU {postgres['ms_per_step_cpu']:.3f} ms)"
+            add(f"tether on PostgreSQL (loopback) <= 1 ms per step, N={n}", measured, postgres["ms_per_step"] <= 1)
+    memory = {(r["history"], r["n"]): r for r in results.get("memory", []) if r["status"] == "ok"}
+    small, big = (plan.get("memory_sizes") or [0, 0])[:2]
+    for history in ("bounded", "grows"):
+        if (history, small) in memory and (history, big) in memory:
+            low, high = memory[(history, small)]["peak_rss_growth_mib"], memory[(history, big)]["peak_rss_growth_mib"]
+            ratio = high / max(low, 0.01)
+            add(
+                f"driver memory flat in N: peak N={big} <= 1.2x N={small} (history {history})",
+                f"{high:.2f} / {low:.2f} MiB = {ratio:.2f}x",
+                ratio <= 1.2,
+                steps=0 if results["meta"]["mode"] == "quick" else steps_of(big),
+            )
     growth = next(
         (r for r in results.get("growth", []) if r["system"] == "tether-sqlite" and r["status"] == "ok"), None
     )
@@ -1093,13 +1182,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         if row:
             add(
-                f"resume of a {row['history_steps']}-step run <= 20 ms ({system}, warm store)",
-                f"{row['resume_ms']:.1f} ms (load only {row['load_ms']:.1f} ms)",
-                row["resume_ms"] <= 20,
+                f"resume of a {row['history_steps']}-step run <= 10 ms ({system}, warm store)",
+                f"{row['resume_ms']:.1f} ms (CPU {row['resume_cpu_ms']:.1f} ms; load only {row['load_ms']:.1f} ms)",
+                row["resume_ms"] <= 10,
                 steps=row["history_steps"],
             )
     if "scale" in results:
         found.extend(scale_targets(results["scale"], plan, results["meta"]["mode"] == "quick"))
+    if "scaleout" in results:
+        found.extend(scaleout_targets(results["scaleout"], results["meta"]["mode"] == "quick"))
     return found
 
 
@@ -1125,10 +1216,10 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     parser.add_argument("--json-out", type=Path, default=ROOT / "bench-results.json")
     parser.add_argument("--pg-url", default=os.environ.get("TETHER_BENCH_PG_URL", DEFAULT_PG))
     parser.add_argument("--peer-python", type=Path, default=ROOT / ".bench-venv" / "bin" / "python")
-    parser.add_argument("--sections", default="overhead,growth,resume,concurrency,scale")
+    parser.add_argument("--sections", default="overhead,growth,memory,resume,concurrency,scale,scaleout")
     parser.add_argument("--sizes", help="override N (comma-separated tool-call counts)")
     parser.add_argument("--repeats", type=int, help="override repeats for every N")
-    parser.add_argument("--worker", choices=["growth", "pg-proc", "scale"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["growth", "memory", "pg-proc", "scale"], help=argparse.SUPPRESS)
     parser.add_argument("--system", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)
@@ -1143,6 +1234,13 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
         except Exception as error:  # noqa: BLE001
             traceback.print_exc()
             emit(unavailable(describe_error(error), system=args.system, n=args.calls))
+        return 0
+    if args.worker == "memory":
+        try:
+            emit(worker_memory(args.system, args.calls, args.dir))
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            emit(unavailable(describe_error(error), system="tether-sqlite", history=args.system, n=args.calls))
         return 0
     if args.worker == "scale":
         ks = [int(k) for k in args.sizes.split(",")]
@@ -1193,12 +1291,16 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
                 results["overhead"] = section_overhead(plan, workdir, pg_url, pg_why, peers)
             if "growth" in sections:
                 results["growth"] = section_growth(plan, workdir, peers)
+            if "memory" in sections:
+                results["memory"] = section_memory(plan, workdir)
             if "resume" in sections:
                 results["resume"] = section_resume(plan, workdir, pg_url, pg_why, peers)
             if "concurrency" in sections:
                 results["concurrency"] = section_concurrency(plan, workdir, pg_url, pg_why)
             if "scale" in sections:
                 results["scale"] = section_scale(plan, workdir, pg_url, pg_why, peers=peers, run_worker=run_worker)
+            if "scaleout" in sections:
+                results["scaleout"] = section_scaleout(args.quick, args.pg_url, pg_error, log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["meta"]["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

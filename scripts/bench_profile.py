@@ -23,9 +23,12 @@ import bench  # scripts/bench.py, importable through the path above
 
 PARTS = {
     "SQLStore.append: the step's whole write": ("append", "tether/stores/sql.py"),
-    "  BEGIN, COMMIT and pool checkout": ("_transaction", "tether/stores/sql.py"),
+    "  pool checkout": ("connect", "sqlalchemy/engine/base.py"),
+    "  COMMIT": ("__exit__", "sqlalchemy/engine/util.py"),
     "  INSERT of the step's events": ("_insert_events", "tether/stores/sql.py"),
     "    JSON encoding of the events": ("_dump_json", "tether/stores/sql.py"),
+    "snapshots: taking one": ("take", "tether/core/snapshots.py"),
+    "snapshots: writing one": ("save_snapshot", "tether/stores/sql.py"),
     "python-statemachine send()": ("send", "statemachine/statemachine.py"),
     "engine: next action": ("next_action", "tether/core/engine.py"),
     "engine: recording a step": ("record", "tether/core/engine.py"),

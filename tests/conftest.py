@@ -13,7 +13,9 @@ from support import (
     MERMAID_DIR,
     MERMAID_HOME,
     PG_URL,
+    SNAPSHOT_EVERY_IN_TESTS,
     PgSchema,
+    assert_snapshots_fold_alike,
     chromium_missing,
     fresh_pg_schema,
     graphviz_missing,
@@ -21,9 +23,32 @@ from support import (
     mermaid_missing,
     need_tool,
 )
+from tether.stores.memory import MemoryStore
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
 from tether.tools import Tool
 from wires import Calls, ChatWire, Harness, MessagesWire, Wire, make_tools
+
+
+# Snapshots ------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def snapshots_fold_alike(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every run the suite keeps in a MemoryStore must fold alike from any snapshot as from its first event.
+
+    Memory stores snapshot every few events in tests (not their default), so the suite's loads
+    and resumes go through snapshots; after each test, each of its runs is checked at every
+    event (see support.assert_snapshots_fold_alike).
+    """
+    made: list[MemoryStore] = []
+    original = MemoryStore.__init__
+
+    def init(self: MemoryStore, *, snapshot_every: int = SNAPSHOT_EVERY_IN_TESTS) -> None:
+        original(self, snapshot_every=snapshot_every)
+        made.append(self)
+
+    monkeypatch.setattr(MemoryStore, "__init__", init)
+    yield
+    for store in made:
+        assert_snapshots_fold_alike(store)
 
 
 # PostgreSQL -----------------------------------------------------------------------------

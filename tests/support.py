@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import io
 import json
+import logging
+import multiprocessing
 import os
 import queue
 import re
+import runpy
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
+import traceback
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -344,36 +351,160 @@ def finish_all(*processes: subprocess.Popen[str]) -> list[CliResult]:
     return [finish_tether(process) for process in processes]
 
 
-def run_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
-    """Run ``python -m tether ARGS`` in ``cwd`` to the end (see :func:`start_tether`)."""
+def run_tether_process(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
+    """Run ``python -m tether ARGS`` in a new process, to the end (see :func:`start_tether`): for
+    what only a real process shows (its exit status from the console script, signals, imports)."""
     return finish_tether(start_tether(cwd, *args, env=env))
+
+
+TETHER_MAIN = str(Path(__file__).resolve().parents[1] / "src" / "tether" / "__main__.py")
+"""What ``sys.argv[0]`` is in ``python -m tether`` (the hints tether prints depend on it)."""
+
+
+def run_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
+    """``tether ARGS`` run in this process as ``python -m tether ARGS`` would run in ``cwd``.
+
+    The same entry point, :func:`tether.surfaces.cli.main`, with what a new process would
+    have had (see :func:`_like_a_new_process`); an uncaught error is a traceback and exit 1.
+    A process costs over half a second of CPU just to import tether, so only tests where the
+    process itself is the point use :func:`run_tether_process`.
+    """
+    from tether.surfaces import cli
+
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    with _like_a_new_process(Path(cwd), [TETHER_MAIN, *args], clean_env(**(env or {})), err=err, out=out):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as leaving:  # argparse's usage errors and --help
+            code = leaving.code if isinstance(leaving.code, int) else (0 if leaving.code is None else 1)
+            if isinstance(leaving.code, str):
+                print(leaving.code, file=sys.stderr)
+        except Exception:  # what the interpreter prints for an uncaught error
+            traceback.print_exc()
+            code = 1
+    return CliResult(list(args), code, _written(out), _written(err))
+
+
+@contextmanager
+def _like_a_new_process(
+    cwd: Path, argv: list[str], environment: Mapping[str, str], *, out: io.TextIOWrapper, err: io.TextIOWrapper
+) -> Iterator[None]:
+    """This process made to look like a new one, undone afterwards.
+
+    ``environment``, ``cwd`` and ``argv``; stdin not a terminal, at end of file; stdout and
+    stderr to ``out`` and ``err``; Python's default warning filters (pytest's make every
+    warning an error), the warnings shown on ``err``, as are logged warnings. Modules imported
+    from elsewhere than Python, the venv, tether and tests/ (a run's tools module, its helpers)
+    are forgotten afterwards, as are directories added to ``sys.path``: the next command
+    imports them anew, as a new process would.
+    """
+    from tether.surfaces import cli
+
+    saved_env, saved_cwd, saved_argv, saved_path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    modules = set(sys.modules)
+    logged = logging.StreamHandler(err)  # what logging's last resort prints in a process without handlers
+    logged.setLevel(logging.WARNING)
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
+    sys.argv = argv
+    cli.invocation.cache_clear()  # it depends on PATH and argv
+    logging.getLogger().addHandler(logged)
+    try:
+        with (
+            warnings.catch_warnings(record=True) as warned,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            _stdin_at_eof(),
+        ):
+            _python_default_warnings()
+            try:
+                yield
+            finally:
+                for shown in warned:
+                    err.write(warnings.formatwarning(shown.message, shown.category, shown.filename, shown.lineno))
+    finally:
+        logging.getLogger().removeHandler(logged)
+        cli.invocation.cache_clear()
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - modules:
+            if not _installed(getattr(sys.modules[name], "__file__", None)):
+                del sys.modules[name]
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+INSTALLED = tuple({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(__file__).resolve().parents[1]})
+"""Where the modules every process imports alike come from: Python, the venv, this checkout."""
+
+
+def _installed(file: str | None) -> bool:
+    """Whether a module's file is Python's, the venv's or this checkout's (not a run's own)."""
+    if file is None:
+        return True
+    path = Path(file).resolve()
+    return any(path.is_relative_to(root) for root in INSTALLED)
+
+
+@contextmanager
+def _stdin_at_eof() -> Iterator[None]:
+    """Stdin as ``subprocess.DEVNULL`` makes it: not a terminal, at end of file."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+def _python_default_warnings() -> None:
+    """The warning filters of a plain ``python`` process (pytest's turn every warning into an error)."""
+    warnings.resetwarnings()
+    warnings.simplefilter("default")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", category)
+
+
+def _written(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode("utf-8")
 
 
 @dataclass
 class Cli:
-    """Runs ``python -m tether`` in ``cwd`` (see :func:`start_tether`): ``cli("runs", "--json")``."""
+    """Runs ``tether`` in ``cwd``: ``cli("runs", "--json")`` in this process (see :func:`run_tether`),
+    ``cli.start(...)`` as a process of its own, for commands that must run at the same time."""
 
     cwd: Path
 
     def start(self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
-        """Start a command in the background (in ``cwd`` if given); see :func:`finish_tether`."""
+        """Start a command in a process in the background (in ``cwd`` if given); see :func:`finish_tether`."""
         return start_tether(cwd or self.cwd, *args, env=env)
 
     def __call__(self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> CliResult:
+        return run_tether(cwd or self.cwd, *args, env=env)
+
+    def process(self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> CliResult:
+        """A command in a process of its own, to its end (see :func:`run_tether_process`)."""
         return finish_tether(self.start(*args, cwd=cwd, env=env))
 
     def parallel(self, *commands: Sequence[str]) -> list[CliResult]:
-        """Independent commands at once (only readers, or writers of different databases)."""
-        return finish_all(*(self.start(*command) for command in commands))
+        """Independent commands (only readers, or writers of different databases), one after another."""
+        return [self(*command) for command in commands]
 
 
 @dataclass
 class Scenario:
-    """A directory of its own, and the first command started there; started early (many at
-    once, to keep the suite fast) and waited for when a test first reads ``first``."""
+    """A directory of its own, and the first command to run there: run when a test first reads ``first``."""
 
     cli: Cli
-    process: subprocess.Popen[str]
+    command: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
     done: CliResult | None = None
 
     @property
@@ -382,9 +513,9 @@ class Scenario:
 
     @property
     def first(self) -> CliResult:
-        """The first command's result (waits for it once)."""
+        """The first command's result (run once)."""
         if self.done is None:
-            self.done = finish_tether(self.process)
+            self.done = self.cli(*self.command, env=self.env)
         return self.done
 
 
@@ -393,6 +524,89 @@ def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, *args], env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+@dataclass
+class Script:
+    """A driver script running in a process of its own (see :func:`start_script`)."""
+
+    args: list[str]
+    process: Any
+    """Its ``multiprocessing`` process: ``is_alive()``, ``exitcode`` (-9 when SIGKILLed)."""
+    scratch: tempfile.TemporaryDirectory[str]
+    """Where its stdout and stderr go."""
+
+    def finish(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Wait for its end: its exit status and output, as ``subprocess.run`` gives them."""
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+            raise AssertionError(f"{self.args} timed out after {timeout}s")
+        code = self.process.exitcode
+        self.process.close()
+        with self.scratch as scratch:
+            out, err = (Path(scratch, name).read_text(encoding="utf-8") for name in ("out", "err"))
+        return subprocess.CompletedProcess(self.args, code, out, err)
+
+
+def start_script(script: Path, *args: str) -> Script:
+    """Start the driver ``script ARGS`` as ``python script ARGS`` would, in :func:`clean_env`.
+
+    A real process of its own (it may SIGKILL itself, or race others), forked from a server
+    that imported tether, SQLAlchemy and psycopg once (multiprocessing's forkserver), instead
+    of a new interpreter importing them again: the crash tests start hundreds.
+    """
+    scratch = tempfile.TemporaryDirectory()
+    argv = [str(script), *args]
+    process = _forkserver().Process(
+        target=_as_script,
+        args=(str(script), argv, clean_env(), str(Path(scratch.name, "out")), str(Path(scratch.name, "err"))),
+    )
+    process.start()
+    return Script(argv, process, scratch)
+
+
+def run_script(script: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """:func:`start_script`, to its end."""
+    return start_script(script, *args).finish(timeout)
+
+
+FORKSERVER_PRELOAD = ["support", "tether", "tether.stores.sql", "tether.testing", "sqlalchemy", "psycopg"]
+"""What the forked drivers share, imported once by the server."""
+
+
+@functools.cache
+def _forkserver() -> Any:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
+
+
+def _as_script(script: str, argv: list[str], environment: dict[str, str], out: str, err: str) -> None:
+    """In the forked process: the environment, argv and output files ``python script`` would have, then the script."""
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.argv = argv
+    sys.path.insert(0, str(Path(script).parent))
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(file, fd)
+        os.close(file)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own stdout
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as leaving:
+        code = leaving.code if isinstance(leaving.code, int) else (0 if leaving.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    else:
+        code = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # The tether command in a pseudo-terminal --------------------------------------------------
@@ -640,3 +854,35 @@ def serving_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+# Snapshots --------------------------------------------------------------------------------
+SNAPSHOT_EVERY_IN_TESTS = 3
+"""Events between snapshots of every MemoryStore in the suite (conftest.snapshots_fold_alike)."""
+SNAPSHOTS_CHECKED = 40
+"""At most this many snapshot points are checked per run (every one in shorter runs)."""
+
+
+def assert_snapshots_fold_alike(store: Any) -> None:
+    """Every run in ``store`` folds the same from a snapshot taken after ANY of its events as from event 0.
+
+    Each snapshot goes through JSON, as a store keeps it; the events after it are folded in by
+    :func:`tether.core.snapshots.rebuild`, exactly as a resume does.
+    """
+    from tether.core import snapshots
+    from tether.core.state import RunState
+    from tether.stores import RunLog, Snapshot
+
+    for record in store.list_runs(limit=100_000):
+        log = store.load_log(record.id)
+        full = RunState.rebuild(record.id, log.events, version=log.version, tenant=log.tenant)
+        stride = max(1, len(log.events) // SNAPSHOTS_CHECKED)
+        prefix = RunState(id=record.id, tenant=log.tenant)
+        for at, event in enumerate(log.events):
+            prefix.apply(event)
+            if at % stride and at != len(log.events) - 1:
+                continue
+            taken = snapshots.take(prefix)
+            kept = Snapshot(taken.seq, taken.format, json.loads(json.dumps(taken.state)))
+            resumed = snapshots.rebuild(record.id, RunLog(log.version, log.tenant, log.events[at + 1 :], kept))
+            assert resumed == full, f"run {record.id}: a snapshot after event {event.seq} folds differently"

@@ -31,7 +31,7 @@ from tether.views.audit import AuditEntry, entries, parse_since, query, select
 ENTRY_KEYS = {
     "run_id", "call_id", "tool", "input", "requested_at", "status", "decision", "approvals", "attempts",
     "retries", "result", "error", "error_type", "error_class", "duration", "started_at", "finished_at",
-    "cached", "truncated_from", "warnings", "last_at",
+    "cached", "truncated_from", "warnings", "last_at", "agent",
 }  # fmt: skip
 
 

@@ -102,6 +102,10 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
         ("tether-sqlite", 4),
     }
     assert {row["p"] for row in concurrency["processes"]} == {1, 2}
+    scaleout = [row for row in results["scaleout"] if row["status"] == "ok"]
+    assert {row["p"] for row in scaleout} == {1, 2}, results["scaleout"]
+    assert all(row["wasted_model_calls"] == 0 and row["runs_per_s"] > 0 for row in scaleout), scaleout
+    assert "### 6. Scale-out" in done.stdout
 
     assert {target["target"].split(" ")[0] for target in results["targets"]} >= {"tether-on-SQLite", "tether"}
     about_step_1000 = [t for t in results["targets"] if t["target"].startswith(("bytes per step", "resume of"))]

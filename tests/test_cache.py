@@ -1,7 +1,7 @@
 """The tool-result cache: ``@tool(cache_ttl=...)`` reuses a successful result across runs and processes.
 
 In-process scenarios run through Runner AND AsyncRunner on a memory store with a fake
-clock; the cross-process ones run ``python -m tether`` twice against one SQLite file and
+clock; the cross-process ones run ``tether`` twice (support.run_tether) against one SQLite file and
 count the tool's executions in a file the tool writes.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from support import run_python
+from support import run_script
 from tether.core.children import child_run_id
 from tether.stores.sql import SQLStore
 
@@ -30,7 +30,7 @@ AFTER_THE_DECISION = ["after:child:run_finished", "after:parent:child_resumed", 
 def driver(
     workdir: Path, db_url: str, run_id: str, action: str, crash: str = "none"
 ) -> subprocess.CompletedProcess[str]:
-    return run_python(str(DRIVER), str(workdir), db_url, run_id, action, crash)
+    return run_script(DRIVER, str(workdir), db_url, run_id, action, crash)
 
 
 def drive_until_free(workdir: Path, db_url: str, run_id: str) -> dict[str, Any]:
@@ -38,6 +38,7 @@ def drive_until_free(workdir: Path, db_url: str, run_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while (done := driver(workdir, db_url, run_id, "drive")).returncode == 5:
         assert time.monotonic() < deadline, "the killed driver's lease never expired"
+        time.sleep(0.2)  # the lease lasts 0.5 s and a driver starts in far less: no point starting more
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result

@@ -1,9 +1,10 @@
-"""End-to-end tests of the ``tether`` command: real subprocesses, scripted models, SQLite.
+"""End-to-end tests of the ``tether`` command: scripted models, SQLite.
 
-Every command runs as ``python -m tether ...`` in a temporary directory, with stdin not a
-terminal, ``TETHER_DB`` unset and no API key, so nothing touches the network and the
-approval gate parks instead of prompting. The tools module written into the directory
-keeps its state in files, so what a tool did can be checked across processes.
+Every command runs as ``python -m tether ...`` would (in this process, see support.run_tether;
+in a real one where that is the point) in a temporary directory, with stdin not a terminal,
+``TETHER_DB`` unset and no API key, so nothing touches the network and the approval gate
+parks instead of prompting. The tools module written into the directory keeps its state in
+files, so what a tool did can be checked across commands.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import Cli, CliResult, Scenario, finish_all, flat, token_usage, tool_use
+from support import Cli, CliResult, Scenario, flat, token_usage, tool_use
 
-pytestmark = pytest.mark.slow  # real `tether` processes
+pytestmark = pytest.mark.slow  # whole `tether` commands (in-process: support.run_tether)
 
 RESULT_KEYS = {
     "run_id",
@@ -167,7 +168,6 @@ def first_commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "object_model": (run_args("hi", "object.json"), {}),
         "db_flag": (run_args("one", "add.json", "--db", f"sqlite:///{root / 'dbs' / 'flag' / 'runs.db'}"), {}),
         "db_env": (run_args("two", "add.json"), {"TETHER_DB": f"sqlite:///{root / 'dbs' / 'env' / 'env.db'}"}),
-        "help": (["--help"], {}),
     }
     for index, spec in enumerate(BAD_TOOL_SPECS):
         commands[f"bad_tools_{index}"] = (run_args("hi", "add.json", tools=spec), {})
@@ -175,17 +175,14 @@ def first_commands(root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Scenario]]:
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scenario]:
     root = tmp_path_factory.mktemp("cli")
     (root / "dbs" / "flag").mkdir(parents=True)
     (root / "dbs" / "env").mkdir(parents=True)
-    started = {}
-    for name, (command, env) in first_commands(root).items():
-        cli = Cli(make_workspace(root / name))
-        started[name] = Scenario(cli, cli.start(*command, env=env))
-    yield started
-    for scenario in started.values():
-        _ = scenario.first  # reap every process, used or not
+    return {
+        name: Scenario(Cli(make_workspace(root / name)), command, env)
+        for name, (command, env) in first_commands(root).items()
+    }
 
 
 @dataclass
@@ -203,10 +200,8 @@ def base(scenarios: dict[str, Scenario]) -> Base:
     main = scenarios["main"]
     cli, done = main.cli, main.first
     assert done.returncode == 0, done
-    failed, shown = finish_all(
-        cli.start(*run_args("Loop.", "looping.json", "--max-steps", "1")),
-        cli.start("show", done.data["run_id"], "--json"),
-    )
+    failed = cli(*run_args("Loop.", "looping.json", "--max-steps", "1"))
+    shown = cli("show", done.data["run_id"], "--json")
     return Base(cli, done, failed, shown)
 
 
@@ -259,8 +254,8 @@ def parked_run(scenario: Scenario) -> str:
 
 
 # The tests -------------------------------------------------------------------------------
-def test_python_m_tether_help(scenarios: dict[str, Scenario]) -> None:
-    done = scenarios["help"].first
+def test_python_m_tether_help(tmp_path: Path) -> None:
+    done = Cli(tmp_path).process("--help")  # the real entry point, in a process of its own
     assert done.returncode == 0, done
     assert "usage: tether" in done.stdout
     for command in ("run", "resume", "approve", "deny", "show", "runs", "demo"):
@@ -585,10 +580,8 @@ def test_db_flag_and_tether_db_env(scenarios: dict[str, Scenario]) -> None:
 
     flag_id, env_id = by_flag.first.data["run_id"], by_env.first.data["run_id"]
     cli = by_flag.cli
-    shown, listed = finish_all(
-        cli.start("show", flag_id, "--json", "--db", flag_url),
-        cli.start("runs", "--json", env={"TETHER_DB": env_url}),
-    )
+    shown = cli("show", flag_id, "--json", "--db", flag_url)
+    listed = cli("runs", "--json", env={"TETHER_DB": env_url})
     assert shown.returncode == 0, shown
     assert shown.data["status"] == "done"
     assert listed.returncode == 0, listed

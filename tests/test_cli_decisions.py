@@ -9,7 +9,7 @@ import pytest
 
 from support import CliResult, run_tether
 
-pytestmark = pytest.mark.slow  # real `tether` processes
+pytestmark = pytest.mark.slow  # whole `tether` commands (in-process: support.run_tether)
 
 
 def tether(cwd: Path, *args: str) -> CliResult:

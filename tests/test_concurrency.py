@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from concurrency_driver import agent
-from support import clean_env, fake_api_env, finish_all, start_tether
+from support import clean_env, fake_api_env, finish_all, start_script, start_tether
 from tether import Runner
 from tether.drivers.loader import agent_from_spec
 from tether.stores.sql import SQLStore
@@ -35,25 +35,16 @@ PROCESSES = 4
 
 
 def race(mode: str, workdir: Path, db_url: str, run_ids: list[str]) -> list[str]:
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(DRIVER), mode, str(workdir), db_url, run_id],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_env(),
-        )
-        for run_id in run_ids
-    ]
+    processes = [start_script(DRIVER, mode, str(workdir), db_url, run_id) for run_id in run_ids]
     while len(list(workdir.glob("ready-*"))) < len(processes):  # every one has loaded the run
-        assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+        assert all(p.process.is_alive() for p in processes), [p.finish() for p in processes]
         time.sleep(0.005)
     (workdir / "go").touch()
     outputs = []
     for process in processes:
-        out, err = process.communicate(timeout=60)
-        assert process.returncode == 0, err
-        outputs.append(out.strip())
+        done = process.finish()
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip())
     return outputs
 
 

@@ -12,7 +12,7 @@ from tether.policy.pricing import PRICES
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
 
-pytestmark = pytest.mark.slow  # real `tether` processes
+pytestmark = pytest.mark.slow  # whole `tether` commands (in-process: support.run_tether)
 
 
 def test_show_reports_each_step_and_the_totals(tmp_path: Path) -> None:

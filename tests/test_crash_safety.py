@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from support import run_python
+from support import run_script
 from tether.core.events import Event
 from tether.stores.sql import SQLStore
 from tether.testing import validate_messages_request
@@ -32,12 +32,15 @@ pytestmark = pytest.mark.slow  # kills real processes at every step boundary
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 CLEAN_WRITES = 7  # store writes of an uninterrupted run; checked by test_clean_run_write_count
+LEASE_WAIT = 0.2
+"""Seconds between drives of a run whose killed driver's lease (0.5 s) has not expired: a new
+driver starts in well under that, so trying again at once would only start more of them."""
 
 
 def drive(
     workdir: Path, db_url: str, run_id: str, crash: str, approver: str = "deny", mode: str = "serial"
 ) -> subprocess.CompletedProcess[str]:
-    return run_python(str(DRIVER), str(workdir), db_url, run_id, crash, approver, mode)
+    return run_script(DRIVER, str(workdir), db_url, run_id, crash, approver, mode)
 
 
 def crash_points() -> list[str]:
@@ -160,6 +163,7 @@ def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str, mod
     deadline = time.monotonic() + 30
     while second.returncode == 5:  # the dead driver's lease has not expired yet: the run is busy
         assert time.monotonic() < deadline, "the killed driver's lease never expired"
+        time.sleep(LEASE_WAIT)
         second = drive(tmp_path, db_url, run_id, "none", approver, mode)
     assert second.returncode == 0, second.stderr
     result = json.loads(second.stdout)

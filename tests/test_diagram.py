@@ -132,6 +132,14 @@ def test_dot_renderer_is_deterministic() -> None:
     assert "__initial_0 -> idle" in dg.render_dot(small_diagram())
 
 
+def test_sequence_renderer_spells_out_control_characters() -> None:
+    """A tool output's terminal escapes never reach the terminal that prints the diagram."""
+    line = dg.Timeline([dg.Participant("User", "User")], [dg.Note(("User",), "a\x1b[31mred\x00\x9b end\n")])
+    text = dg.render_sequence(line)
+    assert "    Note over User: a\\x1b[31mred\\x00\\x9b end" in text.split("\n")
+    assert not any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in text.replace("\n", ""))
+
+
 def test_sequence_renderer_escapes_what_mermaid_would_read_as_syntax() -> None:
     line = dg.Timeline(
         [dg.Participant("User", "User"), dg.Participant("tool_a_b", "a-b")],
@@ -524,10 +532,77 @@ def test_the_entry_point_writes_every_file(tmp_path: Path) -> None:
     assert svg_drawing((tmp_path / dg.SVG_FILE).read_bytes()) == svg_drawing(dg.render())
 
 
+# A tree of runs: the child runs a run's agent tools started ---------------------------------------
+@pytest.fixture(scope="module")
+def tree_run() -> tuple[MemoryStore, RunResult, str]:
+    """A writer whose ``review`` call was served by a reviewer's child run (it read a draft, then answered)."""
+    from tether.core.children import child_run_id
+
+    @tool
+    def read_draft(name: str) -> str:
+        """Read a draft."""
+        return f"draft {name}"
+
+    def turn(*content: dict[str, object], stop: str = "tool_use") -> dict[str, object]:
+        return {"content": list(content), "stop_reason": stop}
+
+    def use(call_id: str, name: str, arguments: dict[str, object]) -> dict[str, object]:
+        return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+    reviewer = Agent(
+        ScriptedModel(
+            [turn(use("r1", "read_draft", {"name": "a"})), turn({"type": "text", "text": "ok"}, stop="end_turn")]
+        ),
+        tools=[read_draft],
+        name="reviewer",
+    )
+    writer = Agent(
+        ScriptedModel(
+            [turn(use("w1", "review", {"task": "a"})), turn({"type": "text", "text": "reviewed"}, stop="end_turn")]
+        ),
+        tools=[reviewer.as_tool("review", "Review a draft.")],
+    )
+    store = MemoryStore()
+    result = Runner(writer, store).run("write and review")
+    assert result.status == "done"
+    return store, result, child_run_id(result.run_id, "w1", 1)
+
+
+def test_a_runs_child_runs_are_a_note_by_the_state_their_calls_ran_in(
+    tree_run: tuple[MemoryStore, RunResult, str],
+) -> None:
+    store, result, child = tree_run
+    mermaid = dg.to_mermaid(result, store=store)
+    check_state_diagram(mermaid)
+    note = mermaid[mermaid.index("    note left of executing_tool") :].split("    end note")[0]
+    assert note.splitlines()[1:] == [
+        "        Child runs",
+        f"        review w1 → {child} (reviewer): done",
+        f"          thinking {X}2 → executing_tool {X}1 → done {X}1",
+    ]
+    tools = dg.ToolNote.of_run(store.load_run(result.run_id).spec) or []  # what `tether diagram --run` notes
+    assert [note.describe() for note in tools] == ["review: child runs of agent reviewer"]
+    dot = dg.to_dot(result, store=store)
+    assert dg.CHILDREN_NODE in dot_nodes(dot)
+    assert (dg.CHILDREN_NODE, "executing_tool") in {(src, dst) for src, dst, _ in dot_edges(dot)}
+    sequence = dg.to_sequence(result, store=store)
+    check_sequence_diagram(sequence)
+    assert f"    Note over tool_review: w1: child run {child} (attempt 1)\n" in sequence
+    assert f"    Note over tool_review: child run {child} ended done\n" in sequence
+
+
+@needs_dot
+def test_a_run_with_child_runs_renders_with_graphviz(tree_run: tuple[MemoryStore, RunResult, str]) -> None:
+    store, result, _ = tree_run
+    nodes, _ = svg_titles(dg.render(result, store=store, format="svg"))
+    assert set(nodes) == STATE_IDS | {"__initial_0", "__children"}
+    assert dg.render(result, store=store, format="png").startswith(b"\x89PNG")
+
+
 # Mermaid's own parser ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_mermaids_own_parser_accepts_every_diagram(
-    run: tuple[list[Event], Agent], mermaid_dir: Path, tmp_path: Path
+    run: tuple[list[Event], Agent], tree_run: tuple[MemoryStore, RunResult, str], mermaid_dir: Path, tmp_path: Path
 ) -> None:
     events, agent = run
     texts = {
@@ -535,6 +610,8 @@ def test_mermaids_own_parser_accepts_every_diagram(
         "overlay.mmd": dg.to_mermaid(events=events, agent=agent),
         "small.mmd": dg.render_mermaid(small_diagram()),
         "sequence.mmd": dg.to_sequence(events),
+        "children.mmd": dg.to_mermaid(tree_run[1], store=tree_run[0]),
+        "children-sequence.mmd": dg.to_sequence(tree_run[1], store=tree_run[0]),
         "committed.mmd": (ROOT / "diagrams" / dg.MERMAID_FILE).read_text(encoding="utf-8"),
     }
     assert mermaid_parse_errors(mermaid_dir, texts, tmp_path) == {}

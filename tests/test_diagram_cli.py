@@ -1,6 +1,6 @@
-"""``tether diagram``, run as a user would: ``python -m tether diagram ...`` in a subprocess,
-on runs made by ``tether run`` and by ``tether demo`` (whose overlays are checked against the
-counts their event logs record)."""
+"""``tether diagram``, run as a user would: ``tether diagram ...`` (support.run_tether; a real
+process where bytes or a terminal matter), on runs made by ``tether run`` and by ``tether demo``
+(whose overlays are checked against the counts their event logs record)."""
 
 from __future__ import annotations
 

@@ -239,6 +239,7 @@ STORED: list[tuple[ev.Fact, dict[str, Any]]] = [
         },
     ),
     (ev.ChildResumed("c1", "run_child"), {"call_id": "c1", "run_id": "run_child"}),
+    (ev.ChildWaiting("c1", "run_child", 1060.0), {"call_id": "c1", "run_id": "run_child", "due_at": 1060.0}),
     (
         ev.ChildEnded("c1", "run_child", "done", Usage(3, 2, 0, 0), 0.5, 2),
         {
@@ -249,6 +250,14 @@ STORED: list[tuple[ev.Fact, dict[str, Any]]] = [
             "cost_usd": 0.5,
             "tool_calls": 2,
         },
+    ),
+    (
+        ev.HandedOff("triage", "billing", "c1", "transfer_to_billing"),
+        {"from_agent": "triage", "to_agent": "billing", "call_id": "c1", "tool": "transfer_to_billing"},
+    ),
+    (
+        ev.HandedOff(None, "triage", "c2", "transfer_to_triage", filtered=True),
+        {"from_agent": None, "to_agent": "triage", "call_id": "c2", "tool": "transfer_to_triage", "filtered": True},
     ),
 ]
 

@@ -27,6 +27,7 @@ PUBLIC = {
         "ConfigError",
         "DeniedByPolicy",
         "Deny",
+        "Handoff",
         "InvalidEditedInput",
         "Limits",
         "ModelError",

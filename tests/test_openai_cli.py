@@ -14,7 +14,7 @@ import pytest
 from support import Cli
 from tether.testing import FakeChatCompletionsAPI
 
-pytestmark = pytest.mark.slow  # real `tether` processes
+pytestmark = pytest.mark.slow  # whole `tether` commands (in-process: support.run_tether)
 
 KEY = "sk-test-never-stored"
 TOOLS = textwrap.dedent(

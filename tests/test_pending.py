@@ -226,3 +226,39 @@ def test_the_pending_footer_names_the_command_this_tether_was_started_by() -> No
         "1 call(s) waiting. Decide with .venv/bin/tether approve RUN CALL or "
         ".venv/bin/tether deny RUN CALL, then .venv/bin/tether resume RUN"
     )
+
+
+def test_the_pending_footer_says_a_queued_run_goes_on_by_itself() -> None:
+    import io
+
+    from rich.console import Console  # noqa: TID251 - the footer is read off a rich console writing to a buffer
+
+    from tether.surfaces.terminal import render_pending
+
+    queued = PendingApproval(
+        run_id="run_q", call_id="toolu_1", tool="refund", input={}, reason="gated", fingerprint="f"
+    )
+    child = PendingApproval(
+        run_id="run_c",
+        call_id="toolu_2",
+        tool="refund",
+        input={},
+        reason="gated",
+        fingerprint="f",
+        chain=("run_q", "run_c"),
+    )
+    local = PendingApproval(run_id="run_l", call_id="toolu_3", tool="refund", input={}, reason="gated", fingerprint="f")
+
+    def shown(calls: list[PendingApproval]) -> list[str]:
+        out = io.StringIO()
+        render_pending(Console(file=out, width=200, color_system=None), calls, queues={"run_q": "default"})
+        return out.getvalue().strip().splitlines()
+
+    both = shown([queued, child])
+    assert both.count("  then   queued for `tether worker` (queue default): it goes on by itself") == 2
+    assert both[-1] == (
+        "2 call(s) waiting. Decide with tether approve RUN CALL or tether deny RUN CALL; "
+        "each run's worker goes on by itself"
+    )
+    mixed = shown([queued, local])
+    assert mixed[-1].endswith("then tether resume RUN; a queued run's worker goes on by itself")

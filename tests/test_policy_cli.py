@@ -1,28 +1,23 @@
-"""``tether run --policy FILE`` end to end: real subprocesses, scripted models, SQLite.
+"""``tether run --policy FILE`` end to end: scripted models, SQLite.
 
-Each command is ``python -m tether ...`` with stdin not a terminal and no API key, so gated
-calls park (exit 3) instead of prompting. Tools leave a line in ``effects.log`` (beside the tools
-module) when they run, so a test can tell whether a denied call ever ran.
+Each command runs as ``python -m tether ...`` would (support.run_tether), with stdin not a
+terminal and no API key, so gated calls park (exit 3) instead of prompting. Tools leave a line
+in ``effects.log`` (beside the tools module) when they run, so a test can tell whether a denied
+call ever ran.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import events_of, tool_results
+from support import CliResult, events_of, run_tether, tool_results
 
-pytestmark = pytest.mark.slow  # real `tether` processes
-
-DROPPED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "TETHER_DB", "TETHER_MODEL", "TETHER_DEMO_WORKSPACE")
+pytestmark = pytest.mark.slow  # whole `tether` commands
 
 TOOLS_MODULE = textwrap.dedent(
     '''
@@ -85,46 +80,17 @@ def answer(text: str = "Done.") -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": usage()}
 
 
-@dataclass
-class Done:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def data(self) -> dict[str, Any]:
-        value = json.loads(self.stdout)
-        assert isinstance(value, dict), self
-        return value
-
-    @property
-    def err(self) -> str:
-        return " ".join(self.stderr.split())  # rich may wrap long messages
-
-
 class Cli:
-    """``python -m tether`` in a workspace, against one SQLite file, stdin not a terminal."""
+    """``tether`` in a workspace (see support.run_tether), against one SQLite file, stdin not a terminal."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.db = f"sqlite:///{root / 'runs.db'}"
-        self.env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-        self.env["COLUMNS"] = "200"
 
-    def __call__(self, *args: str, cwd: Path | None = None) -> Done:
-        done = subprocess.run(
-            [sys.executable, "-m", "tether", *args, "--db", self.db],
-            cwd=cwd or self.root,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        return Done(done.returncode, done.stdout, done.stderr)
+    def __call__(self, *args: str, cwd: Path | None = None) -> CliResult:
+        return run_tether(cwd or self.root, *args, "--db", self.db)
 
-    def run(self, script: list[dict[str, Any]], *extra: str, policy: str = "rules.toml") -> Done:
+    def run(self, script: list[dict[str, Any]], *extra: str, policy: str = "rules.toml") -> CliResult:
         (self.root / "script.json").write_text(json.dumps(script), encoding="utf-8")
         return self(
             "run",

@@ -1,6 +1,7 @@
 """Nothing strands a run: ``tether cancel`` from any process, and signals that leave it resumable.
 
-Every command is a real ``python -m tether`` subprocess; the tools module beside the runs
+Commands run as ``python -m tether`` would (support.run_tether); those a signal or a cancel
+must reach while they work are real processes. The tools module beside the runs
 (:data:`support.EFFECT_TOOLS`) logs what its tools did in ``effects.log``, and ``wait_for``
 holds a tool call open until a flag file appears, so a signal or a cancel can arrive while a
 tool runs.

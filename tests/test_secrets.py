@@ -8,7 +8,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from support import Cli, PgSchema, closed_port, fake_api_env, libpq_dsn, run_tether, tool_use, tool_use_turn
+from support import (
+    Cli,
+    PgSchema,
+    closed_port,
+    fake_api_env,
+    libpq_dsn,
+    run_tether,
+    run_tether_process,
+    tool_use,
+    tool_use_turn,
+)
 from tether.stores import shown_url
 from tether.testing import FakeMessagesAPI
 
@@ -28,7 +38,7 @@ def test_the_api_key_reaches_the_api_but_never_the_database_or_logs(tmp_path: Pa
     with FakeMessagesAPI() as api:
         api.reply_tool_use("echo", {"text": "hi"})
         api.reply_text("done")
-        result = run_tether(
+        result = run_tether_process(  # the SDK reads ANTHROPIC_LOG when it is first imported
             tmp_path,
             "run",
             "say hi",

@@ -318,7 +318,7 @@ def test_postgres_uses_jsonb_for_content(pg_url: str) -> None:
         ("tether_run", "spec", "jsonb"),
         ("tether_run", "summary", "jsonb"),
     ]
-    names = ["tether_event", "tether_meta", "tether_run", "tether_run_lease", "tether_tool_cache"]
+    names = ["tether_event", "tether_meta", "tether_run", "tether_run_lease", "tether_snapshot", "tether_tool_cache"]
     assert tables == [(name,) for name in names]
 
 

@@ -19,7 +19,7 @@ import pytest
 from support import Blocking, opened_store
 from tether.core.events import Event, RunStarted, ToolStarted, Warned
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
-from tether.stores import RunLease, RunLog, RunRecord, Store
+from tether.stores import RunLease, RunLog, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 
@@ -116,6 +116,52 @@ def test_unknown_run_is_not_found(store: Store) -> None:
         store.load_events("run_missing")
     with pytest.raises(RunNotFound):
         store.append(record("run_missing", 2), 1, events(0))
+
+
+# Snapshots (see tether.core.snapshots) -------------------------------------------------
+def test_load_log_starts_from_the_snapshot_in_the_format_asked_for(store: Store) -> None:
+    store.create_run(record(tenant="acme"), events(0, 1))
+    store.append(record(version=2, tenant="acme"), 1, events(2, 3))
+    kept = Snapshot(2, "format-a", {"steps": 2, "text": "caf\u00e9 \x00 \ud800"})
+    store.save_snapshot("run_1", kept)
+    assert store.load_log("run_1", snapshot_format="format-a") == RunLog(2, "acme", events(3), kept)
+    store.append(record(version=3, tenant="acme"), 2, events(4))
+    assert store.load_log("run_1", snapshot_format="format-a") == RunLog(3, "acme", events(3, 4), kept)
+    # another code's snapshot is never used, and a caller asking for none gets the whole log
+    whole = RunLog(3, "acme", events(0, 1, 2, 3, 4))
+    assert store.load_log("run_1", snapshot_format="format-b") == whole
+    assert store.load_log("run_1") == whole
+    with pytest.raises(RunNotFound):
+        store.load_log("run_1", tenant="other", snapshot_format="format-a")
+
+
+def test_a_snapshot_at_the_last_event_leaves_no_tail(store: Store) -> None:
+    store.create_run(record(), events(0, 1))
+    store.save_snapshot("run_1", Snapshot(1, "f", {}))
+    assert store.load_log("run_1", snapshot_format="f") == RunLog(1, None, [], Snapshot(1, "f", {}))
+
+
+def test_a_newer_snapshot_replaces_an_older_one_never_the_reverse(store: Store) -> None:
+    store.create_run(record(), events(0, 1, 2, 3))
+    store.save_snapshot("run_1", Snapshot(2, "f", {"at": 2}))
+    store.save_snapshot("run_1", Snapshot(1, "f", {"at": 1}))  # a late writer's older one
+    assert store.load_log("run_1", snapshot_format="f").snapshot == Snapshot(2, "f", {"at": 2})
+    store.save_snapshot("run_1", Snapshot(3, "f", {"at": 3}))
+    assert store.load_log("run_1", snapshot_format="f").snapshot == Snapshot(3, "f", {"at": 3})
+    store.save_snapshot("run_1", Snapshot(0, "g", {"at": 0}))  # new code's, even if earlier
+    assert store.load_log("run_1", snapshot_format="g") == RunLog(1, None, events(1, 2, 3), Snapshot(0, "g", {"at": 0}))
+    assert store.load_log("run_1", snapshot_format="f").snapshot is None
+
+
+def test_snapshots_of_missing_runs_are_not_kept_and_go_with_their_run(store: Store) -> None:
+    store.save_snapshot("run_missing", Snapshot(0, "f", {}))
+    with pytest.raises(RunNotFound):
+        store.load_log("run_missing", snapshot_format="f")
+    store.create_run(record(status="done", updated_at=10.0), events(0, 1))
+    store.save_snapshot("run_1", Snapshot(1, "f", {}))
+    assert store.delete_runs(finished_before=20.0, statuses={"done"}) == 1
+    store.create_run(record(status="done", updated_at=10.0), events(0, 1))  # the same id again
+    assert store.load_log("run_1", snapshot_format="f") == RunLog(1, None, events(0, 1))
 
 
 # Appending ----------------------------------------------------------------------------
@@ -327,6 +373,15 @@ def test_list_due_sees_a_retry_scheduled_then_started(store: Store) -> None:
     assert [r.id for r in store.list_due(10.0)] == ["run_1"]
     store.append(record(version=3, status="executingTool", summary={"next_due_at": None}), 2, events(2))
     assert store.list_due(10.0) == []
+
+
+def test_list_due_leaves_out_child_runs_their_root_is_listed_instead(store: Store) -> None:
+    due = {"steps": 1, "next_due_at": 10.0}
+    store.create_run(record("root", status="executingTool", summary=due), events(0))
+    link = {"run_id": "root", "call_id": "toolu_1", "tool": "review", "depth": 1, "chain": ["root"]}
+    child_spec = {**record().spec, "parent": link}
+    store.create_run(record("child", status="executingTool", spec=child_spec, summary=due), events(0))
+    assert [r.id for r in store.list_due(10.0)] == ["root"]
 
 
 # Retention ----------------------------------------------------------------------------

@@ -89,9 +89,10 @@ def test_modules_beside_the_tools_module_never_shadow_others(tmp_path: Path) -> 
     for name in SHADOWS:
         (project / f"{name}.py").write_text(impostor(name), encoding="utf-8")
 
-    approved = cli(*with_db(tmp_path, "approve", run_id, "toolu_danger"))
+    # processes of their own: in this one, yaml, json and pathlib are imported already
+    approved = cli.process(*with_db(tmp_path, "approve", run_id, "toolu_danger"))
     assert approved.returncode == 0, approved
-    resumed = cli(*with_db(tmp_path, "resume", run_id, "--json"))
+    resumed = cli.process(*with_db(tmp_path, "resume", run_id, "--json"))
     assert resumed.returncode == 0, resumed
     assert resumed.data["status"] == "done"
     assert (project / "danger.marker").read_text(encoding="utf-8") == "a.txt\n"  # the tools module itself ran

@@ -1,4 +1,4 @@
-"""``tether run --mcp/--mcp-url/--openapi`` end to end: real ``tether`` processes, real servers.
+"""``tether run --mcp/--mcp-url/--openapi`` end to end: whole ``tether`` commands, real servers.
 
 The MCP server (tests/fixtures/mcp_server.py) is started by tether itself, in the test's
 directory, and logs its calls to ``calls.log`` there; the OpenAPI service runs on uvicorn in
@@ -20,7 +20,7 @@ from fixtures.pets_api import TOKEN, make_app
 from support import DONE, Cli, closed_port, flat, serving_app, tool_use, tool_use_turn
 from tether.stores.sql import SQLStore
 
-pytestmark = pytest.mark.slow  # real `tether` processes and MCP servers
+pytestmark = pytest.mark.slow  # whole `tether` commands and real MCP servers
 
 SERVER = Path(__file__).parent / "fixtures" / "mcp_server.py"
 MCP = f"{sys.executable} {SERVER}"

@@ -22,7 +22,7 @@ from tether.core.events import ApprovalDecided, ToolFinished
 from tether.errors import ConfigError
 from tether.policy.access import Credentials
 from tether.stores.sql import SQLStore
-from tether.surfaces.web import live
+from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
 from tether.surfaces.web.decisions import InProcess
 from tether.surfaces.web.guard import check_bind, is_loopback
@@ -260,6 +260,16 @@ def test_the_diagram_is_svg_that_runs_nothing(app: Any, store: SQLStore, project
     assert svg.content.startswith(b"<?xml")
     assert b"Awaiting approval" in svg.content
     assert b"#40E0D0" in svg.content.upper()  # the current state, highlighted
+
+
+def test_the_diagram_notes_the_child_runs_of_a_tree(app: Any, store: SQLStore, graphviz: None) -> None:
+    from tether.examples import writer_reviewer
+
+    result, *_ = writer_reviewer.run(store)  # parked at the writer's publish, after the reviewer's child run
+    svg = client(app).get(f"/runs/{result.run_id}/diagram.svg")
+    assert svg.status_code == 200
+    assert b"Child runs" in svg.content
+    assert b"(reviewer): done" in svg.content
 
 
 # Decisions ------------------------------------------------------------------------------------
@@ -521,3 +531,71 @@ def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
     ]
     assert (rows[0].usage, rows[0].cost_usd, rows[0].seconds) == (Usage(10, 5, 3, 2), 0.0012, 0.25)
     assert rows[1].seconds == 0.5
+
+
+# Forks ------------------------------------------------------------------------------------------
+def fork(browser: TestClient, run_id: str, page: str, at: str) -> Any:
+    """Post a timeline row's fork form as the page rendered it."""
+    return browser.post("/fork", data={"csrf": csrf_of(page), "run_id": run_id, "at": at})
+
+
+def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    run = project.park(store, tenant="acme")
+    before = store.load_events(run.run_id)
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert page.count('action="/fork"') == page.count("<tr class=") == len(pages.timeline(before))
+    assert 'data-testid="fork-1"' in page
+    assert ">fork at #1</button>" in page  # a row mid-turn forks from the nearest step before it
+
+    made = fork(browser, run.run_id, page, "1")
+
+    assert made.status_code == 303
+    fork_id = made.headers["location"].removeprefix("/runs/")
+    forked = store.load_run(fork_id)
+    assert (forked.tenant, forked.spec["forked_from"]) == ("acme", {"run_id": run.run_id, "step": 1})
+    assert forked.status == "awaitingApproval"  # driven on: the model asked for the refund again
+    shown = browser.get(made.headers["location"]).text
+    assert f'forked from <a href="/runs/{run.run_id}">{run.run_id}</a> at #1' in shown
+    assert store.load_events(run.run_id) == before  # the original is untouched
+
+
+def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, project: Project) -> None:
+    from tether.core.events import RunStarted
+
+    run = project.park(store, tenant="acme")
+    browser = client(app, ACME)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert 'data-testid="fork-text-1"' in page
+    token = csrf_of(page)
+
+    made = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "Refund INV-9."})
+
+    assert made.status_code == 303
+    started = store.load_events(made.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
+    assert isinstance(started, RunStarted)
+    assert started.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-9."}]}]
+    blank = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "  "})
+    assert blank.status_code == 303  # a blank text edits nothing
+    kept = store.load_events(blank.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
+    assert isinstance(kept, RunStarted)
+    assert kept.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-7."}]}]
+    mid_turn = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "2", "text": "hi"})
+    assert mid_turn.status_code == 422  # refused, edited or not
+
+
+def test_a_fork_mid_turn_forged_or_of_another_tenant_makes_nothing(app: Any, store: SQLStore, project: Project) -> None:
+    mine = project.park(store, tenant="acme")
+    theirs = project.park(store, tenant="globex")
+    acme = client(app, ACME)
+    page = acme.get(f"/runs/{mine.run_id}").text
+
+    refused = fork(acme, mine.run_id, page, "2")
+    assert refused.status_code == 422
+    assert "cannot be forked at step 2: the model&#39;s tool calls" in refused.text
+    assert fork(acme, mine.run_id, page, "two").status_code == 422
+    assert fork(acme, theirs.run_id, page, "1").status_code == 404
+    assert acme.post("/fork", data={"run_id": mine.run_id, "at": "1"}).status_code == 403  # no CSRF token
+    assert {record.id for record in store.list_runs()} == {mine.run_id, theirs.run_id}

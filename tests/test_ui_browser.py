@@ -177,3 +177,25 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     page.get_by_label("Token").fill(served.token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+
+
+def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.goto(served.address)
+    page.goto(f"{served.base}runs/{served.done}")
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    page.get_by_test_id("fork-1").click()  # the prompt: the model is asked again from there
+
+    expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
+    assert served.done not in page.url
+    expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")  # driven on, parked at the refund
+    page.get_by_role("link", name=served.done).click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")  # the original is as it was
+
+    page.get_by_test_id("fork-edit-1").click()  # the prompt again, its text edited
+    page.get_by_test_id("fork-text-1").fill("Refund INV-9 instead.")
+    page.get_by_test_id("fork-edited-1").click()
+    expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
+    expect(page.locator("body")).to_contain_text("Refund INV-9 instead.")

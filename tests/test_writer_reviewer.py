@@ -32,7 +32,7 @@ def test_the_writer_gets_the_reviewers_typed_verdict_and_publishes_the_fix() -> 
 def test_parked_at_the_publish_and_printed_as_a_tree(capsys: pytest.CaptureFixture[str]) -> None:
     assert writer_reviewer.main(["--park"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "[writer] awaitingApproval" in lines[0]
+    assert "[writer] awaiting_approval" in lines[0]
     assert lines[1].startswith("  run_")  # the child, one level down
-    assert "[review] done" in lines[1]
+    assert "[reviewer] done" in lines[1]
     assert json.loads(lines[2])["pending"][0]["tool"] == "publish"

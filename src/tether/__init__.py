@@ -15,6 +15,7 @@ layers, dependencies pointing down:
 from tether import _moved
 from tether.agent import Agent
 from tether.core.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
+from tether.core.handoffs import Handoff
 from tether.core.machine import AgentMachine
 from tether.drivers.runner import AsyncRunner, Runner, RunResult
 from tether.errors import (
@@ -52,6 +53,7 @@ __all__ = [
     "ConfigError",
     "DeniedByPolicy",
     "Deny",
+    "Handoff",
     "InvalidEditedInput",
     "Limits",
     "ModelError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,6 +22,7 @@ from tether.toolsets import Toolset
 
 if TYPE_CHECKING:
     from tether.core.children import AgentTool
+    from tether.core.handoffs import Handoff, HandoffTool
     from tether.policy.policies import ApprovalSetting, RetryPolicy
 
 DEFAULT_MAX_CONCURRENT_TOOLS = 8
@@ -71,6 +73,10 @@ class Agent:
     tools, tasks for async ones on :class:`~tether.AsyncRunner`); further calls start as they end."""
     toolsets: Sequence[Toolset] = ()
     """Tools from outside the program, listed when first needed (connecting to their servers)."""
+    handoffs: Sequence[Agent | Handoff | str] = ()
+    """Agents the model may hand the conversation to (one ``transfer_to_<name>`` tool each), by
+    agent, by :class:`~tether.core.handoffs.Handoff` (with options) or by name (an agent among the
+    run's agents, e.g. handing back to the first): see :mod:`tether.core.handoffs`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_concurrent_tools, bool) or not (
@@ -87,6 +93,10 @@ class Agent:
                 raise ConfigError(f"a tool is already named {results.OUTPUT_TOOL!r}: the output_type tool's name")
             object.__setattr__(self, "tools", (*self.tools, results.output_tool(self.output_type)))
         object.__setattr__(self, "history_processors", tuple(self.history_processors))
+        object.__setattr__(self, "handoffs", tuple(self.handoffs))
+        clashing = {item.name for item in self.tools} & {item.name for item in self.handoff_tools}
+        if clashing:  # the others are found when the tools are first listed (toolsets connect then)
+            raise ConfigError(f"a tool is already named {sorted(clashing)[0]!r}: a handoff tool's name")
         check_processors(self.history_processors)
         if self.settings.tool_choice is not None:  # names a tool: list them (toolsets connect only then)
             self.settings.check_tools(self.tool_index)
@@ -117,8 +127,25 @@ class Agent:
 
     @cached_property
     def all_tools(self) -> tuple[Tool, ...]:
-        """``tools``, then each toolset's (listed once: the first use connects to their servers)."""
-        return (*self.tools, *(tool for toolset in self.toolsets for tool in toolset.tools()))
+        """``tools``, the handoffs', then each toolset's (listed once: the first use connects to their servers)."""
+        toolsets = (tool for toolset in self.toolsets for tool in toolset.tools())
+        return (*self.tools, *self.handoff_tools, *toolsets)
+
+    @cached_property
+    def handoff_tools(self) -> tuple[HandoffTool, ...]:
+        """One ``transfer_to_<name>`` tool per handoff (see :mod:`tether.core.handoffs`)."""
+        if not self.handoffs:
+            return ()
+        from tether.core.handoffs import handoff_tool
+
+        return tuple(handoff_tool(handoff) for handoff in self.handoffs)
+
+    @cached_property
+    def reachable_agents(self) -> dict[str, Agent]:
+        """This agent and every agent its handoffs reach, by name: whom a run of it can be handed to."""
+        from tether.core.handoffs import reachable
+
+        return reachable(self)
 
     @property
     def max_tokens(self) -> int:
@@ -141,6 +168,19 @@ class Agent:
         if not self.toolsets:
             return dict(self.spec)
         return {**self.spec, "toolsets": [toolset.record() for toolset in self.toolsets]}
+
+    def with_limits(self, limits: Limits) -> Agent:
+        """This agent with other limits; its tools, listed once, are shared.
+
+        For a child run, capped by its parent's remainder (:func:`tether.policy.budgets.child_limits`).
+        A copy, not :func:`dataclasses.replace`: that would check the agent again, add the typed
+        result's tool a second time and list the toolsets anew.
+        """
+        if limits == self.limits:
+            return self
+        limited = copy.copy(self)
+        object.__setattr__(limited, "limits", limits)
+        return limited
 
     def as_tool(
         self,

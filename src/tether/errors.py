@@ -12,6 +12,7 @@ The tree::
     │   │   └── RunBusy          another process holds the run's lease (it drives the run)
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
+    │   ├── InvalidForkPoint     a fork cannot start there (.step, .nearest): mid-turn, out of range
     │   └── ApprovalError        a decision that cannot apply (.call_id)
     │       ├── AlreadyDecided       the call was decided before (.actor, .approved)
     │       ├── UnknownCall          the model never asked for this call in the run
@@ -169,6 +170,7 @@ class RunBusy(StaleRun):
         owner: the holder, ``host:pid:token`` (for people: liveness comes from the lease alone).
         expires_at: Unix time the holder's lease ends unless it renews it (None when ``lost``).
         lost: this process held the lease and another took it over (it stopped writing).
+        situation: the message without how to take the run over (a surface says that its own way).
     """
 
     def __init__(self, run_id: str, owner: str, expires_at: float | None, *, lost: bool = False) -> None:
@@ -177,12 +179,16 @@ class RunBusy(StaleRun):
                 f"this process lost run {run_id!r} to {owner} (it took the run's lease over, forced or after "
                 "this process stopped renewing it): it stopped and wrote nothing more; the run is theirs now"
             )
+            self.situation = message
         else:
             until = "?" if expires_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires_at))
-            message = (
+            self.situation = (
                 f"another process is driving run {run_id!r}: {owner} holds its lease until {until} and renews "
-                f"it while it works. Leave the run to it; only if you know that process is gone, take the run "
-                f"over with `tether resume {run_id} --force` (drive(force=True))"
+                "it while it works. Leave the run to it"
+            )
+            message = (
+                f"{self.situation}; only if you know that process is gone, take the run over with "
+                f"`tether resume {run_id} --force` (drive(force=True))"
             )
         super().__init__(run_id, -1, detail=message)
         self.owner = owner
@@ -196,6 +202,27 @@ class InvalidHistory(RunError):
 
 class IncompatibleRun(RunError):
     """The run was started with a machine or tools this code cannot continue."""
+
+
+class InvalidForkPoint(RunError):
+    """A run cannot be forked as asked: no such step, a step mid-turn, or an edit that does not apply.
+
+    Attributes:
+        step: the step asked for (None when the edit is the problem).
+        nearest: the nearest steps before and after ``step`` that can be forked (None: there is none).
+    """
+
+    def __init__(
+        self, run_id: str, step: int | None, why: str, nearest: tuple[int | None, int | None] = (None, None)
+    ) -> None:
+        where = f"at step {step}" if step is not None else "with that edit"
+        message = f"run {run_id} cannot be forked {where}: {why}"
+        choices = [str(seq) for seq in nearest if seq is not None]
+        if choices:
+            message += f"; the nearest steps that can be forked: {' or '.join(choices)}"
+        super().__init__(message, run_id=run_id)
+        self.step = step
+        self.nearest = nearest
 
 
 class ApprovalError(RunError):

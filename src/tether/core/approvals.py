@@ -50,6 +50,11 @@ class PendingApproval:
     """For a child run's call, read from a row: the runs from the root of its tree down to it
     (parent → child). Such a call is decided on the child (``run_id``), from any process."""
 
+    @property
+    def root(self) -> str:
+        """The run that drives this call's run once it is decided: its chain's first, or its own."""
+        return self.chain[0] if self.chain else self.run_id
+
     def item(self) -> dict[str, Any]:
         """The run's own list entry (``pending_approvals`` of ``--json`` and of the run's row)."""
         return {

@@ -31,12 +31,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel
 
 from tether.core import engine
-from tether.core.events import ChildEnded, ChildParked, ChildResumed, ChildStarted, ToolFinished
+from tether.core.events import ChildEnded, ChildParked, ChildResumed, ChildStarted, ChildWaiting, ToolFinished
 from tether.core.state import RunState
 from tether.core.status import RunStatus
 from tether.errors import ToolDefinitionError
 from tether.models import Usage
-from tether.policy.policies import ApprovalSetting, RetryPolicy
+from tether.policy import budgets
+from tether.policy.policies import ApprovalSetting, Limits, RetryPolicy
+from tether.policy.pricing import price_for
+from tether.stores import PARENT_KEY
 from tether.tools import Tool, make_tool
 
 if TYPE_CHECKING:
@@ -60,6 +63,10 @@ class AgentTool(Tool):
         """The child's agent."""
         assert self.agent is not None  # agent_tool always sets it
         return self.agent
+
+    def settings(self) -> dict[str, Any]:
+        """The tool's settings, and whose child runs serve its calls (``tether diagram --run`` says so)."""
+        return {**super().settings(), "agent": self.child_agent.name or self.name}
 
 
 def agent_tool(
@@ -115,6 +122,8 @@ class ChildReport(Protocol):
     def tool_calls(self) -> int: ...  # noqa: D102
     @property
     def pending_approvals(self) -> list[dict[str, Any]]: ...  # noqa: D102
+    @property
+    def next_due_at(self) -> float | None: ...  # noqa: D102
 
 
 def child_run_id(parent: str, call_id: str, attempt: int) -> str:
@@ -125,7 +134,7 @@ def child_run_id(parent: str, call_id: str, attempt: int) -> str:
 
 def link_of(spec: dict[str, Any]) -> dict[str, Any] | None:
     """A run's link to its parent (``run_id``, ``call_id``, ``tool``, ``depth``, ``chain``), or None for a root run."""
-    link = spec.get("parent")
+    link = spec.get(PARENT_KEY)
     return link if isinstance(link, dict) else None
 
 
@@ -139,6 +148,16 @@ def chain_of(run_id: str, spec: dict[str, Any]) -> list[str]:
     """The run ids from the root of ``run_id``'s tree down to it."""
     link = link_of(spec)
     return [*(link.get("chain") or []), run_id] if link is not None else [run_id]
+
+
+def pending_below(state: RunState, call_id: str) -> str | None:
+    """The run below ``state`` (a child, or deeper) where ``call_id`` waits for a decision; None if not below.
+
+    ``state``'s own call of that id comes first: call ids are the models', and two runs' may meet.
+    """
+    if state.call(call_id) is not None:
+        return None
+    return next((str(item["run_id"]) for item in state.child_pending if item.get("call_id") == call_id), None)
 
 
 def child_agent(parent: Agent, link: dict[str, Any]) -> Agent:
@@ -164,11 +183,15 @@ def run_child(flow: Flow, state: RunState, action: engine.RunTool, max_wait: flo
     else:
         depth = depth_of(state.spec) + 1
         limit = flow.agent.limits.max_depth
+        limited = _limited(flow, state, tool)
+        why = None
         if depth > limit:
-            message = f"Error: not run: agent tool {tool.name!r} would start a run at depth {depth} (max_depth {limit})"
-            yield from flow.commit(
-                state, engine.Step("tool_finished", [ToolFinished(call.call_id, tool.name, message, True)])
-            )
+            why = f"agent tool {tool.name!r} would start a run at depth {depth} (max_depth {limit})"
+        elif isinstance(limited, budgets.Reading):
+            why = f"the budget is used up ({limited.describe()})"
+        if why is not None:
+            finished = ToolFinished(call.call_id, tool.name, f"Error: not run: {why}", True)
+            yield from flow.commit(state, engine.Step("tool_finished", [finished]))
             return True
         child = child_run_id(state.id, call.call_id, action.attempt)
         started = ChildStarted(call.call_id, tool.name, child, action.attempt, depth)
@@ -186,6 +209,9 @@ def run_child(flow: Flow, state: RunState, action: engine.RunTool, max_wait: flo
         yield from flow.commit(state, engine.Step("approval_needed", [parked]))
         return False
     if report.status not in (RunStatus.done.shown, RunStatus.failed.shown, RunStatus.cancelled.shown):
+        due = report.next_due_at
+        if due is not None and state.child_due.get(call.call_id) != due:  # the parent is due when the child is
+            yield from flow._record(state, [ChildWaiting(call.call_id, child, due)])
         return False  # waiting for a retry (or moved on elsewhere): the call stays in flight
     ended = ChildEnded(call.call_id, child, report.status, report.usage, report.cost_usd, report.tool_calls)
     outcome: str | Exception
@@ -228,4 +254,19 @@ def _drive(
         "depth": depth_of(state.spec) + 1,
         "chain": chain_of(state.id, state.spec),
     }
-    return DriveChild(tool.child_agent, child, str(getattr(arguments, "task", "")), link, state.tenant, max_wait)
+    if state.agent is not None:  # the caller was handed off: its agent tool is that agent's
+        link["agent"] = state.agent
+    limited = _limited(flow, state, tool)
+    agent = tool.child_agent if isinstance(limited, budgets.Reading) else limited  # started before they shrank
+    return DriveChild(agent, child, str(getattr(arguments, "task", "")), link, state.tenant, max_wait)
+
+
+def _limited(flow: Flow, state: RunState, tool: AgentTool) -> Agent | budgets.Reading:
+    """The child's agent with its limits capped by what the parent has left, or the parent's limit used up.
+
+    The parent spends nothing while its child runs, so every drive of the child computes the same caps.
+    """
+    agent = tool.child_agent
+    priced = price_for(agent.model_name, agent.prices) is not None
+    limits = budgets.child_limits(flow.agent, state, agent.limits, now=flow.clock(), priced=priced)
+    return agent.with_limits(limits) if isinstance(limits, Limits) else limits

@@ -58,7 +58,7 @@ from tether.errors import (
     StaleFingerprint,
     UnknownCall,
 )
-from tether.models import ModelRequest, ModelResponse
+from tether.models import ModelAdapter, ModelRequest, ModelResponse
 from tether.policy import budgets
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.pricing import price_for
@@ -77,6 +77,8 @@ class CallModel:
     request: ModelRequest
     summary: SummaryPlan | None = None
     """The call writes a summary of the history (see :mod:`tether.core.compaction`), not the agent's next turn."""
+    model: ModelAdapter | None = None
+    """Who answers: the adapter of the agent in charge (after a handoff, not the driver's own); None: the driver's."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def next_action(
     compacting = _compaction(state, agent)
     if compacting is not None:
         return compacting
-    check_pairing(state.messages, run_id=state.id, start=_checked_prefix(state))
+    check_pairing(state.messages, run_id=state.id, start=checked_prefix(state))
     state.pairing_checked = (state.messages, len(state.messages), state.messages[-1])  # a memo, not a decision
     request = ModelRequest(
         model=agent.model_name,
@@ -182,7 +184,7 @@ def next_action(
         tool_choice=_tool_choice(state, agent),
         settings=agent.settings,
     )
-    return CallModel(request)
+    return CallModel(request, model=agent.model)
 
 
 def _compaction(state: RunState, agent: Agent) -> Action | None:
@@ -203,7 +205,7 @@ def _compaction(state: RunState, agent: Agent) -> Action | None:
             max_tokens=planned.processor.max_tokens,
             invocation=state.steps,
         )
-        return CallModel(request, summary=planned)
+        return CallModel(request, summary=planned, model=agent.model)
     processor, messages = planned
     removed = len(state.messages) - len(messages)
     return Commit(Step("compacted", [HistoryCompacted(processor.name, messages, removed, forced)]))
@@ -240,7 +242,7 @@ def _tool_choice(state: RunState, agent: Agent) -> dict[str, Any] | None:
     return agent.settings.tool_choice_param()
 
 
-def _checked_prefix(state: RunState) -> int:
+def checked_prefix(state: RunState) -> int:
     """How many leading messages an earlier pairing check of this state already covered.
 
     History only grows, or has its newest message replaced (a pause_turn continued); a
@@ -858,10 +860,10 @@ def on_decision(
 
 
 def _requested(state: RunState, call_id: str) -> bool:
-    """Whether the model ever asked for this call in the run's history."""
+    """Whether the model ever asked for this call in the run's history (newest first: nearly always the last turn)."""
     return any(
         block.get("id") == call_id
-        for message in state.messages
+        for message in reversed(state.messages)
         if message["role"] == "assistant"
         for block in tool_uses(message)
     )

@@ -578,6 +578,26 @@ class ChildResumed:
 
 
 @_frozen
+class ChildWaiting:
+    """The child serving a call is parked until a tool retry is due: so is the parent (its root finds it then).
+
+    Recorded when a drive of the parent leaves the child waiting (``max_wait``); the parent's
+    ``next_due_at`` is then the child's, so :meth:`tether.stores.Store.list_due` lists the parent
+    when the child's retry is due, and driving the parent drives the child on.
+    """
+
+    kind: ClassVar[Literal["child_waiting"]] = "child_waiting"
+    call_id: str
+    run_id: str
+    due_at: float
+    """Unix time the child's retry is due."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        return {"call_id": self.call_id, "run_id": self.run_id, "due_at": self.due_at}
+
+
+@_frozen
 class ChildEnded:
     """The child serving a call ended; what it spent counts toward the parent's usage and budget."""
 
@@ -603,6 +623,39 @@ class ChildEnded:
         }
 
 
+@_frozen
+class HandedOff:
+    """The model handed the conversation to another agent (a handoff tool's call, answered in the same write).
+
+    It takes effect when the turn's results go back: from then on ``to_agent``'s system prompt,
+    tools, policy, model and limits drive the run (see :mod:`tether.core.handoffs`).
+    """
+
+    kind: ClassVar[Literal["handed_off"]] = "handed_off"
+    from_agent: str | None
+    """The agent in charge until now (None: the run's own agent, unnamed)."""
+    to_agent: str
+    """The agent in charge from the next model call, found by name among the run's agents."""
+    call_id: str
+    """The handoff tool's call, answered in the same write."""
+    tool: str
+    """The handoff tool the model called."""
+    filtered: bool = False
+    """The handoff has an ``input_filter``: a ``history_compacted`` applying it follows the switch."""
+
+    def to_json(self) -> Json:
+        """The stored form."""
+        data: Json = {
+            "from_agent": self.from_agent,
+            "to_agent": self.to_agent,
+            "call_id": self.call_id,
+            "tool": self.tool,
+        }
+        if self.filtered:
+            data["filtered"] = True
+        return data
+
+
 Fact: TypeAlias = (
     RunStarted
     | ModelResponded
@@ -625,7 +678,9 @@ Fact: TypeAlias = (
     | ChildStarted
     | ChildParked
     | ChildResumed
+    | ChildWaiting
     | ChildEnded
+    | HandedOff
 )
 """Every fact a run can record."""
 
@@ -653,7 +708,9 @@ _KINDS: dict[str, type[Fact]] = {
         ChildStarted,
         ChildParked,
         ChildResumed,
+        ChildWaiting,
         ChildEnded,
+        HandedOff,
     )
 }
 EVENT_TYPES = frozenset(_KINDS)
@@ -720,8 +777,10 @@ __all__ = [
     "ChildParked",
     "ChildResumed",
     "ChildStarted",
+    "ChildWaiting",
     "Event",
     "Fact",
+    "HandedOff",
     "Json",
     "ModelResponded",
     "RequestedCall",

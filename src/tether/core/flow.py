@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from tether.agent import Agent
-from tether.core import cache, children, engine
+from tether.core import cache, children, engine, forks, handoffs, snapshots
 from tether.core.approvals import Decision, PendingApproval, pending_of
 from tether.core.compat import check_compatible
 from tether.core.events import Event, Fact
 from tether.core.state import RunState
 from tether.core.status import AWAITING, RunStatus
-from tether.errors import ModelError, RunBusy, StaleRun, StoreError, TetherError
+from tether.errors import IncompatibleRun, ModelError, RunBusy, StaleRun, StoreError, TetherError
 from tether.models import ModelResponse
 from tether.stores import RunLog, RunRecord
 
@@ -83,8 +83,11 @@ class _Read:
     tenant: str | None
 
 
+@dataclass(frozen=True)
 class LoadLog(_Read):
-    """Read the run's events and version in one consistent read."""
+    """Read the run's events and version in one consistent read: from its latest snapshot unless ``whole``."""
+
+    whole: bool = False
 
 
 class LoadRun(_Read):
@@ -261,12 +264,29 @@ class _Reporting:
         return error is not None
 
 
+def agent_of(root: Agent, spec: dict[str, Any], tenant: str | None) -> Flowing[Agent]:
+    """The agent a run in ``root``'s tree started with: down the agent tools its chain of parents went through.
+
+    A parent handed off when it called the agent tool names the agent then in charge in the link.
+    A fork of a child run is driven with the child's agent (see :func:`tether.core.forks.agent_link`).
+    """
+    link = forks.agent_link(spec)
+    if link is None:
+        return root
+    parent: RunRecord = yield LoadRun(str(link["run_id"]), tenant)
+    caller = yield from agent_of(root, parent.spec, tenant)
+    if link.get("agent") is not None:
+        caller = handoffs.named(caller, str(link["agent"]), run_id=parent.id)
+    return children.child_agent(caller, link)
+
+
 class Flow:
     """The decisions and the order of work of driving one agent's runs; performs nothing.
 
     ``owner`` names the driver in the tool starts it records (its lease's owner); ``can_ask``
     says whether it has an approver. ``clock`` gives the time events are stamped with and
     schedules are read against; ``timer`` measures tool attempts; ``rng`` draws retry jitter.
+    ``root``: the runs' own agent when ``agent`` is one a handoff handed them to (see :meth:`in_charge`).
     """
 
     def __init__(
@@ -278,8 +298,10 @@ class Flow:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         rng: random.Random | None = None,
+        root: Agent | None = None,
     ) -> None:
         self.agent = agent
+        self.root = root or agent
         self.owner = owner
         self.can_ask = can_ask
         self.clock = clock
@@ -288,36 +310,72 @@ class Flow:
 
     def for_agent(self, agent: Agent) -> Flow:
         """The same driver's decisions for ``agent`` (a child run's, in this agent's tree)."""
-        if agent is self.agent:
+        return self if agent is self.agent else self._driving(agent, root=agent)
+
+    def for_run(self, state: RunState, tenant: str | None) -> Flowing[Flow]:
+        """The flow for a run of this agent's tree: this one, or a child run's (or a fork of one's) agent's.
+
+        A fork of a child run whose tools are this agent's (``tether resume`` builds the agent from
+        the run's spec) is this agent's to drive.
+        """
+        if forks.agent_link(state.spec) is None or (children.link_of(state.spec) is None and self._fits(state)):
             return self
-        return Flow(agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng)
+        return self.for_agent((yield from agent_of(self.agent, state.spec, tenant)))
+
+    def in_charge(self, state: RunState) -> Flow:
+        """The decisions for ``state`` by the agent in charge of it: this flow's, or after a handoff the other agent's.
+
+        Raises:
+            IncompatibleRun: the run was handed to an agent this flow's agents do not reach.
+        """
+        if state.agent is None and self.agent is self.root:
+            return self
+        agent = handoffs.in_charge(self.root, state)
+        return self if agent is self.agent else self._driving(agent, root=self.root)
+
+    def _driving(self, agent: Agent, *, root: Agent) -> Flow:
+        return Flow(
+            agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng, root=root
+        )
 
     # A whole drive ------------------------------------------------------------------------
     def drive(
-        self, run: str | RunState, tenant: str | None, *, force: bool, max_wait: float | None
+        self,
+        run: str | RunState,
+        tenant: str | None,
+        *,
+        force: bool,
+        max_wait: float | None,
+        until: Callable[[], bool] | None = None,
     ) -> Flowing[RunState]:
-        """Take steps until the run finishes or parks; the caller holds the run's lease.
+        """Take steps until the run finishes or parks, or ``until()`` says stop; the caller holds the lease.
 
         A write refused because another process changed the run meanwhile (a decision, a
         cancel) ends the drive with a :class:`StaleRun` saying what the run is now.
         """
-        state = yield from self._start(run, tenant, force=force)
+        flow, state = self, None
+        if isinstance(run, str):  # read once: a fork of a child run names the agent that drives it
+            state = yield from self._rebuild(run, tenant)
+            if children.link_of(state.spec) is None:  # a child run is driven by its own agent's flow
+                flow = yield from self.for_run(state, tenant)
+        state = yield from flow._start(state or run, tenant, force=force, read=state is not None)
         try:
-            while (yield from self.step(state, max_wait=max_wait)):
+            while not (until is not None and until()) and (yield from flow.step(state, max_wait=max_wait)):
                 pass
         except RunBusy:
             raise
         except StaleRun as error:
-            raise (yield from self._changed_meanwhile(state, error)) from error
+            raise (yield from flow._changed_meanwhile(state, error)) from error
         return state
 
-    def _start(self, run: str | RunState, tenant: str | None, *, force: bool) -> Flowing[RunState]:
+    def _start(self, run: str | RunState, tenant: str | None, *, force: bool, read: bool = False) -> Flowing[RunState]:
         """Load and check the run; with ``force``, first declare its in-flight calls abandoned.
 
-        A state loaded before the lease was claimed may be behind: StaleRun now, before any model call.
+        A state loaded before the lease was claimed may be behind (unless just ``read`` under it):
+        StaleRun now, before any model call.
         """
         state = yield from self.load(run, tenant)
-        if isinstance(run, RunState):
+        if isinstance(run, RunState) and not read:
             record: RunRecord = yield LoadRun(run.id, run.tenant)
             if record.version != run.version:
                 raise StaleRun(run.id, run.version)
@@ -346,13 +404,22 @@ class Flow:
 
     def load(self, run: str | RunState, tenant: str | None) -> Flowing[RunState]:
         """The run (loaded by id, or as given), checked against this agent's tools."""
-        if isinstance(run, RunState):
-            state = run
-        else:
-            log: RunLog = yield LoadLog(run, tenant)
-            state = RunState.rebuild(run, log.events, version=log.version, tenant=log.tenant)
-        check_compatible(state.id, state.spec, self.agent.tool_index)
+        state = run if isinstance(run, RunState) else (yield from self._rebuild(run, tenant))
+        check_compatible(state.id, state.spec, self.root.tool_index)
+        self.in_charge(state)  # a run handed to an agent out of reach is refused before any step
         return state
+
+    def _fits(self, state: RunState) -> bool:
+        """Whether this agent's tools are the run's."""
+        try:
+            check_compatible(state.id, state.spec, self.root.tool_index)
+        except IncompatibleRun:
+            return False
+        return True
+
+    def _rebuild(self, run_id: str, tenant: str | None) -> Flowing[RunState]:
+        log: RunLog = yield LoadLog(run_id, tenant)
+        return snapshots.rebuild(run_id, log)
 
     # One step -----------------------------------------------------------------------------
     def step(self, state: RunState, *, max_wait: float | None = None) -> Flowing[bool]:
@@ -365,7 +432,13 @@ class Flow:
         started was abandoned by its driver, and the engine treats it as in doubt. A retry
         due more than ``max_wait`` seconds from now is left for later (False).
         """
+        flow = self.in_charge(state)
+        if flow is not self:  # handed off: the other agent's prompt, tools, policy, model and limits
+            return (yield from flow.step(state, max_wait=max_wait))
         yield CheckLease(state.id)
+        if handoffs.filter_due(state):
+            yield from handoffs.apply_filter(self, state)
+            return True
         action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
         if isinstance(action, engine.Stop):
             if state.status == AWAITING and state.waiting_on:
@@ -384,6 +457,8 @@ class Flow:
             yield from self.commit(state, action.step)
         elif isinstance(action, engine.CallModel):
             yield from self._call_model(state, action)
+        elif isinstance(action.tool, handoffs.HandoffTool):
+            yield from handoffs.hand_off(self, state, action)
         elif isinstance(action.tool, children.AgentTool):
             return (yield from children.run_child(self, state, action, max_wait))
         elif self._runs_beside_others(state, action):
@@ -585,7 +660,7 @@ class Flow:
     def _landed(self, state: RunState, events: list[Event]) -> Flowing[bool]:
         """Whether the store holds exactly this write: the row at its version, each event (seq, type, time)."""
         try:
-            log: RunLog = yield LoadLog(state.id, state.tenant)
+            log: RunLog = yield LoadLog(state.id, state.tenant, whole=True)
         except StoreError:
             return False
         stored = {event.seq: (event.type, event.at) for event in log.events}

@@ -1,4 +1,4 @@
-"""A run's life outside a drive, as flows: created, read back, decided on, cancelled.
+"""A run's life outside a drive, as flows: created, read back, forked, decided on, cancelled.
 
 Like a drive (:meth:`tether.core.flow.Flow.drive`), each is a generator that yields effects
 (read the log, create the run, persist a step) and decides nothing by I/O, so
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import uuid
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tether.core import children, engine
+from tether.core import children, engine, forks, snapshots
 from tether.core.approvals import Decision, Deny
 from tether.core.compat import check_versions
 from tether.core.flow import CreateRun, Flow, Flowing, LoadLog, LoadRun, Notify
@@ -21,16 +21,13 @@ from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.core.status import ENDED, RunStatus, status_name
 from tether.errors import RunEnded, RunNotFound
-from tether.stores import SCHEMA_VERSION, RunLog, RunRecord
-
-if TYPE_CHECKING:
-    from tether.agent import Agent
+from tether.stores import PARENT_KEY, SCHEMA_VERSION, RunLog
 
 
 def read(run_id: str, tenant: str | None) -> Flowing[RunState]:
     """The run rebuilt from its events, read with its version in one consistent read (no agent needed)."""
     log: RunLog = yield LoadLog(run_id, tenant)
-    return RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
+    return snapshots.rebuild(run_id, log)
 
 
 def create(
@@ -41,10 +38,15 @@ def create(
     tenant: str | None,
     run_id: str | None,
     parent: dict[str, Any] | None = None,
+    trace: dict[str, Any] | None = None,
+    dispatch: dict[str, Any] | None = None,
 ) -> Flowing[RunState]:
     """Persist a new run of ``flow``'s agent (its prompt, spec and any earlier history) without driving it.
 
     ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
+    ``trace``: the run's trace context (a W3C ``traceparent``), kept so that every later drive, in
+    any process, continues the same trace (see :mod:`tether.drivers.otel`); opaque here.
+    ``dispatch``: the queue a submitted run waits in for a worker (see :mod:`tether.drivers.queue`).
     """
     agent = flow.agent
     messages: list[dict[str, Any]] = []
@@ -60,20 +62,65 @@ def create(
         "tool_schemas": {tool.name: tool.input_schema() for tool in agent.all_tools},
         "tool_settings": {tool.name: tool.settings() for tool in agent.all_tools},
     }
+    if agent.name is not None:  # who the run's agent is, for people (the audit names each call's)
+        spec["agent"] = agent.name
     if parent is not None:
-        spec["parent"] = parent
+        spec[PARENT_KEY] = parent
+    if trace is not None:
+        spec["trace"] = trace
+    if dispatch is not None:
+        spec["dispatch"] = dispatch
     if continue_from is not None:
         earlier = yield from read(continue_from, tenant)
         messages = [dict(m) for m in earlier.messages]
         close_unanswered(messages, f"Not run: the earlier run ended ({earlier.status}) before this call ran.")
         spec["continued_from"] = continue_from
+        if earlier.agent is not None:  # the conversation goes on with the agent it was handed to
+            spec["handed_to"] = earlier.agent
         spec["conversation"] = _conversation_spent(earlier)
     append_user_text(messages, prompt)
+    return (yield from _start(flow, spec, messages, tenant, run_id))
+
+
+def _start(
+    flow: Flow, spec: dict[str, Any], messages: list[dict[str, Any]], tenant: str | None, run_id: str | None
+) -> Flowing[RunState]:
+    """Persist a new run with this spec and opening history, in thinking: driving it asks the model."""
     state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
     produced = engine.start_events(state, spec=spec, messages=messages, now=flow.clock())
     yield CreateRun(state, produced)
     yield Notify(state, produced)
     return state
+
+
+def fork(
+    flow: Flow,
+    run_id: str,
+    at_step: int,
+    *,
+    edit: forks.MessageEdit | None,
+    tenant: str | None,
+    new_run_id: str | None = None,
+    trace: dict[str, Any] | None = None,
+) -> Flowing[RunState]:
+    """A new run whose history is ``run_id``'s at step ``at_step`` (one message's text edited, if asked).
+
+    The original is only read. The fork keeps the original's spec (so it is driven with the same
+    tools and model, and checked against them), links back to it (``spec["forked_from"]``) and is
+    not driven. ``trace``: the fork's own trace context, when a driver traces runs.
+
+    Raises:
+        InvalidForkPoint: no such step, a step in the middle of a turn, or an edit that does not apply.
+    """
+    log: RunLog = yield LoadLog(run_id, tenant, whole=True)
+    then = forks.state_at(run_id, log.events, at_step)
+    messages = [dict(message) for message in then.messages]
+    if edit is not None:
+        messages = forks.edited(run_id, messages, edit)
+    spec = forks.spec_of(run_id, log.events, then, at_step)
+    if trace is not None:
+        spec["trace"] = trace
+    return (yield from _start(flow, spec, messages, log.tenant, new_run_id))
 
 
 def _conversation_spent(parent: RunState) -> dict[str, float]:
@@ -95,33 +142,38 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
 def decide(
     flow: Flow, run_id: str, call_id: str, decision: Decision, *, fingerprint: str | None, tenant: str | None
 ) -> Flowing[RunState]:
-    """Record one decision on a stored run (see :meth:`tether.Runner.decide`); the run as it is now."""
+    """Record one decision on a stored run (see :meth:`tether.Runner.decide`); the run decided on, as it is now.
+
+    A call that waits in a child run may be decided on any run above it (its root included):
+    the decision is recorded on the child's run, and that run is given back.
+    """
     state = yield from read(run_id, tenant)
+    below = children.pending_below(state, call_id)
+    if below is not None:
+        state = yield from read(below, tenant)
     if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
         check_versions(state.id, state.spec)
-    else:  # a child run of this agent's tree is decided with the child's agent
-        flow = flow.for_agent((yield from agent_of(flow.agent, state.spec, tenant)))
+    else:  # a child run of this agent's tree is decided with the child's agent (the one in charge, after a handoff)
+        flow = yield from flow.for_run(state, tenant)
         yield from flow.load(state, tenant)
+        flow = flow.in_charge(state)
     yield from flow.decide(state, call_id, decision, fingerprint)
     return state
 
 
-def agent_of(root: Agent, spec: dict[str, Any], tenant: str | None) -> Flowing[Agent]:
-    """The agent of a run in ``root``'s tree: down the agent tools its chain of parents went through."""
-    link = children.link_of(spec)
-    if link is None:
-        return root
-    parent: RunRecord = yield LoadRun(str(link["run_id"]), tenant)
-    return children.child_agent((yield from agent_of(root, parent.spec, tenant)), link)
-
-
-def create_child(flow: Flow, child: children.DriveChild) -> Flowing[None]:
+def create_child(flow: Flow, child: children.DriveChild, trace: dict[str, Any] | None = None) -> Flowing[None]:
     """Create ``child``'s run with ``flow`` (the child's agent's) unless it exists: a resumed parent finds its child."""
     try:
         yield LoadRun(child.run_id, child.tenant)
     except RunNotFound:
         yield from create(
-            flow, child.prompt, continue_from=None, tenant=child.tenant, run_id=child.run_id, parent=child.link
+            flow,
+            child.prompt,
+            continue_from=None,
+            tenant=child.tenant,
+            run_id=child.run_id,
+            parent=child.link,
+            trace=trace,
         )
 
 

@@ -15,10 +15,10 @@ from statemachine.states import States
 from tether.core.status import FINAL, INITIAL, RunStatus
 from tether.errors import IncompatibleRun
 
-MACHINE_VERSION = 2
+MACHINE_VERSION = 3
 """Bumped whenever states or transitions change meaning; stored with each run (2: ``compacted``,
 and the ``result_demanded``, ``history_compacted`` and ``context_exceeded`` facts an older tether
-cannot fold)."""
+cannot fold; 3: the ``handed_off`` fact, after which another agent drives the run)."""
 
 _STATES = States.from_enum(RunStatus, initial=INITIAL, final=FINAL, use_enum_instance=False)
 """One state per :class:`~tether.core.status.RunStatus`: its name the Python id, its value the persisted one.

@@ -131,8 +131,22 @@ class RunState:
     """Parked children this run waits on, by call id (see :mod:`tether.core.children`)."""
     child_pending: list[dict[str, Any]] = field(default_factory=list)
     """The calls those children wait on a person for, as their runs list them."""
+    child_due: dict[str, float] = field(default_factory=dict)
+    """When the retry a child parked on is due, by the call it serves (the run waits with it)."""
+    agent: str | None = None
+    """The agent in charge after a handoff, by name (None: the run's own agent; see :mod:`tether.core.handoffs`)."""
+    handing_to: str | None = None
+    """The agent a handoff of the current turn hands to once the turn's results go back."""
+    handoffs: int = 0
+    """Handoffs recorded in all (what ``Limits.max_handoffs`` bounds)."""
+    last_handoff: ev.HandedOff | None = None
+    """The latest handoff recorded (whose ``input_filter`` :attr:`filter_due` is about)."""
+    filter_due: bool = False
+    """The last handoff's ``input_filter`` has yet to be applied to the history (before the next model call)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    awaiting_since: float | None = None
+    """When the run last parked for a person (its latest ``approval_requested``): a wait's start, for tracing."""
     bound_machine: Any = field(default=None, init=False, repr=False, compare=False)
     """Cache for :func:`tether.core.machine.bind`: building a machine costs more than a whole step."""
     pairing_checked: tuple[Any, int, Any] | None = field(default=None, init=False, repr=False, compare=False)
@@ -166,6 +180,8 @@ class RunState:
             due = self.retry_due.get(call.call_id)
             if due is not None and call.call_id not in self.in_flight:
                 return due
+            if call.call_id in self.child_due:  # its child run waits for a retry: so does this run
+                return self.child_due[call.call_id]
         return None
 
     def pending_approvals(self) -> list[PendingCall]:
@@ -185,6 +201,8 @@ class RunState:
     def apply(self, event: Event) -> None:
         """Fold one event into the state."""
         _fold(self, event.fact)
+        if isinstance(event.fact, ev.ApprovalRequested):
+            self.awaiting_since = event.at
         self.next_seq = event.seq + 1
         self.updated_at = event.at or self.updated_at
 
@@ -216,6 +234,7 @@ def _fold(state: RunState, fact: Fact) -> None:
             _results_returned(state)
         case ev.RunStarted(spec=spec, messages=messages, created_at=created_at):
             state.spec = dict(spec)
+            state.agent = spec.get("handed_to")  # a continued conversation's agent in charge
             state.messages = [dict(m) for m in messages]
             state.created_at = created_at
         case ev.RetryScheduled():
@@ -224,11 +243,8 @@ def _fold(state: RunState, fact: Fact) -> None:
             _approval_requested(state, fact)
         case ev.ApprovalDecided():
             _approval_decided(state, fact)
-        case ev.Warned(budget=budget, limit=limit):
-            if budget:
-                state.budget_warned.add(budget)
-            if limit:  # a hard cap of Limits (see tether.policy.budgets.Reading.key)
-                state.budget_warned.add(f"limits.{limit}")
+        case ev.Warned():
+            _warned(state, fact)
         case ev.CallAbandoned(call_id=call_id):
             started = state.in_flight.get(call_id)
             if started is not None:
@@ -244,8 +260,10 @@ def _fold(state: RunState, fact: Fact) -> None:
             _result_demanded(state, fact)
         case ev.RunFinished(error=error, retryable=retryable):
             state.error, state.can_retry = error, retryable
-        case ev.ChildStarted() | ev.ChildParked() | ev.ChildResumed() | ev.ChildEnded():
+        case ev.ChildStarted() | ev.ChildParked() | ev.ChildResumed() | ev.ChildWaiting() | ev.ChildEnded():
             _child_fact(state, fact)
+        case ev.HandedOff():
+            _handed_off(state, fact)
         case ev.CacheHit() | ev.CacheMiss():
             pass  # the audit's; the result that follows a hit is folded as any other
 
@@ -285,14 +303,19 @@ def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
         state.batch = [PendingCall(b["id"], b["name"], b.get("input")) for b in calls]
         state.outcomes, state.decisions, state.awaiting = {}, {}, []
         state.approval_reasons, state.attempts, state.retry_due = {}, {}, {}
+        state.child_due = {}
         state.edited_inputs = {}
         state.in_flight = {}
     if fact.stop_reason in ("end_turn", "stop_sequence", "max_tokens"):
         state.output = text_of(state.messages[-1])
 
 
-def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.ChildResumed | ev.ChildEnded) -> None:
+def _child_fact(
+    state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.ChildResumed | ev.ChildWaiting | ev.ChildEnded
+) -> None:
     """A child run's link, its parking and its end (see :mod:`tether.core.children`)."""
+    if not isinstance(fact, ev.ChildWaiting):
+        state.child_due.pop(fact.call_id, None)  # whatever else the child did, it no longer waits for a retry
     match fact:
         case ev.ChildStarted(call_id=call_id, run_id=child):
             state.children[call_id] = child
@@ -302,6 +325,8 @@ def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.Chi
         case ev.ChildResumed(call_id=call_id):
             state.waiting_on.pop(call_id, None)
             state.child_pending = []
+        case ev.ChildWaiting(call_id=call_id, due_at=due_at):
+            state.child_due[call_id] = due_at
         case ev.ChildEnded():  # its spending rolls up into the parent's (what the parent's budget counts)
             state.usage = state.usage + fact.usage
             state.tool_calls += fact.tool_calls
@@ -311,6 +336,19 @@ def _child_fact(state: RunState, fact: ev.ChildStarted | ev.ChildParked | ev.Chi
                 state.cost_usd += fact.cost_usd
 
 
+def _warned(state: RunState, fact: ev.Warned) -> None:
+    if fact.budget:
+        state.budget_warned.add(fact.budget)
+    if fact.limit:  # a hard cap of Limits (see tether.policy.budgets.Reading.key)
+        state.budget_warned.add(f"limits.{fact.limit}")
+
+
+def _handed_off(state: RunState, fact: ev.HandedOff) -> None:
+    """A handoff: the other agent takes over when the turn's results go back (see :func:`_results_returned`)."""
+    state.handing_to, state.filter_due, state.last_handoff = fact.to_agent, fact.filtered, fact
+    state.handoffs += 1
+
+
 def _result_demanded(state: RunState, fact: ev.ResultDemanded) -> None:
     append_user_text(state.messages, fact.prompt)
     state.result_demands, state.demanding_result = fact.attempt, fact.forced
@@ -318,6 +356,7 @@ def _result_demanded(state: RunState, fact: ev.ResultDemanded) -> None:
 
 def _history_compacted(state: RunState, fact: ev.HistoryCompacted) -> None:
     state.messages = [dict(message) for message in fact.messages]
+    state.filter_due = False  # a handoff's filter is applied as a compaction (see tether.core.handoffs)
     if fact.usage is not None:  # a summary: one more model call
         _model_call(state, fact.usage, fact.cost_usd, fact.latency)
 
@@ -370,3 +409,5 @@ def _results_returned(state: RunState) -> None:
     ]
     state.messages.append({"role": "user", "content": blocks})
     state.batch, state.awaiting = [], []
+    if state.handing_to is not None:  # the turn that handed off is answered: the other agent takes over
+        state.agent, state.handing_to = state.handing_to, None

@@ -3,5 +3,6 @@
 :class:`~tether.drivers.runner.Runner` does it with plain calls, :class:`~tether.drivers.runner.AsyncRunner`
 on an event loop; what to do and in which order is :mod:`tether.core.flow`'s. ``loader``
 rebuilds the agent a run was started with from its stored spec, for a driver in another
-process.
+process. ``telemetry`` is what a runner tells a tracer, ``otel`` turns it into OpenTelemetry
+spans (imported only when asked for: ``tether[otel]``).
 """

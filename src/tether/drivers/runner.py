@@ -14,20 +14,21 @@ A drive holds the run's lease from before its first model call or tool start to 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 import inspect
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel
 
 from tether.agent import Agent
-from tether.core import engine, lifecycle
+from tether.core import engine, handoffs, lifecycle, snapshots
 from tether.core.approvals import (
     Approver,
     AsyncApprover,
@@ -39,6 +40,7 @@ from tether.core.approvals import (
 from tether.core.children import DriveChild
 from tether.core.events import Event
 from tether.core.flow import (
+    STORE_LOG,
     Activity,
     Announce,
     Ask,
@@ -60,22 +62,24 @@ from tether.core.flow import (
     Sleep,
     StoreCache,
 )
+from tether.core.forks import MessageEdit
 from tether.core.results import typed_result
 from tether.core.state import RunState
 from tether.core.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
-from tether.errors import ConfigError
+from tether.drivers import queue as queues
+from tether.drivers.telemetry import Telemetry
+from tether.errors import ConfigError, IncompatibleRun, StoreError
 from tether.execution import launches
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
-    ModelRequest,
     ModelResponse,
     StreamingModelAdapter,
     TextListener,
     Usage,
 )
 from tether.policy import rules
-from tether.stores import AsyncStore, RunRecord, Store, leases
+from tether.stores import AsyncStore, RunRecord, Snapshot, Store, leases
 from tether.stores.awaitable import as_async_store, is_async_store
 from tether.stores.memory import MemoryStore
 
@@ -183,7 +187,7 @@ def record_of(state: RunState) -> RunRecord:
     )
 
 
-class _RunnerBase(Generic[S, L]):
+class _RunnerBase(abc.ABC, Generic[S, L]):
     """What both drivers share: everything but how effects are performed (called, or awaited).
 
     Every operation is a flow (:class:`tether.core.flow.Flow`, :mod:`tether.core.lifecycle`);
@@ -197,6 +201,9 @@ class _RunnerBase(Generic[S, L]):
 
     ``lease_ttl``: seconds the run's lease lasts unless renewed (a heartbeat renews it every
     third of that while a drive works), so how long a killed driver keeps its run busy.
+
+    ``telemetry``: told every run created, drive, model call, tool call and decision, to trace
+    them (:class:`tether.drivers.otel.OpenTelemetry`, ``pip install 'tether[otel]'``).
     """
 
     store: S
@@ -213,6 +220,7 @@ class _RunnerBase(Generic[S, L]):
         on_action: ActionListener | None = None,
         on_text: TextListener | None = None,
         lease_ttl: float = leases.DEFAULT_TTL,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.agent = agent
         self.approver = approver
@@ -225,9 +233,13 @@ class _RunnerBase(Generic[S, L]):
         self.rng = rng if rng is not None else random.Random()
         """Draws retry jitter; pass ``random.Random(seed)`` for a schedule that repeats."""
         self.lease_ttl = lease_ttl
+        self.telemetry = telemetry
+        """Traces what this runner does (:class:`tether.drivers.otel.OpenTelemetry`); None: nothing is traced."""
+        queues.attach(self.store)  # a submitted run's decisions and cancellations reach its queue
         self._held: dict[str, L] = {}
         """The leases this runner holds now, by run id: every write to those runs checks its lease."""
 
+    @abc.abstractmethod
     def _store_for(self, store: Store | AsyncStore) -> S:
         """The store as this driver calls it."""
         raise NotImplementedError
@@ -254,27 +266,88 @@ class _RunnerBase(Generic[S, L]):
             on_action=self.on_action,
             on_text=self.on_text,
             lease_ttl=self.lease_ttl,
+            telemetry=self.telemetry,
         )
+
+    def _run_trace(self, forked_from: str | None = None) -> AbstractContextManager[dict[str, Any] | None]:
+        """While a run is created (and driven, by ``run``): gives the trace context to store in its spec.
+
+        Re-entered (``create`` inside ``run``), the open run span is the one used.
+        """
+        if self.telemetry is None:
+            return nullcontext(None)
+        return self.telemetry.run(self.agent, forked_from=forked_from)
+
+    def _create_flow(
+        self,
+        prompt: str,
+        *,
+        continue_from: str | None,
+        tenant: str | None,
+        run_id: str | None,
+        parent: dict[str, Any] | None,
+        dispatch: dict[str, Any] | None = None,
+    ) -> Flowing[RunState]:
+        """Creating a run (see :meth:`Runner.create`, :meth:`Runner.submit`), traced while it lasts."""
+        with self._run_trace() as trace:
+            flow = lifecycle.create(
+                self._flow(),
+                prompt,
+                continue_from=continue_from,
+                tenant=tenant,
+                run_id=run_id,
+                parent=parent,
+                trace=trace,
+                dispatch=dispatch,
+            )
+            return (yield from flow)
+
+    def _fork_flow(
+        self, run_id: str, at_step: int, *, edit: MessageEdit | None, tenant: str | None, new_run_id: str | None
+    ) -> Flowing[RunState]:
+        """Forking a run (see :meth:`Runner.fork`), traced while it lasts."""
+        with self._run_trace(forked_from=run_id) as trace:
+            flow = lifecycle.fork(
+                self._flow(), run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id, trace=trace
+            )
+            return (yield from flow)
+
+    def _drive_trace(self, run_id: str) -> AbstractContextManager[None]:
+        return nullcontext() if self.telemetry is None else self.telemetry.drive(run_id, self.agent)
+
+    def _performing(self, effect: engine.CallModel | Attempt) -> AbstractContextManager[None]:
+        return nullcontext() if self.telemetry is None else self.telemetry.performing(effect)
+
+    def _child_trace(self, child: DriveChild) -> dict[str, Any] | None:
+        return None if self.telemetry is None else self.telemetry.child_trace(child.link)
 
     def approval_requests(self, state: RunState) -> list[PendingApproval]:
         """The calls of ``state`` waiting for a decision, with their tools' descriptions."""
-        return pending_of(state, self.agent)
+        return pending_of(state, self._in_charge(state))
 
     def result(self, state: RunState) -> RunResult:
-        """Where ``state`` stands, its result an instance of the agent's ``output_type`` when it has one."""
+        """Where ``state`` stands, its result an instance of the in-charge agent's ``output_type``, if it has one."""
         result = result_of(state)
-        output_type = self.agent.output_type
+        output_type = self._in_charge(state).output_type
         if output_type is None or result.result is None:
             return result
         return replace(result, result=typed_result(output_type, result.result, run_id=state.id))
+
+    def _in_charge(self, state: RunState) -> Agent:
+        """The agent in charge of ``state`` after any handoff; this runner's own if it cannot reach that one."""
+        try:
+            return handoffs.in_charge(self.agent, state)
+        except IncompatibleRun:  # a reader (cancelling, listing) needs no agent of the run's
+            return self.agent
 
     # Performing what both drivers perform alike -----------------------------------------
     def _store_work(self, effect: Effect) -> Callable[[], Any] | None:
         """The store call performing ``effect`` (its outcome, or an awaitable of it); None for other effects."""
         store = self.store
         match effect:
-            case LoadLog(run_id, tenant):
-                return functools.partial(store.load_log, run_id, tenant=tenant)
+            case LoadLog(run_id, tenant, whole):
+                snapshot_format = None if whole else snapshots.snapshot_format()
+                return functools.partial(store.load_log, run_id, tenant=tenant, snapshot_format=snapshot_format)
             case LoadRun(run_id, tenant):
                 return functools.partial(store.load_run, run_id, tenant=tenant)
             case CreateRun(state, events):
@@ -287,6 +360,13 @@ class _RunnerBase(Generic[S, L]):
                 return functools.partial(store.cache_put, key, tool, value, expires_at)
         return None
 
+    def _snapshot_due(self, effect: Effect) -> tuple[str, Snapshot] | None:
+        """The run and snapshot to keep once ``effect``, a step's commit, is done (see :mod:`tether.core.snapshots`)."""
+        every = getattr(self.store, "snapshot_every", 0)  # a wrapper that does not say keeps none
+        if isinstance(effect, Persist) and isinstance(every, int) and snapshots.due(effect.events, every):
+            return effect.state.id, snapshots.take(effect.state)
+        return None
+
     def _tell(self, effect: Notify | Announce) -> None:
         """Tell the listeners (plain callbacks, on both drivers: for displays, they must not block)."""
         if isinstance(effect, Notify):
@@ -294,8 +374,22 @@ class _RunnerBase(Generic[S, L]):
             for listener in self.listeners:
                 for event in effect.events:
                     listener(effect.state, event)
-        elif self.on_action is not None:
+            if self.telemetry is not None:
+                self.telemetry.committed(effect.state, effect.events)
+            return
+        if self.on_action is not None:
             self.on_action(effect.state, effect.activity)
+        if self.telemetry is not None:
+            self.telemetry.announced(effect.state, effect.activity)
+
+
+@contextmanager
+def _keeping_snapshot(run_id: str) -> Iterator[None]:
+    """A snapshot that could not be written is logged, not raised: it is only a shortcut, the step is committed."""
+    try:
+        yield
+    except StoreError as error:
+        STORE_LOG.warning("run %s: keeping a snapshot of its state failed (%s)", run_id, error)
 
 
 class Runner(_RunnerBase[Store, leases.Lease]):
@@ -340,10 +434,52 @@ class Runner(_RunnerBase[Store, leases.Lease]):
 
         ``parent``: a child run's link to the run and call it serves (see :mod:`tether.core.children`).
         """
-        flow = lifecycle.create(
-            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
-        )
+        flow = self._create_flow(prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent)
         return self._complete(flow)
+
+    def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        edit: MessageEdit | None = None,
+        tenant: str | None = None,
+        new_run_id: str | None = None,
+    ) -> RunState:
+        """Persist a new run whose history is ``run_id``'s at step ``at_step``, without driving it.
+
+        ``at_step`` is an event's seq (the ``#`` of ``tether show`` and the inspector's timeline);
+        the history there must end with a user turn (see :mod:`tether.core.forks`). ``edit``
+        replaces one message's text. The original is untouched; the fork's spec says
+        ``forked_from``. Drive the fork like any run.
+
+        Raises:
+            InvalidForkPoint: no such step, a step mid-turn (naming the nearest that can be
+                forked), or an edit that does not apply.
+        """
+        return self._complete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+
+    def submit(
+        self,
+        prompt: str,
+        *,
+        queue: str = queues.DEFAULT_QUEUE,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Create a run and queue it for a ``tether worker`` in ONE transaction; its id (:mod:`tether.drivers.queue`).
+
+        Needs a PostgreSQL store and the ``worker`` extra (:class:`~tether.errors.ConfigError`
+        otherwise); the queue's tables are created on first use. The worker rebuilds the agent
+        from the run's spec (its tools module and model), unless it was given one.
+        """
+        queues.ensure_schema(queues.check_can_queue(self.store))
+        dispatch = {"queue": queue}
+        flow = self._create_flow(
+            prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=None, dispatch=dispatch
+        )
+        return self._complete(flow).id
 
     def decide(
         self,
@@ -378,7 +514,8 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
     ) -> RunResult:
         """Start a run and drive it as far as it goes (see :meth:`drive` for ``max_wait``)."""
-        return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
+        with self._run_trace():  # the run's span lasts the first drive too
+            return self.drive(self.create(prompt, continue_from=continue_from, tenant=tenant), max_wait=max_wait)
 
     def drive(
         self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None, force: bool = False
@@ -396,7 +533,8 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         that driver is gone: if it still runs, it stops at its next write, but a call it
         was running may run twice.
         """
-        with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
+        run_id = run if isinstance(run, str) else run.id
+        with self.hold(run_id, force=force) as lease, self._drive_trace(run_id):
             flow = self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
             return self.result(self._complete(flow))
 
@@ -420,7 +558,11 @@ class Runner(_RunnerBase[Store, leases.Lease]):
     def _perform(self, effect: Effect) -> Any:
         """Do what ``effect`` says, here and now, and give back its outcome (see :mod:`tether.core.flow`)."""
         if (work := self._store_work(effect)) is not None:
-            return work()
+            outcome = work()
+            if (due := self._snapshot_due(effect)) is not None:
+                with _keeping_snapshot(due[0]):
+                    self.store.save_snapshot(*due)
+            return outcome
         match effect:
             case CheckLease(run_id):
                 lease = self._held.get(run_id)
@@ -434,27 +576,30 @@ class Runner(_RunnerBase[Store, leases.Lease]):
                 return self.approver.decide(requests)
             case Sleep(seconds):
                 time.sleep(seconds)
-            case engine.CallModel(request):
-                return self._call_model(request)
+            case engine.CallModel():
+                with self._performing(effect):
+                    return self._call_model(effect)
             case Attempt(action, run_id):
-                return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
+                with self._performing(effect):
+                    return action.tool.execute(action.arguments, action.call.call_id, run_id=run_id)
             case Launch(Attempt(action, run_id)):
-                return launches.launch(
-                    functools.partial(action.tool.execute, action.arguments, action.call.call_id, run_id=run_id)
-                )
+                with self._performing(effect.attempt):  # the thread starts in the call's span
+                    return launches.launch(
+                        functools.partial(action.tool.execute, action.arguments, action.call.call_id, run_id=run_id)
+                    )
             case Landed(handles):
                 return launches.landed(handles)
             case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
                 runner = self._child_runner(effect)
-                runner._complete(lifecycle.create_child(runner._flow(), effect))
+                runner._complete(lifecycle.create_child(runner._flow(), effect, self._child_trace(effect)))
                 return runner.drive(run_id, tenant=tenant, max_wait=max_wait)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
         return None
 
-    def _call_model(self, request: ModelRequest) -> ModelResponse:
+    def _call_model(self, call: engine.CallModel) -> ModelResponse:
         """One model call: streamed only when someone listens to the text and the model can stream."""
-        model = self.agent.model
+        request, model = call.request, call.model or self.agent.model
         if self.on_text is not None and isinstance(model, StreamingModelAdapter):
             return model.stream(request, self.on_text)
         return model.complete(request)
@@ -503,10 +648,37 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         parent: dict[str, Any] | None = None,
     ) -> RunState:
         """See :meth:`Runner.create`."""
-        flow = lifecycle.create(
-            self._flow(), prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent
-        )
+        flow = self._create_flow(prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=parent)
         return await self._acomplete(flow)
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        edit: MessageEdit | None = None,
+        tenant: str | None = None,
+        new_run_id: str | None = None,
+    ) -> RunState:
+        """See :meth:`Runner.fork`."""
+        return await self._acomplete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+
+    async def submit(
+        self,
+        prompt: str,
+        *,
+        queue: str = queues.DEFAULT_QUEUE,
+        continue_from: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """See :meth:`Runner.submit`."""
+        await asyncio.to_thread(queues.ensure_schema, queues.check_can_queue(self.store))
+        dispatch = {"queue": queue}
+        flow = self._create_flow(
+            prompt, continue_from=continue_from, tenant=tenant, run_id=run_id, parent=None, dispatch=dispatch
+        )
+        return (await self._acomplete(flow)).id
 
     async def decide(
         self,
@@ -529,16 +701,28 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         self, prompt: str, *, continue_from: str | None = None, tenant: str | None = None, max_wait: float | None = None
     ) -> RunResult:
         """Start a run and drive it as far as it goes (see :meth:`Runner.drive` for ``max_wait``)."""
-        state = await self.create(prompt, continue_from=continue_from, tenant=tenant)
-        return await self.drive(state, max_wait=max_wait)
+        with self._run_trace():  # the run's span lasts the first drive too
+            state = await self.create(prompt, continue_from=continue_from, tenant=tenant)
+            return await self.drive(state, max_wait=max_wait)
 
     async def drive(
-        self, run: str | RunState, *, tenant: str | None = None, max_wait: float | None = None, force: bool = False
+        self,
+        run: str | RunState,
+        *,
+        tenant: str | None = None,
+        max_wait: float | None = None,
+        force: bool = False,
+        until: Callable[[], bool] | None = None,
     ) -> RunResult:
-        """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`)."""
-        async with self.hold(run if isinstance(run, str) else run.id, force=force) as lease:
-            flow = self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait)
-            return self.result(await self._acomplete(flow))
+        """Take steps until the run finishes or parks (``max_wait``, ``force``: see :meth:`Runner.drive`).
+
+        ``until``: asked between steps; True stops the drive there, its step finished (a worker's SIGTERM).
+        """
+        run_id = run if isinstance(run, str) else run.id
+        async with self.hold(run_id, force=force) as lease:
+            with self._drive_trace(run_id):
+                flow = self._flow(lease.owner).drive(run, tenant, force=force, max_wait=max_wait, until=until)
+                return self.result(await self._acomplete(flow))
 
     async def step(self, state: RunState, *, max_wait: float | None = None) -> bool:
         """Do exactly one unit of work (inside ``async with runner.hold(run_id):``); see :meth:`Runner.step`."""
@@ -556,7 +740,11 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
     async def _aperform(self, effect: Effect) -> Any:
         """Do what ``effect`` says without blocking the loop (see :meth:`Runner._perform`)."""
         if (work := self._store_work(effect)) is not None:
-            return await work()  # begun, it ends whole even if the drive is cancelled (see AsyncStore)
+            outcome = await work()  # begun, it ends whole even if the drive is cancelled (see AsyncStore)
+            if (due := self._snapshot_due(effect)) is not None:
+                with _keeping_snapshot(due[0]):
+                    await self.store.save_snapshot(*due)
+            return outcome
         match effect:
             case CheckLease(run_id):
                 lease = self._held.get(run_id)
@@ -570,17 +758,20 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
                 return await self._ask(self.approver, requests)
             case Sleep(seconds):
                 await asyncio.sleep(seconds)
-            case engine.CallModel(request):
-                return await self._acall_model(request)
+            case engine.CallModel():
+                with self._performing(effect):
+                    return await self._acall_model(effect)
             case Attempt(action, run_id):
-                return await action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id)
+                with self._performing(effect):
+                    return await action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id)
             case Launch(Attempt(action, run_id)):
-                return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
+                with self._performing(effect.attempt):  # the task starts in the call's span
+                    return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
             case Landed(handles):
                 return await launches.alanded(handles)
             case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
                 runner = self._child_runner(effect)
-                await runner._acomplete(lifecycle.create_child(runner._flow(), effect))
+                await runner._acomplete(lifecycle.create_child(runner._flow(), effect, self._child_trace(effect)))
                 return await runner.drive(run_id, tenant=tenant, max_wait=max_wait)
             case _:
                 raise TypeError(f"no driver for {effect!r}")
@@ -597,9 +788,9 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         decisions: Mapping[str, Decision] = answer
         return decisions
 
-    async def _acall_model(self, request: ModelRequest) -> ModelResponse:
+    async def _acall_model(self, call: engine.CallModel) -> ModelResponse:
         """One model call (see Runner._call_model), awaited natively when the model can; else in a thread."""
-        model, on_text = self.agent.model, self.on_text
+        request, model, on_text = call.request, call.model or self.agent.model, self.on_text
         if on_text is not None and isinstance(model, AsyncStreamingModelAdapter):
             return await model.astream(request, on_text)
         if on_text is not None and isinstance(model, StreamingModelAdapter):

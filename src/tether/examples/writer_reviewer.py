@@ -24,6 +24,7 @@ from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
 from tether.tools import Tool, tool
+from tether.views.tree import RunNode, run_tree
 
 PROMPT = "Write a one-line greeting for the release notes, have it reviewed, fix it, and publish it."
 
@@ -117,14 +118,17 @@ def run(
     return runner.run(PROMPT), runner, drafts, published
 
 
-def tree(runner: Runner, run_id: str, depth: int = 0) -> list[str]:
-    """Lines showing a run and the child runs it started, indented by depth."""
-    state = runner.load(run_id)
-    agent = (state.spec.get("parent") or {}).get("tool", "writer")
-    lines = [f"{'  ' * depth}{run_id} [{agent}] {state.status}: {state.output or state.result}"]
-    for child in state.children.values():
-        lines.extend(tree(runner, child, depth + 1))
-    return lines
+def tree(runner: Runner, run_id: str) -> list[str]:
+    """Lines showing a run and the child runs it started (:func:`~tether.views.tree.run_tree`), indented by depth."""
+
+    def lines(node: RunNode, depth: int) -> list[str]:
+        state = runner.load(node.run_id)
+        shown = [
+            f"{'  ' * depth}{node.run_id} [{node.agent or 'writer'}] {node.status}: {state.output or state.result}"
+        ]
+        return shown + [line for child in node.children for line in lines(child, depth + 1)]
+
+    return lines(run_tree(runner.store, run_id), 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -100,7 +101,8 @@ class _Worker:
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="tether-tool", daemon=True)
+        context = contextvars.copy_context()  # the caller's context (a current span...), as asyncio.to_thread does
+        self.thread = threading.Thread(target=context.run, args=(self._run,), name="tether-tool", daemon=True)
 
     def _run(self) -> None:
         try:

@@ -10,6 +10,7 @@ decision (``Agent.max_concurrent_tools``); timeouts stay each attempt's own.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent import futures
@@ -20,7 +21,7 @@ Outcome = str | BaseException
 
 
 def launch(attempt: Callable[[], str]) -> futures.Future[str]:
-    """Start ``attempt`` in a daemon thread; the future settles when it ends."""
+    """Start ``attempt`` in a daemon thread (in the caller's context); the future settles when it ends."""
     future: futures.Future[str] = futures.Future()
 
     def run() -> None:
@@ -31,7 +32,8 @@ def launch(attempt: Callable[[], str]) -> futures.Future[str]:
         else:
             future.set_result(value)
 
-    threading.Thread(target=run, name="tether-tool", daemon=True).start()
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(run,), name="tether-tool", daemon=True).start()
     return future
 
 

@@ -9,6 +9,7 @@ Each adapter module subclasses both with its SDK's classes and translates its SD
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextvars
 import weakref
@@ -90,7 +91,7 @@ AsyncT = TypeVar("AsyncT", bound=AsyncClient)
 ClientT = TypeVar("ClientT", bound=SyncClient | AsyncClient)
 
 
-class SdkAdapter(Generic[SyncT, AsyncT]):
+class SdkAdapter(abc.ABC, Generic[SyncT, AsyncT]):
     """The clients of one adapter: made when first needed, with the adapter's options.
 
     ``api_key`` and ``base_url`` are passed on only when given: otherwise the SDK reads its
@@ -121,10 +122,12 @@ class SdkAdapter(Generic[SyncT, AsyncT]):
         self._async_client: AsyncT | None = None
         self._async_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
+    @abc.abstractmethod
     def new_client(self, options: dict[str, Any]) -> SyncT:
         """A sync client of the SDK (with :class:`CappedRetries`) made with ``options``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def new_async_client(self, options: dict[str, Any]) -> AsyncT:
         """An async client of the SDK (with :class:`CappedRetries`) made with ``options``."""
         raise NotImplementedError

@@ -10,14 +10,16 @@ continued).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.agent import Agent
 from tether.core.events import Warned
 from tether.core.state import RunState
 from tether.models import Usage
+from tether.policy.policies import Budget, Limits
 
 FINAL_ANSWER_PROMPT = (
     "The budget for this task is used up ({limit}). Do not call any tools: answer now with what you have found so far."
@@ -151,3 +153,61 @@ def unknown_cost_warning(agent: Agent, state: RunState, model: str) -> list[Warn
         return []
     message = f"the cost of a response from {model!r} is unknown (no price): the cost budget counts only priced calls"
     return [Warned(message, budget=COST_UNKNOWN)]
+
+
+ROLLED_UP = {
+    "max_input_tokens": "max_input_tokens",
+    "max_output_tokens": "max_output_tokens",
+    "max_total_tokens": "max_total_tokens",
+    "conversation_max_tokens": "max_total_tokens",
+    "max_cost_usd": "max_cost_usd",
+    "conversation_max_cost_usd": "max_cost_usd",
+    "max_tool_calls": "max_tool_calls",
+    "conversation_max_tool_calls": "max_tool_calls",
+}
+"""A parent's budget limits on what a child's spending rolls up into (tokens, cost, tool calls), and
+the child's budget limit each caps. Model calls, steps and seconds do not roll up: they are not capped."""
+
+
+def child_limits(parent: Agent, state: RunState, child: Limits, *, now: float, priced: bool) -> Limits | Reading:
+    """A child run's limits, capped by what its parent (``state``, of agent ``parent``) has left, or the limit used up.
+
+    Each parent limit of :data:`ROLLED_UP` left with ``L`` caps the child's budget limit at
+    ``L`` (the child's own, if lower, stays); the parent's ``Limits.max_tool_calls`` caps the
+    child's the same way, less the parent's call of the agent tool itself (a hard cap: past it
+    the parent fails, so the child fails there too). A child without a budget gets one
+    with the parent's ``on_limit`` and ``warn_at``. ``priced``: whether the child's model has a
+    price; if not, its cost cannot count and is not capped (the parent's cost is then a lower
+    bound, as its warning says). The parent's limit (a :class:`Reading`) when one is already
+    used up: no child may start (the engine checks tool-call budgets before any call runs; a
+    model turn may have spent the tokens or the cost since).
+    """
+    caps: dict[str, float] = {}
+    hard_left: int | None = None
+    for reading in readings(parent, state, now=now):
+        capped = ROLLED_UP.get(reading.limit)
+        if capped is None:
+            continue
+        left = reading.allowed - reading.used
+        if reading.hard:  # Limits.max_tool_calls, less the agent tool's own call
+            hard_left = max(0, math.floor(left) - 1)
+            continue
+        if capped == "max_cost_usd" and not priced:
+            continue
+        left = left if capped == "max_cost_usd" else math.floor(left)
+        if left <= 0:
+            return reading
+        caps[capped] = min(caps.get(capped, left), left)
+    budget, parents = child.budget, parent.limits.budget
+    if caps and parents is not None:  # (caps come from the parent's budget)
+        own = budget or Budget(on_limit=parents.on_limit, warn_at=parents.warn_at)
+        tightened = {
+            name: min(value, getattr(own, name)) if getattr(own, name) is not None else value
+            for name, value in caps.items()
+        }
+        values: dict[str, Any] = {k: v if k == "max_cost_usd" else int(v) for k, v in tightened.items()}
+        budget = replace(own, **values)
+    tool_calls = child.max_tool_calls
+    if hard_left is not None:
+        tool_calls = hard_left if tool_calls is None else min(tool_calls, hard_left)
+    return replace(child, budget=budget, max_tool_calls=tool_calls)

@@ -200,6 +200,9 @@ class Limits:
     max_depth: int = 4
     """How deep this agent's calls of agent tools may start child runs (its own run at depth 0
     or deeper, its children one deeper): a call that would go deeper gets an error result."""
+    max_handoffs: int = 10
+    """How many handoffs a run may record in all (A to B and back to A is two), so agents handing
+    the conversation back and forth stop: a handoff beyond it gets an error result."""
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,16 @@ from tether.core.events import Event
 from tether.core.status import ENDED, RunStatus
 from tether.errors import ConfigError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
 version it was migrated to (see ``tether.stores.sql.MIGRATIONS``); each run's spec records
 the one it was written under. 2: the tool-result cache; failed runs say if retryable.
-3: run leases (who drives a run)."""
+3: run leases (who drives a run). 4: snapshots of runs' folded state."""
+
+SNAPSHOT_EVERY = 100
+"""A store keeps a snapshot of a run's folded state every this many events, the spacing doubling
+each time a long log does (see :func:`tether.core.snapshots.spacing`): resuming reads it and only
+the events after it (at most this many or 1/8 of the log, plus one step's)."""
 
 
 @dataclass(frozen=True)
@@ -44,12 +49,30 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A run's state folded from its events up to ``seq`` (see :mod:`tether.core.snapshots`).
+
+    Derived data only: the events stay the truth, and a snapshot the code cannot read the same
+    way (another ``format``) is ignored.
+    """
+
+    seq: int
+    """The last event folded into it."""
+    format: str
+    """Which code wrote it: a snapshot is used only by code of the same format."""
+    state: dict[str, Any]
+    """The folded state as JSON."""
+
+
+@dataclass(frozen=True)
 class RunLog:
-    """A run's whole log with the row's version, read at one instant (see :meth:`Store.load_log`)."""
+    """A run's log with the row's version, read at one instant (see :meth:`Store.load_log`)."""
 
     version: int
     tenant: str | None
     events: list[Event]
+    """The whole log; with a snapshot, only the events after it."""
+    snapshot: Snapshot | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,11 @@ class RunLease:
 
 class Store(Protocol):
     """Persistence for runs and their events."""
+
+    @property
+    def snapshot_every(self) -> int:
+        """Events between snapshots of a run's state (see :data:`SNAPSHOT_EVERY`); 0: none are kept."""
+        ...
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run with its first events."""
@@ -90,11 +118,20 @@ class Store(Protocol):
         """The run's whole log, oldest first."""
         ...
 
-    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+    def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
         """The log and the row's version from one consistent read, to continue the run from.
 
         Read apart, another process could commit a step in between: the version would then
-        lag the events, and the next write would fail with a needless StaleRun.
+        lag the events, and the next write would fail with a needless StaleRun. With a
+        ``snapshot_format``, the run's latest snapshot in that format (if any) comes with only
+        the events after it.
+        """
+        ...
+
+    def save_snapshot(self, run_id: str, snapshot: Snapshot) -> None:
+        """Keep ``snapshot`` as the run's latest (replacing an older one); nothing if the run is gone.
+
+        Written after the events it folds were committed, so it never runs ahead of the log.
         """
         ...
 
@@ -106,7 +143,9 @@ class Store(Protocol):
         """Runs waiting for a tool retry due at or before Unix time ``now``, earliest due first.
 
         The due time is the row's ``summary["next_due_at"]``; these are the runs a worker or a
-        cron job resumes.
+        cron job resumes. Child runs (their spec has a ``parent``: see :mod:`tether.core.children`)
+        are left out: their root run waits with them and is listed instead, and driving it
+        drives them.
         """
         ...
 
@@ -186,6 +225,11 @@ class AsyncStore(Protocol):
     connection mid-transaction (:func:`tether.stores.awaitable.completed` does this).
     """
 
+    @property
+    def snapshot_every(self) -> int:
+        """See :attr:`Store.snapshot_every`."""
+        ...
+
     async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """See :meth:`Store.create_run`."""
         ...
@@ -202,8 +246,12 @@ class AsyncStore(Protocol):
         """See :meth:`Store.load_events`."""
         ...
 
-    async def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+    async def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
         """See :meth:`Store.load_log`."""
+        ...
+
+    async def save_snapshot(self, run_id: str, snapshot: Snapshot) -> None:
+        """See :meth:`Store.save_snapshot`."""
         ...
 
     async def list_runs(
@@ -261,6 +309,8 @@ PARKED_STATUSES: frozenset[RunStatus] = frozenset(RunStatus) - ENDED
 """Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
 DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
+PARENT_KEY = "parent"
+"""The spec key of a child run's link to its parent (see :mod:`tether.core.children`); a root run has none."""
 
 
 def deletable(
@@ -342,12 +392,15 @@ DEFAULT_URL = "sqlite:///tether.db"
 __all__ = [
     "DEFAULT_URL",
     "DUE_KEY",
+    "PARENT_KEY",
     "PARKED_STATUSES",
     "SCHEMA_VERSION",
+    "SNAPSHOT_EVERY",
     "AsyncStore",
     "RunLease",
     "RunLog",
     "RunRecord",
+    "Snapshot",
     "Store",
     "check_deletable",
     "check_limit",

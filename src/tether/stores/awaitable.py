@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import ParamSpec, TypeVar, cast
 
 from tether.core.events import Event
-from tether.stores import AsyncStore, RunLease, RunLog, RunRecord, Store
+from tether.stores import AsyncStore, RunLease, RunLog, RunRecord, Snapshot, Store
 from tether.stores.memory import MemoryStore
 
 P = ParamSpec("P")
@@ -35,6 +35,11 @@ class AwaitableStore:
         self.store = store
         """The sync store it calls."""
         self._in_thread = not isinstance(store, MemoryStore)
+
+    @property
+    def snapshot_every(self) -> int:
+        """The sync store's (see :attr:`Store.snapshot_every`)."""
+        return self.store.snapshot_every
 
     async def _call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if not self._in_thread:
@@ -57,9 +62,13 @@ class AwaitableStore:
         """See :meth:`Store.load_events`."""
         return await self._call(self.store.load_events, run_id, tenant=tenant)
 
-    async def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
+    async def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
         """See :meth:`Store.load_log`."""
-        return await self._call(self.store.load_log, run_id, tenant=tenant)
+        return await self._call(self.store.load_log, run_id, tenant=tenant, snapshot_format=snapshot_format)
+
+    async def save_snapshot(self, run_id: str, snapshot: Snapshot) -> None:
+        """See :meth:`Store.save_snapshot`."""
+        return await self._call(self.store.save_snapshot, run_id, snapshot)
 
     async def list_runs(
         self, *, status: str | None = None, tenant: str | None = None, limit: int = 100

@@ -17,6 +17,7 @@ late) stops before its next write (:class:`~tether.errors.RunBusy`). Owner strin
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import socket
 import threading
@@ -31,6 +32,28 @@ from tether.stores.awaitable import completed
 
 DEFAULT_TTL = 30.0
 """Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy."""
+
+
+_HELD: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("tether_held_leases", default=frozenset())
+"""The runs whose lease the current context (thread, task) holds: what it writes to them is a drive's."""
+
+
+def held_here(run_id: str) -> bool:
+    """Whether this context holds ``run_id``'s lease, so a write to that run now is its drive's own step.
+
+    A :class:`~tether.stores.sql.TransactionHook` tells a drive's writes (it goes on by itself) from
+    a decision or a cancellation made from outside (which must wake a driver).
+    """
+    return run_id in _HELD.get()
+
+
+@contextmanager
+def _marked_held(run_id: str) -> Iterator[None]:
+    token = _HELD.set(_HELD.get() | {run_id})
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
 
 
 def _new_owner() -> str:
@@ -192,7 +215,7 @@ def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = F
     _check_ttl(ttl)
     owner = _new_owner()
     claimed = _taken(store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
-    with Lease(store, claimed, ttl) as lease:
+    with Lease(store, claimed, ttl) as lease, _marked_held(run_id):
         yield lease
 
 
@@ -210,4 +233,5 @@ async def ahold(
             await store.release_run(run_id, owner)
         raise
     async with AsyncLease(store, claimed, ttl) as lease:
-        yield lease
+        with _marked_held(run_id):
+            yield lease

@@ -13,9 +13,12 @@ from tether.core.status import WAITING_RETRY_STATUS
 from tether.errors import RunNotFound, StaleRun, StoreError
 from tether.stores import (
     DUE_KEY,
+    PARENT_KEY,
+    SNAPSHOT_EVERY,
     RunLease,
     RunLog,
     RunRecord,
+    Snapshot,
     check_deletable,
     check_limit,
     deletable,
@@ -62,9 +65,13 @@ class MemoryStore:
     (tuples become lists, and mutating a loaded or written object changes nothing stored).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, snapshot_every: int = SNAPSHOT_EVERY) -> None:
+        """``snapshot_every``: see :attr:`tether.stores.Store.snapshot_every`."""
+        self.snapshot_every = snapshot_every
         self._rows: dict[str, _StoredRun] = {}
         self._events: dict[str, dict[int, _StoredEvent]] = {}
+        self._snapshots: dict[str, tuple[int, str, str]] = {}
+        """The latest snapshot of each run: (seq, format, state as JSON text)."""
         self._cache: dict[str, tuple[str, float]] = {}
         """Tool-result cache: key -> (value, expires_at)."""
         self._leases: dict[str, RunLease] = {}
@@ -178,14 +185,27 @@ class MemoryStore:
             log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
         return [e.load(run_id) for e in log]
 
-    def load_log(self, run_id: str, *, tenant: str | None = None) -> RunLog:
-        """The log and the row's version, read under one lock."""
+    def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
+        """The log and the row's version, read under one lock (from the snapshot in ``snapshot_format``, if any)."""
         with self._lock:
             stored = self._rows.get(run_id)
             if stored is None or (tenant is not None and stored.record.tenant != tenant):
                 raise RunNotFound(run_id)
-            log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
-        return RunLog(stored.record.version, stored.record.tenant, [e.load(run_id) for e in log])
+            kept = self._snapshots.get(run_id)
+            if kept is None or kept[1] != snapshot_format:
+                kept = None
+            after = -1 if kept is None else kept[0]
+            log = sorted((e for e in self._events[run_id].values() if e.seq > after), key=lambda e: e.seq)
+        snapshot = None if kept is None else Snapshot(kept[0], kept[1], json.loads(kept[2]))
+        return RunLog(stored.record.version, stored.record.tenant, [e.load(run_id) for e in log], snapshot)
+
+    def save_snapshot(self, run_id: str, snapshot: Snapshot) -> None:
+        """Keep ``snapshot`` as the run's latest, unless the run is gone or holds a newer one of the same format."""
+        text = _dump(run_id, snapshot.state)
+        with self._lock:
+            kept = self._snapshots.get(run_id)
+            if run_id in self._rows and (kept is None or kept[1] != snapshot.format or kept[0] <= snapshot.seq):
+                self._snapshots[run_id] = (snapshot.seq, snapshot.format, text)
 
     def delete_runs(
         self,
@@ -215,6 +235,7 @@ class MemoryStore:
             for run_id in doomed:
                 del self._rows[run_id]
                 del self._events[run_id]
+                self._snapshots.pop(run_id, None)
                 self._leases.pop(run_id, None)
         return len(doomed)
 
@@ -229,6 +250,7 @@ class MemoryStore:
             if isinstance(r.summary.get(DUE_KEY), int | float)
             and r.summary[DUE_KEY] <= now
             and (tenant is None or r.tenant == tenant)
+            and r.spec.get(PARENT_KEY) is None  # a child is driven by its root, listed instead
         ]
         due.sort(key=lambda r: (r.summary[DUE_KEY], r.id))
         return due[:limit]

@@ -12,6 +12,7 @@ and nothing else, an interrupted run's object as it stands included.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import io
 import json
@@ -34,7 +35,9 @@ from rich.text import Text
 from tether import durations
 from tether.agent import Agent
 from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny, edited_input
+from tether.core.children import chain_of, link_of
 from tether.core.events import Event
+from tether.core.forks import MessageEdit
 from tether.core.state import RunState
 from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
 from tether.drivers.loader import (
@@ -47,11 +50,21 @@ from tether.drivers.loader import (
     reader_agent,
     toolset_changes,
 )
+from tether.drivers.queue import (
+    DEFAULT_QUEUE,
+    DEFAULT_STALLED_AFTER,
+    Worker,
+    check_can_queue,
+    ensure_schema,
+    queue_of,
+    requeue,
+)
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
 from tether.errors import (
     ApprovalError,
     ConfigError,
     CorruptData,
+    InvalidForkPoint,
     RunBusy,
     RunEnded,
     RunNotFound,
@@ -59,13 +72,13 @@ from tether.errors import (
     TetherError,
 )
 from tether.models import ModelAdapter
-from tether.models.sdk import SdkAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
 from tether.toolsets import Toolset, from_record
 
 if TYPE_CHECKING:
+    from tether.drivers.otel import OpenTelemetry
     from tether.surfaces.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
@@ -130,7 +143,7 @@ def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per command, read top to bottom
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
     )
@@ -146,11 +159,11 @@ def _parser() -> argparse.ArgumentParser:
         group.add_argument("--approve-all", action="store_true", help="approve every gated call")
         group.add_argument("--deny-all", action="store_true", help="deny every gated call")
 
-    run = with_db(commands.add_parser("run", help="start a run"))
+    run = _with_otel(with_db(commands.add_parser("run", help="start a run")))
     _add_run(run)
     with_approvals(run)
 
-    resume = with_db(commands.add_parser("resume", help="drive a parked or interrupted run on"))
+    resume = _with_otel(with_db(commands.add_parser("resume", help="drive a parked or interrupted run on")))
     resume.add_argument("run_id", help=RUN_ID_HELP)
     resume.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(resume)
@@ -160,18 +173,23 @@ def _parser() -> argparse.ArgumentParser:
         help="take the run from the process holding its lease; its calls in flight count as abandoned "
         "(only if you know that process is gone)",
     )
+    resume.add_argument(
+        "--detach", action="store_true", help="queue a submitted run again for `tether worker` instead (its job failed)"
+    )
     with_approvals(resume)
 
-    approve = with_db(commands.add_parser("approve", help="approve a pending tool call"))
+    approve = _with_otel(with_db(commands.add_parser("approve", help="approve a pending tool call")))
     _add_decision(approve)
     approve.add_argument("--input", help="edited input as JSON (validated against the tool's schema)")
     approve.add_argument("--for-run", action="store_true", help="also approve this tool's later calls in this run")
 
-    deny = with_db(commands.add_parser("deny", help="deny a pending tool call"))
+    deny = _with_otel(with_db(commands.add_parser("deny", help="deny a pending tool call")))
     _add_decision(deny)
     deny.add_argument("--reason", default="", help="why (the model sees it)")
 
     _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
+
+    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
 
     show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
     show.add_argument("run_id", help=RUN_ID_HELP)
@@ -188,12 +206,12 @@ def _parser() -> argparse.ArgumentParser:
 
     pending = with_db(commands.add_parser("pending", help="list tool calls waiting for approval"))
     pending.add_argument("--json", action="store_true", help='print one object {"pending": [...]}')
-    pending.add_argument("--run", dest="run_id", help="only this run's calls")
+    pending.add_argument("--run", dest="run_id", help="only this run's calls (and those of the child runs below it)")
     pending.add_argument("--tenant", help="only this tenant's runs")
 
     _add_audit(with_db(commands.add_parser("audit", help="every tool call: input, decision, attempts, outcome")))
 
-    demo = commands.add_parser("demo", help="an agent with real tools and an approval gate")
+    demo = _with_otel(commands.add_parser("demo", help="an agent with real tools and an approval gate"))
     demo.add_argument("--workspace", default=None, help="scratch directory (default ./tether-demo)")
     demo.add_argument("--db", help="SQLAlchemy URL (default sqlite in the workspace)")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
@@ -211,8 +229,57 @@ def _parser() -> argparse.ArgumentParser:
         "--kind", choices=["graph", "sequence"], default="graph", help="sequence: the run's timeline (Mermaid)"
     )
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
-    _add_ui(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox")))
+    _add_ui(_with_otel(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox"))))
+    _add_worker(_with_otel(with_db(commands.add_parser("worker", help="drive queued runs (--detach) on PostgreSQL"))))
     return parser
+
+
+def _with_otel(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A command that can trace what it does (see :func:`_telemetry`)."""
+    sub.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace with OpenTelemetry (tether[otel]; on too when $OTEL_TRACES_EXPORTER is set: otlp, console)",
+    )
+    return sub
+
+
+def _add_fork(fork: argparse.ArgumentParser) -> None:
+    """``tether fork``'s arguments: where to fork, and one message to change."""
+    fork.add_argument("run_id", help=RUN_ID_HELP)
+    fork.add_argument(
+        "--at",
+        type=int,
+        required=True,
+        metavar="STEP",
+        help="the step (the seq of `tether show`) whose history the fork starts with; it must end with a user turn",
+    )
+    fork.add_argument(
+        "--edit-message",
+        type=int,
+        metavar="K",
+        help="the message of the fork's history to edit (0 the first, -1 the last: the default with --text)",
+    )
+    fork.add_argument("--text", help="the edited message's new text (its tool calls or results stay)")
+    fork.add_argument("--json", action="store_true", help="print the new run's JSON object")
+
+
+def _add_worker(worker: argparse.ArgumentParser) -> None:
+    """``tether worker``'s options."""
+    worker.add_argument(
+        "--concurrency", type=_positive(int), default=4, metavar="N", help="runs driven at once (default 4)"
+    )
+    worker.add_argument(
+        "--queue", default=DEFAULT_QUEUE, metavar="NAME", help=f"take this queue's jobs (default {DEFAULT_QUEUE})"
+    )
+    worker.add_argument(
+        "--stalled-after",
+        type=_positive(float),
+        default=DEFAULT_STALLED_AFTER,
+        metavar="SECONDS",
+        help="a worker silent this long is presumed dead: its runs go to another (also each run's lease time); "
+        f"default {DEFAULT_STALLED_AFTER:g}",
+    )
 
 
 def _add_audit(audit: argparse.ArgumentParser) -> None:
@@ -258,6 +325,8 @@ class _Session:
         self.store: Store = open_store(self.db_url)
         self.live: LiveView | None = None
         self.run_id: str | None = args.run_id if args.command == "resume" else None
+        self.telemetry = _telemetry(args, self.err)
+        """Traces the command's runs (``--otel``, ``$OTEL_TRACES_EXPORTER``); None: not traced."""
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.toolsets: list[Toolset] = []
         """Toolsets of the agents made here: closed at the end (their servers stopped)."""
@@ -284,6 +353,7 @@ class _Session:
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
         if not self.json:
+            from tether.models.sdk import SdkAdapter  # here: it imports the HTTP client, which reading runs never needs
             from tether.surfaces.terminal import LiveView, ProgressPrinter
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
@@ -299,6 +369,7 @@ class _Session:
             listeners=listeners,
             on_action=on_action,
             on_text=on_text,
+            telemetry=self.telemetry,
         )
 
     def _note_run(self, state: RunState, event: Event) -> None:
@@ -327,20 +398,35 @@ class _Session:
         self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s (retry {retry})[/]")
 
     def close(self) -> None:
-        """Clear a spinner left by an error, so the message and the cursor show; stop toolsets' servers."""
+        """Clear a spinner left by an error, so the message and the cursor show; stop toolsets' servers.
+
+        The store's pooled connections are released too (it reconnects if used again).
+        """
         if self.live is not None:
             with suppress(OSError):  # the terminal is gone (SIGHUP): nothing left to clear
                 self.live.stop()
         while self.toolsets:
             self.toolsets.pop().close()
+        if self.telemetry is not None:
+            self.telemetry.close()  # flushes the spans
+        self.store.close()
 
     def finish(self, result: RunResult) -> int:
+        from tether.views.tree import child_entries, run_tree
+
         if self.json:
-            print(json.dumps(result.to_dict(), ensure_ascii=False))
+            data = result.to_dict()
+            children = child_entries(self.store, result.run_id)
+            if children:  # only runs that started child runs have them (the contract's keys otherwise)
+                data["children"] = children
+            print(json.dumps(data, ensure_ascii=False))
         else:
-            from tether.surfaces.terminal import render_result
+            from tether.surfaces.terminal import render_result, render_tree
 
             render_result(self.out, result)
+            tree = run_tree(self.store, result.run_id)
+            if tree.children:
+                render_tree(self.out, tree)
             if result.status == RunStatus.awaiting_approval.shown:
                 self.out.print(self._decide_hint(result))
             elif result.status == WAITING_RETRY and result.next_due_at is not None:
@@ -382,6 +468,10 @@ class _Session:
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     """Start a run; with ``--continue``, its agent is the earlier run's but for what the flags set."""
+    if args.detach:
+        if args.approve_all or args.deny_all:
+            raise ConfigError("a queued run's gated calls wait for `tether approve`: --detach takes no --approve-all")
+        ensure_schema(check_can_queue(session.store))
     given = _run_flags(args)
     if args.continue_from is not None:
         spec = continued_spec(session.store.load_run(args.continue_from).spec, given)
@@ -394,8 +484,64 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
     agent = session.agent(spec)
+    if args.detach:
+        return _detach(args, session, agent)
     runner = session.runner(args, agent)
     return session.finish(runner.run(args.prompt, continue_from=args.continue_from, max_wait=args.max_wait))
+
+
+def _detach(args: argparse.Namespace, session: _Session, agent: Agent) -> int:
+    """Create the run and queue it in one transaction; print its id (a worker drives it)."""
+    runner = Runner(agent, session.store, telemetry=session.telemetry)  # a worker's drives continue its trace
+    run_id = runner.submit(args.prompt, queue=args.queue, continue_from=args.continue_from)
+    if session.json:
+        print(json.dumps({"run_id": run_id, "status": "queued", "queue": args.queue}))
+    else:
+        print(run_id)
+        hint = f"{invocation()} show {run_id}{session._db_hint()}"
+        session.err.print(Text(f"queued for `tether worker` (queue {args.queue}); follow it with: {hint}"))
+    return EXIT_DONE
+
+
+def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
+    """Drive queued runs until SIGTERM or Ctrl-C, which let each run finish its current step first.
+
+    Prints a line per run it picks up and per drive's outcome (on stderr, as its other lines).
+    """
+    from tether.surfaces.terminal import render_worker_note
+
+    worker = Worker(
+        session.db_url,
+        queue=args.queue,
+        concurrency=args.concurrency,
+        stalled_after=args.stalled_after,
+        telemetry=session.telemetry,
+        on_note=lambda note: render_worker_note(session.err, note),
+    )
+    session.err.print(
+        Text(
+            f"tether worker: queue {args.queue!r}, {args.concurrency} runs at a time, on {shown_url(session.db_url)}"
+            " (SIGTERM or Ctrl-C: stop after each run's current step)"
+        )
+    )
+    asyncio.run(_serve(worker, session.err))
+    session.err.print(Text("tether worker: stopped; unfinished runs are queued again"))
+    return EXIT_DONE
+
+
+async def _serve(worker: Worker, err: Console) -> None:
+    loop = asyncio.get_running_loop()
+
+    def stop(name: str) -> None:
+        if not worker.stopping.is_set():
+            err.print(Text(f"tether worker: {name}: stopping after each run's current step"))
+        worker.stop()
+
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            loop.add_signal_handler(signum, stop, "Ctrl-C" if name == "SIGINT" else name)
+    await worker.run()
 
 
 def _run_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -451,15 +597,41 @@ def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = N
     return agent
 
 
+def _root_of(session: _Session, run_id: str) -> str:
+    """The first run of ``run_id``'s tree (itself, unless a child run): its agent, rebuilt, reaches every run below."""
+    return chain_of(run_id, session.store.load_run(run_id).spec)[0]
+
+
 def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
+    """Drive a run on; a child run is driven by its root (which drives it, then goes on), so name that."""
+    root = _root_of(session, args.run_id)
+    if root != args.run_id:
+        raise ConfigError(
+            f"run {args.run_id} is a child run (see `tether show {root}`): resume the run it belongs to, which "
+            f"drives it first: {invocation()} resume {root}{session._db_hint()}"
+        )
+    if args.detach:
+        if args.force or args.approve_all or args.deny_all:
+            raise ConfigError("--detach hands the run to a worker: it takes no --force, --approve-all or --deny-all")
+        queued = requeue(session.store, args.run_id)
+        if session.json:
+            print(json.dumps({"run_id": args.run_id, "status": "queued", "already": not queued}))
+        else:
+            session.out.print(Text(f"run {args.run_id} {'queued again' if queued else 'was queued already'}"))
+        return EXIT_DONE
     runner = session.runner(args, _agent_for(session, args.run_id))
     return session.finish(runner.drive(args.run_id, max_wait=args.max_wait, force=args.force))
 
 
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
-    """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone)."""
-    agent = _agent_for(session, args.run_id, model=NoModel()) if args.command == "approve" else reader_agent()
-    runner = Runner(agent, session.store)
+    """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone).
+
+    A call waiting in a child run is decided by the child's id or any run's above it; an
+    approval rebuilds the root run's agent, whose agent tools lead down to the child's.
+    """
+    root = _root_of(session, args.run_id)
+    agent = _agent_for(session, root, model=NoModel()) if args.command == "approve" else reader_agent()
+    runner = Runner(agent, session.store, telemetry=session.telemetry)
     actor = args.by or os.environ.get("USER") or "cli"
     if args.command == "approve":
         edited = None if args.input is None else edited_input(args.input, what="--input")
@@ -468,9 +640,14 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     else:
         result = runner.decide(args.run_id, args.call_id, Deny(args.reason, actor=actor), fingerprint=args.fingerprint)
     verb = "approved" if args.command == "approve" else "denied"
-    session.out.print(Text(f"{verb} {args.call_id} in run {args.run_id} (status now {result.status})"))
+    where = result.run_id if result.run_id == root else f"{result.run_id} (a child run of {root})"
+    session.out.print(Text(f"{verb} {args.call_id} in run {where} (status now {result.status})"))
     if result.status != RunStatus.awaiting_approval.shown:
-        session.out.print(Text(f"continue with: {invocation()} resume {args.run_id}{session._db_hint()}"))
+        queue = queue_of(session.store.load_run(root).spec)
+        if queue is not None:  # the decision queued the root, in its own transaction
+            session.out.print(Text(f"queued for `tether worker` (queue {queue}): it goes on by itself"))
+        else:
+            session.out.print(Text(f"continue with: {invocation()} resume {root}{session._db_hint()}"))
     return EXIT_DONE
 
 
@@ -497,23 +674,63 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
     return EXIT_DONE
 
 
+def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
+    """Start a new run from a step of an earlier one (not driven: its tools are loaded by ``resume``)."""
+    if args.edit_message is not None and args.text is None:
+        raise ConfigError("--edit-message K needs --text: the message's new text")
+    edit = None if args.text is None else MessageEdit(-1 if args.edit_message is None else args.edit_message, args.text)
+    runner = Runner(reader_agent(), session.store, telemetry=session.telemetry)
+    fork = runner.fork(args.run_id, at_step=args.at, edit=edit)
+    if session.json:
+        print(json.dumps({**result_of(fork).to_dict(), "forked_from": fork.spec["forked_from"]}, ensure_ascii=False))
+    else:
+        session.out.print(Text(f"forked run {args.run_id} at step {args.at}: new run {fork.id}"))
+        session.out.print(Text(f"drive it with: {invocation()} resume {fork.id}{session._db_hint()}"))
+    return EXIT_DONE
+
+
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
+    """The run, where it sits in its tree of runs (if any), and its event log."""
+    from tether.views.tree import run_tree
+
     runner = Runner(reader_agent(), session.store)
     state = runner.load(args.run_id)
     events = session.store.load_events(args.run_id)
     result = result_of(state)
+    tree = run_tree(session.store, args.run_id)
+    link = link_of(state.spec)
     if session.json:
         payload: dict[str, Any] = result.to_dict()
         payload["cost_usd"] = result.cost_usd
         payload["model_seconds"] = result.model_seconds
         payload["tool_seconds"] = result.tool_seconds
+        payload["forked_from"] = state.spec.get("forked_from")
+        payload["agent"], payload["handed_off_from"] = tree.agent, tree.handed_off_from
+        if link is not None:
+            payload["parent"] = link
+        if tree.children:
+            payload["children"] = [child.to_dict() for child in tree.children]
         payload["messages"] = state.messages
         payload["events"] = [event.to_dict() for event in events]
         print(json.dumps(payload, ensure_ascii=False, default=str))
         return EXIT_DONE
-    from tether.surfaces.terminal import render_events, render_result
+    from tether.surfaces.terminal import render_events, render_result, render_tree
 
     render_result(session.out, result)
+    if tree.handed_off_from is not None and not tree.children:  # else the tree's first line says so
+        session.out.print(Text(f"agent in charge: {tree.agent} (handed off from {tree.handed_off_from})"))
+    if (origin := state.spec.get("forked_from")) is not None:
+        session.out.print(Text(f"forked from run {origin.get('run_id')} at step {origin.get('step')}"))
+    if link is not None:
+        root = chain_of(state.id, state.spec)[0]
+        session.out.print(
+            Text(
+                f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); "
+                f"the whole tree: {invocation()} show {root}{session._db_hint()}"
+            )
+        )
+    if tree.children:
+        render_tree(session.out, tree)
     render_events(session.out, events)
     return EXIT_DONE
 
@@ -556,12 +773,15 @@ def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     from tether.views.pending import pending_approvals
 
     pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
+    roots = {call.root for call in pending}
+    queues = {root: queue for root in roots if (queue := queue_of(session.store.load_run(root).spec)) is not None}
     if session.json:
-        print(json.dumps({"pending": [p.to_dict() for p in pending]}, ensure_ascii=False, default=str))
+        shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
+        print(json.dumps({"pending": shown}, ensure_ascii=False, default=str))
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation())
+    render_pending(session.out, pending, command=invocation(), queues=queues)
     return EXIT_DONE
 
 
@@ -610,14 +830,15 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
         raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
-    events, tools = None, None
+    events, tools, children = None, None, []
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
         events = session.store.load_events(args.run)
         tools = diagram.ToolNote.of_run(record.spec)
+        children = diagram.ChildNote.of_run(session.store, args.run)  # the runs its agent tools started
         if tools is None and args.kind == "graph":
             session.err.print("[yellow]note:[/] tools not shown: the run did not record them (an older tether)")
-    drawn = diagram.build(events=events, tools=tools)
+    drawn = diagram.build(events=events, tools=tools, children=children)
     if args.kind == "sequence":
         output: str | bytes = diagram.to_sequence(events or [])
     elif args.format == "mermaid":
@@ -674,7 +895,9 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
         sys.stdout.flush()
 
     try:
-        serve(session.store, credentials, host=args.host, port=args.port, announce=announce)
+        serve(
+            session.store, credentials, host=args.host, port=args.port, announce=announce, telemetry=session.telemetry
+        )
     except OSError as error:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
     return EXIT_DONE
@@ -772,6 +995,12 @@ def _add_run(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     _add_max_wait(run)
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="queue the run for `tether worker` (PostgreSQL) and print its id, instead of driving it here",
+    )
+    run.add_argument("--queue", default=DEFAULT_QUEUE, metavar="NAME", help="with --detach: the queue to wait in")
 
 
 class _NewToolset(argparse.Action):
@@ -1003,6 +1232,7 @@ COMMANDS = {
     "approve": _cmd_decide,
     "deny": _cmd_decide,
     "cancel": _cmd_cancel,
+    "fork": _cmd_fork,
     "show": _cmd_show,
     "runs": _cmd_runs,
     "gc": _cmd_gc,
@@ -1011,10 +1241,43 @@ COMMANDS = {
     "demo": _cmd_demo,
     "diagram": _cmd_diagram,
     "ui": _cmd_ui,
+    "worker": _cmd_worker,
 }
 
 
-def _print_error(label: str, error: Exception) -> None:
+def _telemetry(args: argparse.Namespace, err: Console) -> OpenTelemetry | None:
+    """The command's tracing: asked for by ``--otel``, or by the standard ``$OTEL_TRACES_EXPORTER``.
+
+    ``--otel`` without the extra is an error; the variable alone (set for other programs too)
+    only warns.
+    """
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
+    disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    asked = bool(getattr(args, "otel", False))
+    if not asked and (disabled or exporter == "none" or not hasattr(args, "otel")):
+        return None
+    try:
+        from tether.drivers.otel import from_environment
+    except ImportError as missing:
+        if asked:
+            raise ConfigError(str(missing)) from missing
+        err.print(Text.assemble(("warning:", "yellow"), f" OTEL_TRACES_EXPORTER is set but {missing}: not traced"))
+        return None
+    return from_environment()
+
+
+def _busy_message(error: RunBusy, session: _Session | None) -> str:
+    """What RunBusy says, with the command that takes the run over as this tether is run (and its ``--db``)."""
+    if error.lost:
+        return error.situation
+    db = session._db_hint() if session is not None else ""
+    return (
+        f"{error.situation}; only if you know that process is gone, take the run over with: "
+        f"{invocation()} resume {error.run_id} --force{db}"
+    )
+
+
+def _print_error(label: str, error: Exception | str) -> None:
     """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
     from tether.surfaces.terminal import printable  # it may quote a model's or a tool's text too
 
@@ -1108,11 +1371,11 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound, RunEnded, CorruptData) as error:
+    except (ConfigError, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except RunBusy as error:
-        _print_error("busy", error)
+        _print_error("busy", _busy_message(error, session))
         return EXIT_BUSY
     except (ApprovalError, StaleRun) as error:
         _print_error("refused", error)
@@ -1131,6 +1394,7 @@ def _main(argv: Sequence[str] | None) -> int:
     finally:
         if session is not None:
             session.close()
+            session.store.close()  # its connections, for a caller that goes on (main called in-process)
 
 
 if __name__ == "__main__":  # pragma: no cover

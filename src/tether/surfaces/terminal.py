@@ -24,14 +24,17 @@ from rich.spinner import Spinner
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from tether.agent import Agent
 from tether.core import engine
 from tether.core.approvals import Approve, Decision, Deny, PendingApproval
+from tether.core.children import depth_of
 from tether.core.events import (
     ApprovalRequested,
     CacheMiss,
     Event,
+    HandedOff,
     HistoryCompacted,
     ModelResponded,
     RetryScheduled,
@@ -44,10 +47,12 @@ from tether.core.events import (
 from tether.core.flow import Activity, RunningTools
 from tether.core.state import RunState
 from tether.core.status import WAITING_RETRY, RunStatus, status_name
+from tether.drivers.queue import WorkerNote
 from tether.drivers.runner import RunResult
 from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.models import Usage
 from tether.views.audit import AuditEntry
+from tether.views.tree import RunNode
 
 CHOICES = {
     "a": "approve",
@@ -100,6 +105,9 @@ def _preview(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+UNNAMED_AGENT = "the run's agent"
+
+
 class ProgressPrinter:
     """An event listener printing one line per meaningful fact, as the run goes."""
 
@@ -107,27 +115,38 @@ class ProgressPrinter:
         self.console = console
 
     def __call__(self, state: RunState, event: Event) -> None:
-        """Print ``event`` of ``state``'s run."""
+        """Print ``event`` of ``state``'s run (a child run's lines indented under its agent's name)."""
+        depth = depth_of(state.spec)
+        agent = printable(str(state.spec.get("agent") or UNNAMED_AGENT))
+        for line in self._lines(event):
+            self.console.print(Text.assemble("  " * depth, (agent, "cyan"), " ") + line if depth else line)
+
+    @staticmethod
+    def _lines(event: Event) -> list[Text]:
         match event.fact:
             case ModelResponded(discarded=False, content=content):
+                lines = []
                 for block in content:  # content blocks are the API's free JSON
                     if block.get("type") == "text" and block.get("text"):
-                        self.console.print(Text("model  ", style="magenta") + Text(_preview(block["text"])))
+                        lines.append(Text("model  ", style="magenta") + Text(_preview(block["text"])))
                     elif block.get("type") == "tool_use":
                         arguments = _preview(json.dumps(block.get("input"), ensure_ascii=False), 100)
-                        call = f"{printable(block['name'])} {arguments}"
-                        self.console.print(Text("call   ", style="blue") + Text(call))
+                        lines.append(Text("call   ", style="blue") + Text(f"{printable(block['name'])} {arguments}"))
+                return lines
             case ToolFinished(tool=tool, content=content, is_error=is_error):
                 style = "red" if is_error else "green"
-                self.console.print(Text("result ", style=style) + Text(f"{printable(tool)}: {_preview(content)}"))
+                return [Text("result ", style=style) + Text(f"{printable(tool)}: {_preview(content)}")]
             case RetryScheduled(tool=tool, attempt=attempt, error=error):
                 failed = f"{printable(tool)} attempt {attempt} failed: {_preview(error)}"
-                self.console.print(Text("retry  ", style="yellow") + Text(failed))
+                return [Text("retry  ", style="yellow") + Text(failed)]
             case Warned(message=message):
-                self.console.print(Text("warn   ", style="yellow") + Text(printable(message)))
+                return [Text("warn   ", style="yellow") + Text(printable(message))]
+            case HandedOff(from_agent=from_agent, to_agent=to_agent):
+                handed = f"{printable(from_agent or UNNAMED_AGENT)} → {printable(to_agent)}"
+                return [Text("handoff ", style="cyan") + Text(f"{handed}, from the next turn")]
             case Transition(source=str(source), target=target):
-                transition = f"state  {status_name(source)} → {status_name(target)}"
-                self.console.print(Text(transition, style="dim"))
+                return [Text(f"state  {status_name(source)} → {status_name(target)}", style="dim")]
+        return []
 
 
 STREAM_TAIL_CHARS = 4000
@@ -318,6 +337,14 @@ class TerminalApprover:
                 continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
 
+    def _judging(self, request: PendingApproval) -> Agent:
+        """The agent whose tool and rules judge an edit here: after a handoff, the one with the call's tool.
+
+        Only a first check, to ask again at once: the decision is checked by the agent in charge.
+        """
+        agents = (self.agent, *self.agent.reachable_agents.values())
+        return next((agent for agent in agents if request.tool in agent.tool_index), self.agent)
+
     def _edit(self, request: PendingApproval) -> dict[str, Any] | None:
         """Asked again until the JSON is valid for the tool and no deny rule forbids it.
 
@@ -336,7 +363,7 @@ class TerminalApprover:
                 self.console.print(Text("The input must be a JSON object.", style="red"))
                 continue
             try:
-                return engine.check_edit(self.agent, request, value)
+                return engine.check_edit(self._judging(request), request, value)
             except InvalidEditedInput as error:
                 problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
                 self.console.print(problems, soft_wrap=False)
@@ -530,10 +557,49 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def render_pending(console: Console, pending: Sequence[PendingApproval], *, command: str = "tether") -> None:
+def render_tree(console: Console, root: RunNode) -> None:
+    """A run and the child runs it started, each with its agent, the call it serves, status and spending."""
+    tree = Tree(_tree_label(root), guide_style="dim")
+    _grow(tree, root)
+    console.print(tree, soft_wrap=False)
+
+
+def _grow(branch: Tree, node: RunNode) -> None:
+    for child in node.children:
+        _grow(branch.add(_tree_label(child)), child)
+    if node.cut:
+        branch.add(Text("… more runs not read", style="dim"))
+
+
+def _tree_label(node: RunNode) -> Text:
+    """``run_…  reviewer for review toolu_1 (attempt 2)  done  17 tokens, 1 tool call, $0.0001``."""
+    label = Text.assemble((printable(node.run_id), "bold"))
+    if node.agent is not None:
+        label.append_text(Text.assemble("  ", (printable(node.agent), "cyan")))
+    if node.handed_off_from is not None:
+        label.append(f" (handed off from {printable(node.handed_off_from)})", style="dim")
+    if node.call_id is not None:
+        attempt = f" (attempt {node.attempt})" if node.attempt > 1 else ""
+        label.append(f" for {printable(node.tool or '?')} {printable(node.call_id)}{attempt}", style="dim")
+    label.append_text(Text.assemble("  ", (node.status, _RESULT_STYLES.get(node.status, "white"))))
+    calls = f"{node.tool_calls} tool call{'' if node.tool_calls == 1 else 's'}"
+    cost = f", ${node.cost_usd:.4f}" if node.cost_usd is not None else ""
+    label.append(f"  {node.tokens} tokens, {calls}{cost}", style="dim")
+    return label
+
+
+def render_pending(
+    console: Console,
+    pending: Sequence[PendingApproval],
+    *,
+    command: str = "tether",
+    queues: Mapping[str, str] | None = None,
+) -> None:
     """Calls waiting for a person, one block each, with the exact input they would approve.
 
     ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied).
+    ``queues``: the queue of each root run submitted to one (``run --detach``): a worker goes on
+    with it once decided, so it needs no resume.
 
     Ids are whole (they are copied into approve/deny); the input is pretty JSON, never cut
     nor respaced, control characters shown as escapes.
@@ -541,6 +607,7 @@ def render_pending(console: Console, pending: Sequence[PendingApproval], *, comm
     if not pending:
         console.print("No tool calls are waiting for approval.")
         return
+    queues = queues or {}
     for call in pending:
         console.print(
             Text.assemble(
@@ -553,25 +620,44 @@ def render_pending(console: Console, pending: Sequence[PendingApproval], *, comm
                 call.fingerprint,
             )
         )
+        if len(call.chain) > 1:  # a child run's call: the runs from the root down to it
+            console.print(Text.assemble(("  chain  ", "dim"), printable(" → ".join(call.chain))))
         console.print(Text.assemble(("  why    ", "dim"), printable(call.reason or "approval required")))
         shown = printable(json.dumps(call.input, indent=2, ensure_ascii=False)).replace("\n", "\n         ")
         console.print(Text.assemble(("  input  ", "dim"), shown), soft_wrap=True)  # copied as it is
+        if (queue := queues.get(call.root)) is not None:
+            console.print(
+                Text.assemble(("  then   ", "dim"), f"queued for `tether worker` (queue {queue}): it goes on by itself")
+            )
         console.print()
-    console.print(
+    decide = (
         f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL[/] or "
-        f"[bold]{escape(command)} deny RUN CALL[/], then [bold]{escape(command)} resume RUN[/]"
+        f"[bold]{escape(command)} deny RUN CALL[/]"
+    )
+    if all(call.root in queues for call in pending):
+        console.print(decide + "; each run's worker goes on by itself")
+        return
+    root = " (for a call in a chain, the first run of its chain, which drives the others)"
+    queued = "; a queued run's worker goes on by itself" if any(call.root in queues for call in pending) else ""
+    console.print(
+        f"{decide}, then [bold]{escape(command)} resume RUN[/]"
+        + (root if any(len(call.chain) > 1 for call in pending) else "")
+        + queued
     )
 
 
 def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
-    """The audit log: one row per tool call (``--json`` has every detail)."""
+    """The audit log: one row per tool call (``--json`` has every detail); the agent of each when any is named."""
     if not entries:
         console.print("No tool calls match.")
         return
-    table = _table("when", "tool", "input", "decision", "tries", "outcome", "secs", "run / call", wraps="input")
+    agents = any(entry.agent for entry in entries)
+    headers = ("when", *(("agent",) if agents else ()), "tool", "input", "decision", "tries", "outcome", "secs")
+    table = _table(*headers, "run / call", wraps="input")
     for entry in entries:
         table.add_row(  # Text cells: inputs, reasons and ids are never read as markup
             _when(entry),
+            *((Text(printable(entry.agent or "-")),) if agents else ()),
             Text(printable(entry.tool)),
             Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
             Text(_verdict(entry)),
@@ -587,6 +673,7 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         heading = Text.assemble(_when(entry), "  ", (printable(entry.tool), "bold"))
         fields = [
             ("call", Text(printable(f"{entry.run_id} {entry.call_id}"))),
+            *((("agent", Text(printable(entry.agent))),) if entry.agent else ()),
             ("input", _value(console, entry.input)),
             ("decision", Text(_verdict(entry))),
             ("outcome", _outcome(entry)),
@@ -595,6 +682,34 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         if entry.duration is not None:
             fields.append(("seconds", Text(f"{entry.duration:.3f}")))
         _print_record(console, heading, fields)
+
+
+_NOTES = {
+    "picked_up": ("picked up", "cyan"),
+    RunStatus.done.shown: (RunStatus.done.shown, "green"),
+    RunStatus.failed.shown: (RunStatus.failed.shown, "red"),
+    RunStatus.cancelled.shown: (RunStatus.cancelled.shown, "yellow"),
+    RunStatus.awaiting_approval.shown: ("parked awaiting approval", "yellow"),
+    WAITING_RETRY: ("waiting for a retry", "yellow"),
+    "requeued": ("queued again (the worker is stopping)", "yellow"),
+    "busy": ("busy (another driver holds it): queued again", "yellow"),
+    "changed": ("changed by another process meanwhile (its write queued it if it goes on)", "yellow"),
+    "deleted": ("deleted before it was driven", "dim"),
+    "error": ("job failed (procrastinate retries it)", "red"),
+}
+
+
+def render_worker_note(console: Console, note: WorkerNote) -> None:
+    """One line of ``tether worker``'s output: ``12:00:01  run_…  parked awaiting approval: refund toolu_1``."""
+    said, style = _NOTES.get(note.what, (note.what, "white"))
+    line = Text.assemble(
+        (time.strftime("%H:%M:%S"), "dim"), "  ", (printable(note.run_id), "bold"), "  ", (said, style)
+    )
+    if note.at is not None:
+        line.append(f" until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(note.at))}")
+    if note.detail:
+        line.append(f": {printable(note.detail)}")
+    console.print(line, soft_wrap=True)
 
 
 def _when(entry: AuditEntry) -> str:

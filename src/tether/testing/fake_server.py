@@ -12,6 +12,7 @@ drift with the clients it tests.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import itertools
@@ -153,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Keep test output quiet."""
 
 
-class FakeServer:
+class FakeServer(abc.ABC):
     """A scripted API on ``127.0.0.1``: each valid POST consumes the next scripted item (FIFO).
 
     Attributes:
@@ -255,7 +256,7 @@ class FakeServer:
             self._request_ids = itertools.count(1)
             self.reset_counters()
 
-    def reset_counters(self) -> None:
+    def reset_counters(self) -> None:  # noqa: B027 - optional: a server without id counters keeps it
         """Restart the subclass's own id counters (called under the lock by :meth:`reset`)."""
 
     @property
@@ -322,22 +323,27 @@ class FakeServer:
 
     # -- what each fake API says
 
+    @abc.abstractmethod
     def check_request(self, path: str, headers: dict[str, str], parsed: object) -> Answer | None:
         """The error answer for an invalid request (route, auth, body), or None when it is valid."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def complete(self, response: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
         """A scripted response with its missing fields filled in for ``request``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def stream_of(self, body: dict[str, Any], request: Mapping[str, Any]) -> list[bytes]:
         """``body`` as the encoded events of a stream answering ``request``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def error_body(self, message: str) -> dict[str, Any]:
         """The API's body for a server error (HTTP 500) with ``message``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def not_found(self, path: str) -> Answer:
         """The answer to a route the API does not serve."""
         raise NotImplementedError

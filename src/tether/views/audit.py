@@ -14,7 +14,9 @@ the model made:
 - **outcome**: ``ok`` (the full result, even when the model saw a truncated one; from the
   cache or not), ``error`` (its message, exception type and class), ``denied``, or a call
   still ``awaiting_approval`` / ``running`` / ``not_run``;
-- **duration**: seconds spent running the tool, summed over its attempts.
+- **duration**: seconds spent running the tool, summed over its attempts;
+- **agent**: who made the call: the run's agent, or the one a handoff handed the run to (a child
+  run's calls are its own agent's).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from tether.core.events import (
     CallAbandoned,
     Event,
     Fact,
+    HandedOff,
     ModelResponded,
     RequestedCall,
     RetryScheduled,
+    RunStarted,
     ToolFinished,
     ToolStarted,
     Warned,
@@ -91,6 +95,8 @@ class AuditEntry:
     warnings: list[str] = field(default_factory=list)
     last_at: float = 0.0
     """The latest event about this call (what ``since`` filters on)."""
+    agent: str | None = None
+    """The agent whose turn asked for the call (None: an unnamed agent)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form of ``tether audit --json``."""
@@ -102,14 +108,19 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
     calls: dict[str, AuditEntry] = {}
     approved_for_run: dict[str, str] = {}
     """Tool name -> the call whose approval covered the rest of the run (the first one)."""
+    agent: str | None = None
     for event in events:
         fact, at = event.fact, event.at
         match fact:
+            case RunStarted(spec=spec):
+                agent = spec.get("agent")
+            case HandedOff(to_agent=to_agent):  # the turns after this one are the other agent's
+                agent = to_agent
             case ModelResponded(discarded=False, content=content):  # a discarded call was never run nor shown
                 for block in content:
                     if block.get("type") == "tool_use" and block.get("id") not in calls:
                         calls[block["id"]] = AuditEntry(
-                            run_id, block["id"], str(block.get("name")), block.get("input"), at, last_at=at
+                            run_id, block["id"], str(block.get("name")), block.get("input"), at, last_at=at, agent=agent
                         )
             case ApprovalRequested(calls=asked, escalation=escalation):
                 for item in asked:

@@ -42,8 +42,13 @@ from tether.agent import Agent
 from tether.core.events import (
     ApprovalDecided,
     ApprovalRequested,
+    ChildEnded,
+    ChildParked,
+    ChildStarted,
+    ChildWaiting,
     Event,
     Fact,
+    HandedOff,
     ModelResponded,
     RetryScheduled,
     RunFinished,
@@ -56,11 +61,12 @@ from tether.core.events import (
 from tether.core.history import text_of
 from tether.core.machine import AgentMachine
 from tether.core.state import RunState
-from tether.core.status import ENDED
+from tether.core.status import ENDED, status_name
 from tether.drivers.runner import RunResult
 from tether.errors import TetherError
 from tether.stores import RunRecord, Store
 from tether.tools import Tool
+from tether.views.tree import NOT_CREATED, RunNode, run_tree
 
 if TYPE_CHECKING:
     import pydot
@@ -95,6 +101,8 @@ ACTIVE_FILL, ACTIVE_STROKE = "#40E0D0", "#333333"
 VISITED_FILL, VISITED_STROKE = "#DBEAFE", "#1D4ED8"
 UNVISITED_FILL, UNVISITED_STROKE, UNVISITED_TEXT = "#F5F5F5", "#BDBDBD", "#9E9E9E"
 NOTE_FILL = "#FFF8DC"
+CHILDREN_NODE = "__children"
+"""The DOT node of the child runs' note."""
 
 
 class DiagramError(TetherError):
@@ -115,6 +123,8 @@ class ToolNote:
     """Its input is the run's result and the run ends."""
     timeout: float | None = None
     """Seconds one attempt may take."""
+    agent: str | None = None
+    """The agent whose child runs serve its calls (an agent tool: see :meth:`tether.Agent.as_tool`)."""
 
     @classmethod
     def of(cls, tool: Tool) -> ToolNote:
@@ -131,6 +141,7 @@ class ToolNote:
             int(settings.get("max_attempts") or 1),
             bool(settings.get("final")),
             settings.get("timeout"),
+            settings.get("agent"),
         )
 
     @classmethod
@@ -154,11 +165,55 @@ class ToolNote:
             words.append("final, ends the run")
         if self.timeout is not None:
             words.append(f"timeout {self.timeout:g}s")
+        if self.agent is not None:
+            words.append(f"child runs of agent {self.agent}")
         return words or ["runs directly"]
 
     def describe(self) -> str:
         """One line: ``name: trait, trait``."""
         return f"{self.name}: {', '.join(self.traits())}"
+
+
+@dataclass(frozen=True)
+class ChildNote:
+    """A child run one of the drawn run's calls started (see :mod:`tether.core.children`): what it did."""
+
+    call_id: str
+    tool: str | None
+    run_id: str
+    agent: str | None
+    status: str
+    path: tuple[tuple[str, int], ...] = ()
+    """The states it entered, in the order first entered, each with how many times."""
+    below: tuple[ChildNote, ...] = ()
+    """The child runs it started in turn."""
+
+    @classmethod
+    def of_run(cls, store: Store, run_id: str, *, tenant: str | None = None) -> list[ChildNote]:
+        """The child runs ``run_id`` started, and theirs, read from ``store`` (their rows and events)."""
+        return [cls._of(store, node, tenant) for node in run_tree(store, run_id, tenant=tenant).children]
+
+    @classmethod
+    def _of(cls, store: Store, node: RunNode, tenant: str | None) -> ChildNote:
+        path: dict[str, int] = {}
+        if node.status != NOT_CREATED:
+            for event in store.load_events(node.run_id, tenant=tenant):
+                if isinstance(event.fact, Transition):
+                    name = status_name(event.fact.target)
+                    path[name] = path.get(name, 0) + 1
+        below = tuple(cls._of(store, child, tenant) for child in node.children)
+        return cls(node.call_id or "?", node.tool, node.run_id, node.agent, node.status, tuple(path.items()), below)
+
+    def lines(self, depth: int = 0) -> list[str]:
+        """``review toolu_1 → run_… (reviewer): done``, its path below, then its own children's, indented."""
+        pad = "  " * depth
+        agent = f" ({self.agent})" if self.agent else ""
+        lines = [f"{pad}{self.tool or '?'} {self.call_id} → {self.run_id}{agent}: {self.status}"]
+        if self.path:
+            lines.append(pad + "  " + " → ".join(f"{state} {COUNT_MARK}{count}" for state, count in self.path))
+        for child in self.below:
+            lines.extend(child.lines(depth + 1))
+        return lines
 
 
 @dataclass
@@ -184,6 +239,8 @@ class Diagram:
     """State id the tools note is attached to; None: free-standing in DOT, by the initial state in Mermaid."""
     run: Footprint | None = None
     """A run's footprint, to highlight; None draws the bare graph."""
+    children: list[ChildNote] = field(default_factory=list)
+    """The child runs the drawn run started: a note beside the state their calls ran in."""
 
 
 # Building ----------------------------------------------------------------------------------
@@ -193,10 +250,11 @@ def build(
     events: Sequence[Event] | None = None,
     agent: Agent | None = None,
     tools: Sequence[ToolNote] | None = None,
+    children: Sequence[ChildNote] = (),
 ) -> Diagram:
-    """Extract the machine's graph and adjust it for an agent's tools (or ``tools``) and a run."""
+    """Extract the machine's graph and adjust it for an agent's tools (or ``tools``), a run and its child runs."""
     graph = extract(machine)
-    diagram = Diagram(graph)
+    diagram = Diagram(graph, children=list(children))
     if agent is not None:
         tools = [ToolNote.of(tool) for tool in agent.all_tools]
     if tools is not None:
@@ -293,9 +351,19 @@ def render_mermaid(diagram: Diagram) -> str:
         lines.append("        Tools")
         lines.extend(f"        {note.describe()}" for note in diagram.tools)
         lines.append("    end note")
+    if diagram.children:
+        lines.append(f"    note left of {_children_anchor(diagram.graph)}")
+        lines.append("        Child runs")
+        lines.extend(f"        {line}" for child in diagram.children for line in child.lines())
+        lines.append("    end note")
     if diagram.run is not None:
         lines.extend(_mermaid_run_classes(diagram.graph, diagram.run))
     return "\n".join(lines) + "\n"
+
+
+def _children_anchor(graph: DiagramGraph) -> str:
+    """Where the child runs' note goes: the state their calls ran in (the machine's first, if it has none)."""
+    return TOOLS_STATE if TOOLS_STATE in {state.id for state in _states(graph.states)} else _first_state(graph)
 
 
 def _first_state(graph: DiagramGraph) -> str:
@@ -335,6 +403,8 @@ def render_dot(diagram: Diagram) -> str:
         _style_run(dot, diagram.graph, diagram.run)
     if diagram.tools:
         _add_tools_note(dot, diagram)
+    if diagram.children:
+        _add_children_note(dot, diagram)
     return _stable_names(dot.to_string())
 
 
@@ -431,17 +501,25 @@ def _state_of(node_id: str, graph: DiagramGraph) -> str:
 
 
 def _add_tools_note(dot: pydot.Dot, diagram: Diagram) -> None:
+    rows = [f"<b>{html_escape(note.name)}</b>: {html_escape(', '.join(note.traits()))}" for note in diagram.tools]
+    _add_note(dot, "__tools", "Tools", rows, diagram.note_on)
+
+
+def _add_children_note(dot: pydot.Dot, diagram: Diagram) -> None:
+    """The child runs, in a note linked to the state their calls ran in."""
+    rows = [html_escape(line).replace("  ", "&nbsp;&nbsp;") for child in diagram.children for line in child.lines()]
+    _add_note(dot, CHILDREN_NODE, "Child runs", rows, _children_anchor(diagram.graph))
+
+
+def _add_note(dot: pydot.Dot, name: str, title: str, rows: Sequence[str], anchor: str | None) -> None:
+    """A note node: a bold title over left-aligned rows (HTML), tied to ``anchor`` by a dashed line."""
     import pydot
 
-    rows = "".join(
-        f'<tr><td align="left"><b>{html_escape(note.name)}</b>: {html_escape(", ".join(note.traits()))}</td></tr>'
-        for note in diagram.tools
-    )
-    title = '<tr><td align="left"><b>Tools</b></td></tr>'
-    label = f'<<table border="0" cellspacing="0" cellpadding="2">{title}{rows}</table>>'
-    dot.add_node(pydot.Node("__tools", label=label, shape="note", style="filled", fillcolor=NOTE_FILL, fontsize="10"))
-    if diagram.note_on is not None:
-        dot.add_edge(pydot.Edge("__tools", diagram.note_on, style="dashed", arrowhead="none", color="gray50"))
+    cells = "".join(f'<tr><td align="left">{row}</td></tr>' for row in [f"<b>{title}</b>", *rows])
+    label = f'<<table border="0" cellspacing="0" cellpadding="2">{cells}</table>>'
+    dot.add_node(pydot.Node(name, label=label, shape="note", style="filled", fillcolor=NOTE_FILL, fontsize="10"))
+    if anchor is not None:
+        dot.add_edge(pydot.Edge(name, anchor, style="dashed", arrowhead="none", color="gray50"))
 
 
 _ADDRESS = re.compile(r"(?<=__initial_)\d+|(?<=cluster___atomic_)\d+")
@@ -518,7 +596,10 @@ def _build_for(
         return build(machine_or_run, events=events, agent=agent)
     if events is not None:
         raise DiagramError("give a run or events=, not both: a run's events are read from its store")
-    return build(AgentMachine, events=run_events(machine_or_run, store), agent=agent)
+    run_log = run_events(machine_or_run, store)
+    assert store is not None  # run_events refuses a run without one
+    children = ChildNote.of_run(store, _run_id(machine_or_run))
+    return build(AgentMachine, events=run_log, agent=agent, children=children)
 
 
 def _is_machine(value: object) -> TypeGuard[MachineRef]:
@@ -532,20 +613,24 @@ def run_events(run: object, store: Store | None) -> list[Event]:
         DiagramError: ``run`` is not a run, or no store was given.
         RunNotFound: the store has no such run.
     """
-    if isinstance(run, str):
-        run_id = run
-    elif isinstance(run, RunResult):
-        run_id = run.run_id
-    elif isinstance(run, (RunState, RunRecord)):
-        run_id = run.id
-    else:
-        raise DiagramError(
-            f"cannot draw {type(run).__name__!s} {run!r:.60}: give a machine class or instance, "
-            "or a run (RunResult, RunState, RunRecord or run id) with store="
-        )
+    run_id = _run_id(run)
     if store is None:
         raise DiagramError(f"run {run_id}: its path is in its events; pass store= to read them")
     return store.load_events(run_id)
+
+
+def _run_id(run: object) -> str:
+    """The id of a run (:data:`RunRef`); :class:`DiagramError` for anything else."""
+    if isinstance(run, str):
+        return run
+    if isinstance(run, RunResult):
+        return run.run_id
+    if isinstance(run, (RunState, RunRecord)):
+        return run.id
+    raise DiagramError(
+        f"cannot draw {type(run).__name__!s} {run!r:.60}: give a machine class or instance, "
+        "or a run (RunResult, RunState, RunRecord or run id) with store="
+    )
 
 
 def graphviz(source: str, format: ImageFormat) -> bytes:
@@ -612,6 +697,8 @@ class _TimelineFolder:
     def __init__(self) -> None:
         self.tools: dict[str, str] = {}
         self.steps: list[Message | Note] = []
+        self.agent_tools: dict[str, str] = {}
+        """The agent tool each call served by a child run called, by call id."""
 
     def tool(self, name: str) -> str:
         if name not in self.tools:
@@ -631,7 +718,7 @@ class _TimelineFolder:
         return Timeline(participants, self.steps)
 
     def add(self, fact: Fact, at: float) -> None:
-        """The steps a fact adds; transitions, results_returned and the cache add nothing to read here."""
+        """The steps a fact adds (a handoff a note); transitions, results_returned and the cache add nothing here."""
         match fact:
             case RunStarted(messages=messages):
                 prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
@@ -643,6 +730,8 @@ class _TimelineFolder:
                 self.model_responded(fact)
             case ToolStarted(call_id=call_id, tool=tool, attempt=attempt):
                 self.steps.append(Note((self.tool(tool),), f"runs {call_id} (attempt {attempt})"))
+            case ChildStarted() | ChildParked() | ChildWaiting() | ChildEnded():
+                self.child(fact, at)
             case ToolFinished(tool=tool, content=content, is_error=is_error):
                 kind: Arrow = "failed" if is_error else "reply"
                 self.steps.append(Message(self.tool(tool), MODEL, preview(content) or "(empty)", kind))
@@ -658,6 +747,8 @@ class _TimelineFolder:
                 self.approval_decided(fact)
             case Warned(message=message):
                 self.steps.append(Note((MODEL,), preview(f"warning: {message}")))
+            case HandedOff(from_agent=from_agent, to_agent=to_agent):
+                self.steps.append(Note((MODEL,), preview(f"handed off: {from_agent or 'its agent'} → {to_agent}")))
             case RunFinished(status=status, error=error, result=result):
                 text = f"run {status}"
                 if error:
@@ -665,6 +756,22 @@ class _TimelineFolder:
                 elif result is not None:
                     text += f", result {_json_preview(result)}"
                 self.steps.append(Note((USER, MODEL), preview(text)))
+
+    def child(self, fact: ChildStarted | ChildParked | ChildWaiting | ChildEnded, at: float) -> None:
+        """A child run serving a call of an agent tool: a note on that tool's lifeline."""
+        match fact:
+            case ChildStarted(call_id=call_id, tool=tool, run_id=child, attempt=attempt):
+                self.agent_tools[call_id] = tool
+                text = f"{call_id}: child run {child} (attempt {attempt})"
+            case ChildParked(run_id=child, pending=pending):
+                calls = ", ".join(str(item.get("call_id")) for item in pending)
+                text = f"child run {child} waits for approval of {calls}"
+            case ChildWaiting(run_id=child, due_at=due_at):
+                text = f"child run {child} waits for a retry due in {max(0.0, due_at - at):.3g}s"
+            case ChildEnded(run_id=child, status=status):
+                text = f"child run {child} ended {status}"
+        lifeline = self.tool(self.agent_tools.get(fact.call_id, "agent tool"))
+        self.steps.append(Note((lifeline,), preview(text)))
 
     def model_responded(self, fact: ModelResponded) -> None:
         reason = fact.stop_reason
@@ -703,8 +810,11 @@ def preview(text: str, limit: int = PREVIEW) -> str:
 
 
 _ARROWS: dict[Arrow, str] = {"call": "->>", "reply": "-->>", "failed": "--x"}
-_ENTITIES = str.maketrans({"#": "#35;", ";": "#59;", "<": "#lt;", ">": "#gt;"})
-"""Characters Mermaid would read as syntax in message text, as its own entity codes."""
+_CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+_ENTITIES = str.maketrans({"#": "#35;", ";": "#59;", "<": "#lt;", ">": "#gt;", **_CONTROLS})
+"""Characters Mermaid would read as syntax in message text, as its own entity codes; control
+characters (a tool's output may hold terminal escapes) spelled out, so printing the diagram
+never drives the terminal."""
 
 
 def render_sequence(line: Timeline) -> str:

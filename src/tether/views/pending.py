@@ -24,12 +24,14 @@ def pending_approvals(
     Args:
         store: where the runs live.
         tenant: only this tenant's runs (None: every tenant's, for operators).
-        run_id: only this run; :class:`~tether.errors.RunNotFound` if it is not visible to
-            ``tenant``. A run that is not parked has none.
+        run_id: only this run and the child runs below it (whose calls park it too);
+            :class:`~tether.errors.RunNotFound` if it is not visible to ``tenant``. A run
+            that is not parked has none.
         limit: at most this many parked runs are read.
     """
     if run_id is not None:
-        return _pending_in([store.load_run(run_id, tenant=tenant)])
+        record = store.load_run(run_id, tenant=tenant)
+        return _pending_in([record, *(store.load_run(below, tenant=tenant) for below in _runs_below(record))])
     return _pending_in(store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
 
 
@@ -38,8 +40,15 @@ async def apending_approvals(
 ) -> list[PendingApproval]:
     """:func:`pending_approvals` from an :class:`~tether.stores.AsyncStore` (a service's event loop)."""
     if run_id is not None:
-        return _pending_in([await store.load_run(run_id, tenant=tenant)])
+        record = await store.load_run(run_id, tenant=tenant)
+        return _pending_in([record, *[await store.load_run(below, tenant=tenant) for below in _runs_below(record)]])
     return _pending_in(await store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+
+
+def _runs_below(record: RunRecord) -> list[str]:
+    """The runs below ``record`` whose calls its row lists as waiting (a child's, a grandchild's...)."""
+    items = record.summary.get("pending_approvals") or []
+    return sorted({str(item["run_id"]) for item in items if item.get("run_id", record.id) != record.id})
 
 
 def _pending_in(records: Sequence[RunRecord]) -> list[PendingApproval]:

@@ -9,6 +9,8 @@ GET    /runs/{run_id}/live         server-sent events: ``changed`` as the run mo
 GET    /live                       server-sent events: ``changed`` as any visible run moves
 POST   /decide                     approve, deny or edit one call (form, CSRF-checked), then
                                    back to the page it came from
+POST   /fork                       a new run from one step of a run, its last message's text optionally
+                                   edited (form, CSRF-checked), driven on; then the new run's page
 GET    /login, POST /login         sign in with a token; ``?token=`` on any page does the same
 POST   /logout                     forget the session cookie
 =====  ==========================  ==============================================================
@@ -43,7 +45,16 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
-from tether.errors import ApprovalError, InvalidEditedInput, RunNotFound, StaleRun, TetherError, UnknownCall
+from tether.drivers.telemetry import Telemetry
+from tether.errors import (
+    ApprovalError,
+    InvalidEditedInput,
+    InvalidForkPoint,
+    RunNotFound,
+    StaleRun,
+    TetherError,
+    UnknownCall,
+)
 from tether.policy.access import Credentials
 from tether.stores import Store
 from tether.surfaces.web import live, pages
@@ -192,7 +203,8 @@ class _Inspector:
     def _svg(self, run_id: str, tenant: str | None) -> bytes:
         record = self.store.load_run(run_id, tenant=tenant)
         events = self.store.load_events(run_id, tenant=tenant)
-        drawn = diagram.build(events=events, tools=diagram.ToolNote.of_run(record.spec))
+        children = diagram.ChildNote.of_run(self.store, run_id, tenant=tenant)  # the runs its agent tools started
+        drawn = diagram.build(events=events, tools=diagram.ToolNote.of_run(record.spec), children=children)
         return diagram.graphviz(diagram.render_dot(drawn), "svg")
 
     # Live -----------------------------------------------------------------------------------
@@ -235,6 +247,18 @@ class _Inspector:
                 return await self._inbox(request, viewer, status, **problem)
             return await self._run(request, viewer, run_id, status, **problem)
         return RedirectResponse(f"{back}?{urlencode({'decided': call_id})}", status_code=303)
+
+    async def fork(self, request: Request) -> Response:
+        viewer = self.viewer(request)
+        fields = await self.form(request, viewer)
+        run_id = fields.get("run_id", "")
+        try:
+            fork = await run_in_threadpool(
+                self.decider.fork, run_id, fields.get("at", ""), tenant=viewer.tenant, text=fields.get("text", "")
+            )
+        except (BadForm, InvalidForkPoint) as error:
+            return await self._run(request, viewer, run_id, 422, fork_error=str(error))
+        return RedirectResponse(f"/runs/{quote(fork.id, safe='')}", status_code=303)
 
     async def form(self, request: Request, viewer: Viewer | None) -> dict[str, str]:
         """A posted form, once the request is known to come from our own page (CSRF-checked)."""
@@ -315,6 +339,7 @@ def create_app(
     resume: Resume | None = None,
     max_wait: float = 5.0,
     poll: float = 0.5,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     """The inspector's ASGI app.
 
@@ -329,9 +354,11 @@ def create_app(
             your worker instead where one is configured.
         max_wait: seconds the default resume sleeps for a tool retry before parking the run.
         poll: seconds between the live streams' reads of the store.
+        telemetry: traces the decisions, forks and drives made here (see :mod:`tether.drivers.otel`).
     """
-    in_process = InProcess(store, max_wait=max_wait) if resume is None else None
-    inspector = _Inspector(store, Guard(credentials), Decider(store, resume or in_process or _never), poll=poll)
+    in_process = InProcess(store, max_wait=max_wait, telemetry=telemetry) if resume is None else None
+    decider = Decider(store, resume or in_process or _never, telemetry=telemetry)
+    inspector = _Inspector(store, Guard(credentials), decider, poll=poll)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -347,6 +374,7 @@ def create_app(
         Route("/runs/{run_id}/diagram.svg", inspector.diagram_svg),
         Route("/runs/{run_id}/live", inspector.run_live),
         Route("/decide", inspector.decide, methods=["POST"]),
+        Route("/fork", inspector.fork, methods=["POST"]),
         Route("/login", inspector.login_page, methods=["GET"]),
         Route("/login", inspector.login, methods=["POST"]),
         Route("/logout", inspector.logout, methods=["POST"]),
@@ -397,7 +425,7 @@ def _when(at: float | None) -> str:
 
 def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
     """The error context a page shows beside one call's form (none by default)."""
-    return {"error_call": None, "error": None, "draft": None, **problem}
+    return {"error_call": None, "error": None, "draft": None, "fork_error": None, **problem}
 
 
 def _int(text: str | None) -> int | None:

@@ -1,11 +1,12 @@
-"""Decisions from the inbox, through the one decision API, and the run's resumption after them.
+"""Decisions from the inbox, through the one decision API, and the run's resumption after them; forks.
 
 A decision is :meth:`tether.Runner.decide`, exactly as ``tether approve`` / ``tether deny`` make
 it: bound to the fingerprint of the input the person was shown, so one decider wins and a
 decision about other arguments is refused. An approval loads the run's tools (to check an
 edited input against the tool's schema and the rules); a denial needs none. Once the run's
 last pending call is decided, :class:`InProcess` drives it on in a background thread, as
-``tether resume`` would; pass another :data:`Resume` to queue it to a worker instead.
+``tether resume`` would; pass another :data:`Resume` to queue it to a worker instead. A fork
+(:meth:`tether.Runner.fork`, as ``tether fork`` makes it) is driven the same way once made.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
+from tether.core.forks import MessageEdit
+from tether.core.state import RunState
 from tether.core.status import RunStatus
 from tether.drivers.loader import NoModel, agent_from_spec, reader_agent
+from tether.drivers.queue import queue_of
 from tether.drivers.runner import Runner, RunResult
+from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, TetherError
 from tether.stores import Store
 
@@ -87,9 +92,11 @@ class DecisionForm:
 class Decider:
     """Records decisions for a viewer's tenant and resumes runs once nothing waits."""
 
-    def __init__(self, store: Store, resume: Resume) -> None:
+    def __init__(self, store: Store, resume: Resume, *, telemetry: Telemetry | None = None) -> None:
         self.store = store
         self.resume = resume
+        self.telemetry = telemetry
+        """Traces the decisions and forks made here (the wait for a person ends in a span)."""
 
     def decide(self, run_id: str, call_id: str, form: DecisionForm, *, tenant: str | None) -> RunResult:
         """Record the form's decision; resume the run if it no longer waits for anyone.
@@ -103,14 +110,39 @@ class Decider:
         actor = form.by or "tether ui"
         decision = form.decision(actor)
         if isinstance(decision, Deny):
-            runner = Runner(reader_agent(), self.store)  # a denial runs nothing: no tools needed
+            runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a denial runs nothing: no tools
         else:
             spec = self.store.load_run(run_id, tenant=tenant).spec
-            runner = Runner(agent_from_spec(spec, model=NoModel()), self.store)
+            runner = Runner(agent_from_spec(spec, model=NoModel()), self.store, telemetry=self.telemetry)
         result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
-        if result.status != RunStatus.awaiting_approval.shown:
+        if result.status != RunStatus.awaiting_approval.shown and not self._queued(run_id, tenant):
             self.resume(run_id, tenant)
         return result
+
+    def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "") -> RunState:
+        """Start a new run from step ``at`` of ``run_id`` (the original untouched) and drive it on.
+
+        ``text``, unless blank, replaces the text of the fork's last message (the user turn the
+        model answers next).
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+            InvalidForkPoint: no such step, one in the middle of a turn, or a last message without text.
+            BadForm: ``at`` is not a number.
+        """
+        try:
+            step = int(at)
+        except ValueError:
+            raise BadForm(f"the step to fork at must be a number, not {at!r}") from None
+        runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a fork needs no tools
+        edit = MessageEdit(-1, text) if text.strip() else None
+        fork = runner.fork(run_id, at_step=step, tenant=tenant, edit=edit)
+        self.resume(fork.id, fork.tenant)
+        return fork
+
+    def _queued(self, run_id: str, tenant: str | None) -> bool:
+        """A submitted run: the decision queued it for ``tether worker``, which drives it, not this process."""
+        return queue_of(self.store.load_run(run_id, tenant=tenant).spec) is not None
 
 
 class InProcess:
@@ -121,9 +153,12 @@ class InProcess:
     its status either way.
     """
 
-    def __init__(self, store: Store, *, max_wait: float = 5.0, workers: int = 2) -> None:
+    def __init__(
+        self, store: Store, *, max_wait: float = 5.0, workers: int = 2, telemetry: Telemetry | None = None
+    ) -> None:
         self.store = store
         self.max_wait = max_wait
+        self.telemetry = telemetry
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tether-ui-drive")
 
     def __call__(self, run_id: str, tenant: str | None) -> None:
@@ -134,7 +169,8 @@ class InProcess:
         """Drive the run until it parks or ends (in the calling thread)."""
         try:
             agent = agent_from_spec(self.store.load_run(run_id, tenant=tenant).spec)
-            Runner(agent, self.store, approver=DecideLater()).drive(run_id, tenant=tenant, max_wait=self.max_wait)
+            runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
+            runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
         except TetherError as error:  # busy elsewhere, ended meanwhile, tools gone: the row says the rest
             log.warning("tether ui: run %s was not driven on: %s", run_id, error)
         except Exception:  # a tool module that fails to import, a model without credentials...

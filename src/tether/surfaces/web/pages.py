@@ -9,11 +9,13 @@ vocabulary the CLI reads (:mod:`tether.core.events`) is the only source.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tether.core import forks
 from tether.core.approvals import PendingApproval, pending_of
 from tether.core.events import (
     ApprovalDecided,
@@ -170,6 +172,9 @@ class Step:
     cost_usd: float | None = None
     seconds: float | None = None
     """Model latency, or the tool's duration."""
+    fork_at: int | None = None
+    """The step a fork offered on this row starts from: this one, or the nearest before it that can be
+    forked (see :mod:`tether.core.forks`); None when there is none."""
 
 
 @dataclass
@@ -204,7 +209,7 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         state=state,
         status=result.status,
         ended=state.status in ENDED,
-        steps=timeline(log.events),
+        steps=with_forks(timeline(log.events), forks.fork_points(log.events)),
         calls=audit.entries(run_id, log.events),
         pending=pending_of(state) if state.status == AWAITING else [],
         schemas=dict(state.spec.get("tool_schemas") or {}),
@@ -258,6 +263,16 @@ def timeline(events: list[Event]) -> list[Step]:
                 tone = "end" if status == RunStatus.done else "error"
                 rows.append(Step(seq, at, f"run {status_name(status)}", _preview(said), tone))
     return rows
+
+
+def with_forks(rows: list[Step], points: list[int]) -> list[Step]:
+    """Each row with the step a fork from it starts at: the nearest that can be forked, at or before it."""
+    return [replace(row, fork_at=_at_or_before(points, row.seq)) for row in rows]
+
+
+def _at_or_before(points: list[int], seq: int) -> int | None:
+    index = bisect.bisect_right(points, seq)
+    return points[index - 1] if index else None
 
 
 def _model_step(seq: int, at: float, fact: ModelResponded, number: int) -> Step:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from tether.drivers.telemetry import Telemetry
 from tether.policy.access import Credentials
 from tether.stores import Store
 from tether.surfaces.web.app import create_app
@@ -26,6 +27,7 @@ def serve(
     port: int,
     announce: Callable[[str], None],
     max_wait: float = 5.0,
+    telemetry: Telemetry | None = None,
 ) -> None:
     """Listen on ``host``:``port`` (0: any free port), tell ``announce`` the address, serve until stopped.
 
@@ -43,7 +45,7 @@ def serve(
     listener.bind((bare, port))
     listener.listen(128)
     config = uvicorn.Config(
-        create_app(store, credentials, max_wait=max_wait),
+        create_app(store, credentials, max_wait=max_wait, telemetry=telemetry),
         log_level="warning",
         access_log=False,
         ws="none",

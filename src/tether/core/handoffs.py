@@ -1,0 +1,258 @@
+"""Handoffs: the model hands the conversation to another agent, a recorded step of the run.
+
+``Agent(handoffs=[billing, Handoff(refunds, input_filter=without_tool_calls)])`` gives the model
+one tool per handoff, ``transfer_to_<name>``. When the model calls one, the flow answers the call
+(so the history stays valid) and records a :class:`~tether.core.events.HandedOff` in the same
+write. Once the turn's results go back, the other agent is in charge: its system prompt, tools,
+policy and approval gates, model and limits drive every later step, on the history carried over
+(through the handoff's ``input_filter``, if it has one, applied once before the next model call
+and recorded as a ``history_compacted``, so a resume never runs it again).
+
+The run records the agent in charge by name, so whoever drives it finds that agent among the run's
+agents: its own agent and every agent its handoffs reach (:attr:`tether.Agent.reachable_agents`).
+A handoff may name an agent instead of holding it (``Handoff("triage")``), which is how agents
+hand back to one another: frozen agents cannot hold each other. A handoff naming no agent among
+them, one past ``Limits.max_handoffs``, a second one in the same turn, or one to the agent already
+in charge gets an ``is_error`` result the model can recover from.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from tether.core import engine
+from tether.core.events import Fact, HandedOff, HistoryCompacted, ToolFinished
+from tether.core.history import Message, check_pairing
+from tether.core.state import RunState
+from tether.core.status import RunStatus
+from tether.errors import ConfigError, IncompatibleRun, InvalidHistory, ToolDefinitionError
+from tether.tools import Tool, make_tool
+
+if TYPE_CHECKING:
+    from tether.agent import Agent
+    from tether.core.flow import Flow, Flowing
+
+HistoryFilter = Callable[[list[Message]], list[Message]]
+"""What the agent taken over sees of the history: the messages so far in, the messages to go on with out."""
+TOOL_PREFIX = "transfer_to_"
+HANDED_OVER = "(The conversation was handed over to you: carry on from here.)"
+"""Closes a filtered history that would otherwise end with the other agent's words."""
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A handoff with options: to ``agent`` (or the agent of that name among the run's agents)."""
+
+    agent: Agent | str
+    """The agent handed to, or its name (an agent among the run's agents, e.g. the one handing back to)."""
+    description: str | None = None
+    """Tells the model when to hand off (the tool's description)."""
+    input_filter: HistoryFilter | None = None
+    """Changes the history the agent taking over goes on with (see :func:`without_tool_calls`)."""
+    tool_name: str | None = None
+    """Replaces ``transfer_to_<name>``."""
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            raise ConfigError(
+                "a handoff's agent needs a name: the run records whom it was handed to and a resume finds it by name"
+            )
+
+    @property
+    def target(self) -> str:
+        """The name of the agent handed to."""
+        return self.agent if isinstance(self.agent, str) else self.agent.name or ""
+
+
+@dataclass(frozen=True)
+class HandoffTool(Tool):
+    """The tool the model calls to hand off (see :class:`Handoff`); a drive answers it, never runs it."""
+
+    handoff: Handoff | None = None
+    """Never None once made by :func:`handoff_tool`."""
+
+    @property
+    def target(self) -> Handoff:
+        """The handoff this tool makes."""
+        assert self.handoff is not None  # handoff_tool always sets it
+        return self.handoff
+
+
+def handoff_tool(handoff: Agent | Handoff | str) -> HandoffTool:
+    """The tool handing the conversation to ``handoff``'s agent (what an agent's ``handoffs`` become)."""
+    if not isinstance(handoff, Handoff):
+        handoff = Handoff(handoff)
+    target = handoff.target
+    name = handoff.tool_name or (TOOL_PREFIX + re.sub(r"[^a-zA-Z0-9_-]+", "_", target).strip("_").lower())[:64]
+    description = handoff.description or f"Hand the conversation over to the {target} agent, which takes it from here."
+
+    def transfer() -> str:
+        """Never called: a drive answers the call and hands the run over."""
+        raise ToolDefinitionError(f"tool {name!r} hands a run over to {target!r}: drive its caller with a Runner")
+
+    base = make_tool(transfer, name=name, description=description, concurrent=False)
+    return HandoffTool(**{field.name: getattr(base, field.name) for field in fields(Tool)}, handoff=handoff)
+
+
+def handoffs_of(agent: Agent) -> list[HandoffTool]:
+    """The agent's handoff tools: its ``handoffs``', and any among its ``tools`` (a tools module's, for the CLI)."""
+    return [tool for tool in (*agent.tools, *agent.handoff_tools) if isinstance(tool, HandoffTool)]
+
+
+def reachable(root: Agent) -> dict[str, Agent]:
+    """``root`` and every agent its handoffs reach, by name (breadth first; unnamed ones cannot be handed to).
+
+    Raises:
+        ConfigError: two different agents have the same name, so a run handed to it could not tell which.
+    """
+    found: dict[str, Agent] = {}
+    seen: set[int] = set()
+    queue = [root]
+    while queue:
+        agent = queue.pop(0)
+        if id(agent) in seen:
+            continue
+        seen.add(id(agent))
+        if agent.name and found.setdefault(agent.name, agent) is not agent:
+            raise ConfigError(f"two different agents are named {agent.name!r} among the agents handoffs reach")
+        queue.extend(tool.target.agent for tool in handoffs_of(agent) if not isinstance(tool.target.agent, str))
+    return found
+
+
+def in_charge(root: Agent, state: RunState) -> Agent:
+    """The agent in charge of ``state``, a run of ``root``: ``root``, or the agent a handoff handed it to.
+
+    Raises:
+        IncompatibleRun: no agent ``root``'s handoffs reach has that name.
+    """
+    return root if state.agent is None else named(root, state.agent, run_id=state.id)
+
+
+def named(root: Agent, name: str, *, run_id: str) -> Agent:
+    """The agent called ``name`` among ``root``'s (itself and those its handoffs reach)."""
+    agent = root.reachable_agents.get(name)
+    if agent is None:
+        known = ", ".join(repr(name) for name in root.reachable_agents) or "none has a name"
+        raise IncompatibleRun(
+            f"run {run_id} was handed off to agent {name!r}, which the agent driving it cannot reach through its "
+            f"handoffs (its agents: {known}): drive it with the agent it started with, whose handoffs lead to {name!r}",
+            run_id=run_id,
+        )
+    return agent
+
+
+# The flow's side --------------------------------------------------------------------------
+def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[None]:
+    """Answer a call of a handoff tool: hand the run over (from the turn's end on), or say why not."""
+    tool, call = action.tool, action.call
+    assert isinstance(tool, HandoffTool)
+    handoff = tool.target
+    warnings = [warning for warning in action.warnings if warning not in action.execution_warnings]  # nothing runs
+    refusal = _refusal(flow, state, handoff.target)
+    if refusal is not None:
+        finished = ToolFinished(call.call_id, tool.name, f"Error: not transferred: {refusal}", True)
+        yield from flow.commit(state, engine.Step("tool_finished", [*warnings, finished]))
+        return
+    note = f"Transferred to {handoff.target}: it takes the conversation over from here."
+    filtered = handoff.input_filter is not None
+    records: list[Fact] = [
+        *warnings,
+        ToolFinished(call.call_id, tool.name, note, False, allowed=action.allowed),
+        HandedOff(flow.agent.name, handoff.target, call.call_id, tool.name, filtered=filtered),
+    ]
+    yield from flow.commit(state, engine.Step("tool_finished", records))
+
+
+def _refusal(flow: Flow, state: RunState, target: str) -> str | None:
+    """Why this handoff cannot happen, in the model's words; None: it can."""
+    if state.handing_to is not None:
+        return f"this turn already hands the conversation over to {state.handing_to!r}"
+    if target == flow.agent.name:
+        return f"{target!r} is in charge already"
+    limit = flow.agent.limits.max_handoffs
+    if state.handoffs >= limit:
+        return f"this run was handed off {state.handoffs} time(s) already (max_handoffs {limit}); carry on yourself"
+    agents: Mapping[str, Agent] = flow.root.reachable_agents
+    if target not in agents:
+        known = ", ".join(repr(name) for name in agents if name != flow.agent.name) or "none"
+        return f"no agent named {target!r} is among this run's agents (others: {known})"
+    return None
+
+
+def filter_due(state: RunState) -> bool:
+    """Whether the last handoff's ``input_filter`` is still to be applied (the next model call waits for it)."""
+    return state.filter_due and state.status == RunStatus.thinking
+
+
+def apply_filter(flow: Flow, state: RunState) -> Flowing[None]:
+    """Apply the last handoff's ``input_filter`` to the history, recorded as a ``history_compacted``.
+
+    The filter's history is checked first (every ``tool_use`` answered, ending with the user): a
+    filter that breaks it is a :class:`~tether.errors.ConfigError`, and nothing is recorded.
+    """
+    handoff = _last_handoff(flow, state)
+    assert handoff.input_filter is not None  # filter_due says it has one
+    messages = list(handoff.input_filter(copy.deepcopy(state.messages)))
+    problem = "it is empty" if not messages else None
+    if messages and messages[-1].get("role") != "user":
+        problem = "it ends with the agent's words, not the user's"
+    try:
+        check_pairing(messages, run_id=state.id)
+    except InvalidHistory as error:
+        problem = problem or str(error)
+    if problem is not None:
+        raise ConfigError(
+            f"the input_filter of handoff {handoff.target!r} gave run {state.id} a history the model cannot take "
+            f"({problem}); nothing was recorded: fix the filter and resume the run"
+        )
+    removed = len(state.messages) - len(messages)
+    step = engine.Step("compacted", [HistoryCompacted(f"handoff:{handoff.target}", messages, removed)])
+    yield from flow.commit(state, step)
+
+
+def _last_handoff(flow: Flow, state: RunState) -> Handoff:
+    """The handoff that handed ``state`` to the agent now in charge (the handing agent's tool of that name)."""
+    handed = state.last_handoff
+    assert handed is not None  # filter_due is only set by one
+    handing = flow.root if handed.from_agent is None else named(flow.root, handed.from_agent, run_id=state.id)
+    for tool in handoffs_of(handing):
+        if tool.name == handed.tool:
+            return tool.target
+    raise IncompatibleRun(
+        f"run {state.id} was handed off with tool {handed.tool!r}, which agent {handed.from_agent!r} no longer has",
+        run_id=state.id,
+    )
+
+
+# History filters --------------------------------------------------------------------------
+KEPT_BLOCKS = frozenset({"text", "image", "document"})
+
+
+def without_tool_calls(messages: list[Message]) -> list[Message]:
+    """A history filter: the conversation's words only, without tool calls and their results.
+
+    Messages left empty are dropped and neighbours of the same role joined, so roles still
+    alternate; a history left ending with an assistant's words gets a short user note (the model
+    goes on from a user's turn).
+    """
+    kept: list[Message] = []
+    for message in messages:
+        content = message["content"]
+        blocks = (
+            [{"type": "text", "text": content}]
+            if isinstance(content, str)
+            else [b for b in content if b.get("type") in KEPT_BLOCKS]
+        )
+        if not blocks:
+            continue
+        if kept and kept[-1]["role"] == message["role"]:
+            kept[-1] = {"role": message["role"], "content": [*kept[-1]["content"], *blocks]}
+        else:
+            kept.append({"role": message["role"], "content": blocks})
+    if kept and kept[-1]["role"] == "assistant":
+        kept.append({"role": "user", "content": [{"type": "text", "text": HANDED_OVER}]})
+    return kept

@@ -1,0 +1,180 @@
+"""The CLI on a tree of runs: deciding a child's call by the child's id or the root's, resuming the root,
+``tether show``'s tree and ``--json``'s children (in process: ``main()`` with a tools module on disk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.core.children import child_run_id
+from tether.surfaces.cli import main
+
+TOOLS = '''
+from pathlib import Path
+
+from tether import Agent, tool
+from tether.testing import ScriptedModel
+
+HERE = Path(__file__).parent
+
+
+@tool(approval=True)
+def publish(name: str) -> str:
+    """Publish a draft: a person approves it."""
+    with (HERE / "effects.log").open("a") as log:
+        log.write(f"publish {name}\\n")
+    return f"published {name}"
+
+
+def turn(*content, stop="tool_use"):
+    return {"content": list(content), "stop_reason": stop, "usage": {"input_tokens": 3, "output_tokens": 2}}
+
+
+def review(request):
+    """Publish, then answer with what publishing said (a result, or why it did not run)."""
+    if request.invocation == 0:
+        return turn({"type": "tool_use", "id": "toolu_pub", "name": "publish", "input": {"name": "a"}})
+    return turn({"type": "text", "text": request.messages[-1]["content"][0]["content"]}, stop="end_turn")
+
+
+REVIEWER = Agent(ScriptedModel(review), tools=[publish], name="reviewer")
+TOOLS = [REVIEWER.as_tool("review", "Have the reviewer check and publish a draft.")]
+'''
+
+SCRIPT = [
+    {
+        "content": [{"type": "tool_use", "id": "toolu_review", "name": "review", "input": {"task": "publish a"}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 5, "output_tokens": 4},
+    },
+    {"content": [{"type": "text", "text": "the reviewer is done"}], "stop_reason": "end_turn"},
+]
+
+
+class Tether:
+    """``tether ARGS --db ...`` in process, in a directory holding the tools module and the model's script."""
+
+    def __init__(self, cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.db = f"sqlite:///{cwd / 'runs.db'}"
+        self.cwd = cwd
+        self.capsys = capsys
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        code = main([*args, "--db", self.db])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self(*args, "--json")
+        assert code in (0, 3), err
+        return json.loads(out)
+
+    def effects(self) -> list[str]:
+        log = self.cwd / "effects.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.fixture
+def tether(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Tether:
+    (tmp_path / "treetools.py").write_text(TOOLS, encoding="utf-8")
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return Tether(tmp_path, capsys)
+
+
+def parked(tether: Tether) -> tuple[str, str]:
+    """A writer's run parked on the reviewer's publish: (root run id, child run id)."""
+    result = tether.json("run", "publish a", "--tools", "treetools:TOOLS", "--model", "scripted:script.json")
+    assert result["status"] == "awaiting_approval"
+    root = result["run_id"]
+    child = child_run_id(root, "toolu_review", 1)
+    assert [(p["run_id"], p["call_id"]) for p in result["pending_approvals"]] == [(child, "toolu_pub")]
+    assert result["children"] == [
+        {"run_id": child, "call_id": "toolu_review", "agent": "reviewer", "status": "awaiting_approval"}
+    ]
+    return root, child
+
+
+@pytest.mark.parametrize("by", ["root", "child"])
+def test_a_childs_call_approved_by_either_run_id_then_resuming_the_root_finishes_both(tether: Tether, by: str) -> None:
+    root, child = parked(tether)
+
+    code, out, err = tether("approve", root if by == "root" else child, "toolu_pub", "--by", "ann")
+
+    assert code == 0, err
+    assert f"approved toolu_pub in run {child} (a child run of {root})" in " ".join(out.split())
+    assert f"resume {root}" in out
+    assert tether.effects() == []
+    done = tether.json("resume", root)
+    assert done["status"] == "done"
+    assert done["output"] == "the reviewer is done"
+    assert done["children"] == [{"run_id": child, "call_id": "toolu_review", "agent": "reviewer", "status": "done"}]
+    assert tether.effects() == ["publish a"]
+
+
+def test_a_childs_call_denied_by_the_child_id_reaches_the_child_and_the_parent(tether: Tether) -> None:
+    root, child = parked(tether)
+
+    code, _, err = tether("deny", child, "toolu_pub", "--reason", "not yet")
+    assert code == 0, err
+
+    done = tether.json("resume", root)
+    assert done["status"] == "done"
+    assert tether.effects() == []
+    shown = tether.json("show", child)
+    assert "denied by" in shown["output"]
+    assert "not yet" in shown["output"]
+
+
+def test_resuming_a_child_run_names_its_root_and_changes_nothing(tether: Tether) -> None:
+    root, child = parked(tether)
+
+    code, _, err = tether("resume", child)
+
+    assert code == 2
+    assert f"resume {root}" in " ".join(err.split())
+    assert tether.json("show", child)["status"] == "awaiting_approval"
+
+
+def test_show_pending_and_diagram_draw_the_tree_of_runs(tether: Tether) -> None:
+    root, child = parked(tether)
+
+    _, pending, _ = tether("pending")
+    assert f"chain  {root} → {child}" in pending
+    assert [p["run_id"] for p in tether.json("pending", "--run", root)["pending"]] == [child]  # the tree's calls
+    assert "the first run of its chain" in " ".join(pending.split())
+    _, shown, _ = tether("show", root)
+    assert f"└── {child} reviewer for review toolu_review awaiting_approval" in " ".join(shown.split())
+    _, shown_child, _ = tether("show", child)
+    assert f"child run of {root} (its call toolu_review of review)" in " ".join(shown_child.split())
+    tree = tether.json("show", root)["children"]
+    assert tree == [
+        {
+            "run_id": child,
+            "call_id": "toolu_review",
+            "agent": "reviewer",
+            "status": "awaiting_approval",
+            "tool": "review",
+            "attempt": 1,
+            "tokens": 5,
+            "cost_usd": None,
+            "tool_calls": 0,
+            "children": [],
+        }
+    ]
+    assert tether.json("show", child)["parent"]["chain"] == [root]
+    _, drawn, _ = tether("diagram", "--run", root)
+    assert f"        review toolu_review → {child} (reviewer): awaiting_approval\n" in drawn
+
+
+def test_run_prints_a_childs_progress_under_its_agent_and_the_tree_at_the_end(tether: Tether) -> None:
+    code, out, _ = tether("run", "publish a", "--tools", "treetools:TOOLS", "--model", "scripted:script.json")
+
+    assert code == 3
+    lines = out.splitlines()
+    assert 'call   review {"task": "publish a"}' in lines  # the writer's own line
+    assert '  reviewer call   publish {"name": "a"}' in lines  # the child's, indented under its agent
+    assert "reviewer for review toolu_review awaiting_approval" in " ".join(out.split())
