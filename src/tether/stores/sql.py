@@ -126,15 +126,14 @@ _STEP_ROW = (
     .cte("step")
 )
 _STEP_EVENTS = (
-    sa.func.unnest(
-        sa.bindparam("b_seqs", type_=postgresql.ARRAY(sa.Integer)),
-        sa.bindparam("b_types", type_=postgresql.ARRAY(sa.String)),
-        sa.bindparam("b_data", type_=postgresql.ARRAY(sa.Text)),  # JSON text, cast to JSONB by the server
-        sa.bindparam("b_ats", type_=postgresql.ARRAY(sa.Float)),
+    sa.func.jsonb_to_recordset(sa.cast(sa.bindparam("b_events", type_=sa.Text), JSONB))
+    .table_valued(
+        sa.column("seq", sa.Integer), sa.column("type", sa.Text), sa.column("data", JSONB), sa.column("at", sa.Float)
     )
-    .table_valued("seq", "type", "data", "at")
-    .render_derived(name="e")
+    .render_derived(name="e", with_types=True)
 )
+"""The step's events as ONE JSON text parameter (an array of rows), split by the server: the driver's
+dumping of four arrays of texts, escaping each, took 15 % of a PostgreSQL step's CPU."""
 _STEP_LOGGED = (
     sa.insert(_EVENT)
     .from_select(
@@ -143,7 +142,7 @@ _STEP_LOGGED = (
             _STEP_ROW.c.id,
             _STEP_EVENTS.c.seq,
             _STEP_EVENTS.c.type,
-            sa.cast(_STEP_EVENTS.c.data, JSONB),
+            _STEP_EVENTS.c.data,
             _STEP_EVENTS.c.at,
         ).select_from(_STEP_ROW.join(_STEP_EVENTS, sa.true())),
     )
@@ -816,11 +815,8 @@ def _append(
 
     def run(connection: sa.Connection) -> None:
         if connection.dialect.name == "postgresql":
-            logged = [(e.seq, e.type, _dump_json(e.data), e.at) for e in events]
-            seqs, types, data, ats = (list(column) for column in zip(*logged, strict=True)) if logged else ([],) * 4
-            updated = connection.execute(
-                _STEP_POSTGRES, {**values, "b_seqs": seqs, "b_types": types, "b_data": data, "b_ats": ats}
-            ).scalar_one()
+            logged = _dump_json([{"seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events])
+            updated = connection.execute(_STEP_POSTGRES, {**values, "b_events": logged}).scalar_one()
         else:
             updated = connection.execute(_step_update(tuple(changing)), values).rowcount
             if updated == 1:
@@ -880,16 +876,17 @@ def _load_log(run_id: str, tenant: str | None, snapshot_format: str | None) -> _
     )
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
-    kept = sa.select(_SNAPSHOT.c.seq, _SNAPSHOT.c.state).where(
+    kept = sa.select(_SNAPSHOT.c.seq, sa.cast(_SNAPSHOT.c.state, sa.Text)).where(
         _SNAPSHOT.c.run_id == run_id, _SNAPSHOT.c.format == snapshot_format
-    )
+    )  # as text, parsed here: the driver's JSONB reader took 4x the CPU for a long run's snapshot
 
     def run(connection: sa.Connection) -> RunLog:
         snapshot = None
         if snapshot_format is not None:
             found = connection.execute(kept).first()
-            if found is not None and isinstance(found.state, dict):
-                snapshot = Snapshot(found.seq, snapshot_format, found.state)
+            state = None if found is None else _load_json(found[1])
+            if found is not None and isinstance(state, dict):
+                snapshot = Snapshot(found.seq, snapshot_format, state)
         rows = connection.execute(query, {"after": -1 if snapshot is None else snapshot.seq}).mappings().all()
         if not rows:
             raise RunNotFound(run_id)
@@ -952,10 +949,10 @@ def _records(query: Any, connection: sa.Connection) -> list[RunRecord]:
 
 
 def _claim_run(run_id: str, owner: str, now: float, ttl: float, force: bool) -> _Work[RunLease]:
-    """Take or renew the run's lease in one upsert guarded by a WHERE, then read what holds.
+    """Take or renew the run's lease in one upsert guarded by a WHERE: one round trip when it is taken.
 
-    On PostgreSQL the upsert locks the lease row even when its WHERE refuses the update,
-    so the row read after it in the same transaction is the lease in force.
+    The upsert answers the lease it wrote; when its WHERE refuses (another owner holds an
+    unexpired lease), the lease in force is read after it.
     """
 
     def run(connection: sa.Connection) -> RunLease:
@@ -970,22 +967,41 @@ def _claim_run(run_id: str, owner: str, now: float, ttl: float, force: bool) -> 
                 "claimed_at": sa.case((mine, _LEASE.c.claimed_at), else_=insert.excluded.claimed_at),
             },
             where=None if force else mine | (_LEASE.c.expires_at <= now),
-        )
-        connection.execute(claim)
-        return _lease(connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().one())
+        ).returning(*_LEASE.c)
+        return _written_or_held(connection, run_id, claim)
 
-    return _Work(run)
+    return _Work(run, single=True)
 
 
 def _renew_run(run_id: str, owner: str, now: float, ttl: float) -> _Work[RunLease | None]:
-    mine = (_LEASE.c.run_id == run_id) & (_LEASE.c.owner == owner)
+    """Extend the owner's lease: the lease in force after it (another owner's if it was taken), None if gone."""
+    renew = (
+        sa.update(_LEASE)
+        .where(_LEASE.c.run_id == run_id, _LEASE.c.owner == owner)
+        .values(expires_at=now + ttl)
+        .returning(*_LEASE.c)
+    )
 
     def run(connection: sa.Connection) -> RunLease | None:
-        connection.execute(sa.update(_LEASE).where(mine).values(expires_at=now + ttl))
-        row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
-        return None if row is None else _lease(row)
+        renewed = connection.execute(renew).mappings().first()
+        return _lease(renewed) if renewed is not None else _held(connection, run_id)
 
-    return _Work(run)
+    return _Work(run, single=True)
+
+
+def _written_or_held(connection: sa.Connection, run_id: str, write: Any) -> RunLease:
+    """The lease ``write`` (an upsert answering its row) wrote, else the one in force that refused it."""
+    for _ in range(3):  # the holder that refused it may release it before it is read: then write again
+        written = connection.execute(write).mappings().first()
+        lease = _lease(written) if written is not None else _held(connection, run_id)
+        if lease is not None:
+            return lease
+    raise StoreError(f"run {run_id}: its lease kept changing hands while this process claimed it", transient=True)
+
+
+def _held(connection: sa.Connection, run_id: str) -> RunLease | None:
+    row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
+    return None if row is None else _lease(row)
 
 
 def _release_run(run_id: str, owner: str) -> _Work[None]:
