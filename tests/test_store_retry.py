@@ -142,7 +142,7 @@ def _backend_killer(engine: sa.Engine, url: str, *, after_commit: bool) -> None:
     def before_execute(connection: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if armed["done"] or "INSERT INTO tether_event" not in statement:
             return
-        if not isinstance(parameters, dict) or "tool_finished" not in parameters.get("b_types", []):
+        if not isinstance(parameters, dict) or '"tool_finished"' not in parameters.get("b_events", ""):
             return
         armed["done"] = True
         if after_commit:
