@@ -31,7 +31,6 @@ from tether.testing import validate_messages_request
 pytestmark = pytest.mark.slow  # kills real processes at every step boundary
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
-CLEAN_WRITES = 7  # store writes of an uninterrupted run; checked by test_clean_run_write_count
 LEASE_WAIT = 0.2
 """Seconds between drives of a run whose killed driver's lease (0.5 s) has not expired: a new
 driver starts in well under that, so trying again at once would only start more of them."""
@@ -43,15 +42,12 @@ def drive(
     return run_script(DRIVER, str(workdir), db_url, run_id, crash, approver, mode)
 
 
-def crash_points() -> list[str]:
-    points = [f"{when}:{n}" for n in range(1, CLEAN_WRITES + 1) for when in ("before-append", "after-append")]
-    return [*points, "in-tool:send_email", "in-tool:fetch_price"]
-
-
 @dataclass(frozen=True)
 class Schedule:
     """Where each call stands at each crash point, for one way of running the two calls."""
 
+    writes: int
+    """Store writes of an uninterrupted run (checked by test_clean_run_write_count): each is a crash point."""
     fetch_in_doubt: frozenset[str]
     """fetch_price's start was committed and its result never was: idempotent, so it is run again."""
     email_in_doubt: frozenset[str]
@@ -62,19 +58,23 @@ class Schedule:
     """Of ``email_in_doubt``, the same."""
 
 
-# Store writes of a clean serial run: 1 create, 2 model response, 3/4 fetch_price (toolu_a)
-# started/finished, 5/6 send_email (toolu_b) started/finished, 7 the final model response.
+# Store writes of a clean serial run: 1 create, 2 the model response with fetch_price's
+# (toolu_a) start, 3 its result with send_email's (toolu_b) start, 4 send_email's result, 5 the
+# final model response. A start is committed with the write before it (one commit fewer each),
+# so a crash right after that write leaves the call in doubt though it never ran.
 SERIAL = Schedule(
-    fetch_in_doubt=frozenset({"after-append:3", "before-append:4", "in-tool:fetch_price"}),
-    email_in_doubt=frozenset({"after-append:5", "before-append:6", "in-tool:send_email"}),
-    fetch_ran=frozenset({"before-append:4", "in-tool:fetch_price"}),
-    email_ran=frozenset({"before-append:6", "in-tool:send_email"}),
+    writes=5,
+    fetch_in_doubt=frozenset({"after-append:2", "before-append:3", "in-tool:fetch_price"}),
+    email_in_doubt=frozenset({"after-append:3", "before-append:4", "in-tool:send_email"}),
+    fetch_ran=frozenset({"before-append:3", "in-tool:fetch_price"}),
+    email_ran=frozenset({"before-append:4", "in-tool:send_email"}),
 )
 # Concurrently (crash_driver.Meeting fixes the order): 1 create, 2 model response, 3/4 the
 # starts of toolu_a and toolu_b (toolu_a is launched between them), 5/6 their results, 7 the
 # final model response. send_email's effect comes before fetch_price's, and both before
 # either result is committed.
 CONCURRENT = Schedule(
+    writes=7,
     fetch_in_doubt=frozenset(
         [
             "after-append:3",
@@ -102,6 +102,12 @@ CONCURRENT = Schedule(
 )
 SCHEDULES = {"serial": SERIAL, "concurrent": CONCURRENT, "concurrent-async": CONCURRENT}
 MODES = sorted(SCHEDULES)
+
+
+def crash_points(mode: str) -> list[str]:
+    writes = SCHEDULES[mode].writes
+    points = [f"{when}:{n}" for n in range(1, writes + 1) for when in ("before-append", "after-append")]
+    return [*points, "in-tool:send_email", "in-tool:fetch_price"]
 
 
 def expected_effects(crash: str, approver: str, schedule: Schedule = SERIAL) -> Counter[str]:
@@ -147,7 +153,7 @@ def test_clean_run_write_count(mode: str, tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["status"] == "done"
     # create, model call, 2 x (tool start, tool finish), model call: every write is a crash point
-    assert result["store_writes"] == CLEAN_WRITES
+    assert result["store_writes"] == SCHEDULES[mode].writes
     checked = check_run(tmp_path, db_url, "run_clean")
     assert checked["effects"] == expected_effects("none", "deny")
     events = checked["events"]
@@ -173,8 +179,7 @@ def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str, mod
     return checked
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("crash", crash_points())
+@pytest.mark.parametrize(("mode", "crash"), [(mode, crash) for mode in MODES for crash in crash_points(mode)])
 def test_killed_run_resumes_exactly_once(crash: str, mode: str, db_url: str, tmp_path: Path) -> None:
     events = crash_and_resume(tmp_path, db_url, crash, "deny", mode)["events"]
     schedule = SCHEDULES[mode]

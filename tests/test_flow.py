@@ -216,8 +216,11 @@ def new_run() -> RunState:
     return state
 
 
-def flow(agent: Agent = AGENT) -> Flow:
-    return Flow(agent, owner="test-driver", can_ask=True, clock=lambda: NOW, timer=lambda: 0.0)
+def flow(agent: Agent = AGENT, *, ahead: bool = False) -> Flow:
+    """A flow stepped by hand, or (``ahead``) stepping as a drive does (see ``Flow.starts_ahead``)."""
+    made = Flow(agent, owner="test-driver", can_ask=True, clock=lambda: NOW, timer=lambda: 0.0)
+    made.starts_ahead = ahead
+    return made
 
 
 Act = Callable[[Flow, RunState], Flowing[Any]]
@@ -237,6 +240,9 @@ def drive(f: Flow, state: RunState) -> Flowing[Any]:
 
 MODEL_STEP = [CheckLease, Announce, CallModel, CheckLease, Persist, Notify]
 TOOL_STEP = [CheckLease, Announce, CheckLease, Persist, Notify, Attempt, CheckLease, Persist, Notify]
+"""A tool's step stepped by hand: its start committed, then the attempt, then its outcome."""
+STARTED_TOOL_STEP = [CheckLease, Announce, Attempt, CheckLease, Persist, Notify]
+"""A tool's step in a drive: its start went out with the write before (model answer, decision, call before)."""
 DECIDED_STEP = [CheckLease, CheckLease, Persist, Notify]
 """A step the engine decided without I/O (a gate, a final result, a limit)."""
 COMMIT = [CheckLease, Persist, Notify]
@@ -444,6 +450,52 @@ def test_a_tool_start_is_persisted_before_the_attempt_and_names_the_driver() -> 
     assert world.effects.index(first_write) < attempt
     started = [e for e in first_write.events if e.type == "tool_started"]
     assert [e.data["owner"] for e in started] == ["test-driver"]
+
+
+def test_a_drive_commits_a_tool_start_with_the_write_before_it() -> None:
+    """Driving, the start goes out with the model's answer that asked for the call (one write fewer),
+    and with the result of the call before; each next step runs the call it started."""
+    world = World(model=[asks(("a", "look"), ("b", "look"))], tools=["one", "two"])
+    state = new_run()
+    world.run(flow(ahead=True).step(state))
+    [answer] = [effect for effect in world.effects if isinstance(effect, Persist)]
+    assert [e.data["owner"] for e in answer.events if e.type == "tool_started"] == ["test-driver"]
+    assert [e.type for e in answer.events][-1] == "tool_started"  # after the transition into executing_tool
+    assert not any(isinstance(effect, Attempt) for effect in world.effects)  # one step: the model call only
+    for call_id in ("a", "b"):
+        world.effects.clear()
+        world.run(flow(ahead=True).step(state))
+        assert [type(effect) for effect in world.effects] == STARTED_TOOL_STEP
+        [attempt] = [effect for effect in world.effects if isinstance(effect, Attempt)]
+        assert attempt.action.call.call_id == call_id
+    started = [e.data["call_id"] for e in world.persisted if e.type == "tool_started"]
+    assert started == ["a", "b"]  # each once
+
+
+def test_a_drive_told_to_stop_first_runs_the_call_it_started() -> None:
+    """``until`` (a worker's SIGTERM) stops a drive between steps, never between a start and its run."""
+    world = World(model=[asks(("a", "look")), ANSWER], tools=["one"])
+    state = new_run()
+    world.state = state
+    driving = flow().drive(state, None, force=False, max_wait=None, until=lambda: len(world.model) < 2)
+    world.run(driving)
+    assert [type(effect) for effect in world.effects].count(Attempt) == 1
+    assert status_name(state.status) == "thinking"  # stopped before the next model call
+    assert state.started_here is None
+    assert world.model == [ANSWER]
+
+
+def test_a_start_committed_by_another_drive_is_in_doubt_not_run() -> None:
+    """Only the drive that committed a start runs it: the same run loaded anew sees a call in doubt."""
+    world = World(model=[asks(("a", "look"))])
+    state = new_run()
+    world.run(flow(ahead=True).step(state))
+    assert state.started_here is not None
+    state.started_here = None  # as a fresh load of the run has it
+    world.effects.clear()
+    world.run(flow(ahead=True).step(state))
+    assert not any(isinstance(effect, Attempt) for effect in world.effects)
+    assert world.transitions()[-1] == ("approval_needed", "executing_tool", "awaiting_approval")  # asked, not re-run
 
 
 def test_a_cached_result_answers_without_an_attempt_and_a_fresh_one_is_stored() -> None:

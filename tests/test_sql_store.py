@@ -216,12 +216,12 @@ def test_bytes_written_per_step_do_not_grow_with_history(sqlite_store: SQLStore,
     per_version: dict[int, int] = {}
     for version, _what, size in rows:
         per_version[version] = per_version.get(version, 0) + size
-    # after the run's creation (version 1) each tool call is 3 writes: the model's turn, the
+    # after the run's creation (version 1) each tool call is 2 writes: the model's turn with the
     # tool's start, its result; then the final answer
-    assert sorted(per_version) == list(range(2, 3 * calls + 3))
+    assert sorted(per_version) == list(range(2, 2 * calls + 3))
 
     def call_bytes(k: int) -> int:
-        return sum(per_version[v] for v in range(2 + 3 * k, 5 + 3 * k))
+        return sum(per_version[v] for v in range(2 + 2 * k, 4 + 2 * k))
 
     early, late = call_bytes(5), call_bytes(calls - 1)
     assert late - early <= 40, (early, late)  # only counters' extra digits (steps, tool calls, tokens)

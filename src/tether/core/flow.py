@@ -307,6 +307,9 @@ class Flow:
         self.clock = clock
         self.timer = timer
         self.rng = rng if rng is not None else random.Random()
+        self.starts_ahead = False
+        """Commit a tool's start with the write before it (see :meth:`commit`): only in :meth:`drive`,
+        which takes the next step at once; a caller stepping by hand gets each start in a write of its own."""
 
     def for_agent(self, agent: Agent) -> Flow:
         """The same driver's decisions for ``agent`` (a child run's, in this agent's tree)."""
@@ -334,9 +337,11 @@ class Flow:
         return self if agent is self.agent else self._driving(agent, root=self.root)
 
     def _driving(self, agent: Agent, *, root: Agent) -> Flow:
-        return Flow(
+        flow = Flow(
             agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng, root=root
         )
+        flow.starts_ahead = self.starts_ahead
+        return flow
 
     # A whole drive ------------------------------------------------------------------------
     def drive(
@@ -359,8 +364,11 @@ class Flow:
             if children.link_of(state.spec) is None:  # a child run is driven by its own agent's flow
                 flow = yield from self.for_run(state, tenant)
         state = yield from flow._start(state or run, tenant, force=force, read=state is not None)
+        flow.starts_ahead = True
         try:
-            while not (until is not None and until()) and (yield from flow.step(state, max_wait=max_wait)):
+            while not (until is not None and state.started_here is None and until()) and (
+                yield from flow.step(state, max_wait=max_wait)
+            ):
                 pass
         except RunBusy:
             raise
@@ -436,6 +444,11 @@ class Flow:
         if flow is not self:  # handed off: the other agent's prompt, tools, policy, model and limits
             return (yield from flow.step(state, max_wait=max_wait))
         yield CheckLease(state.id)
+        started = self._started_here(state)
+        if started is not None:
+            yield Announce(state, started)
+            yield from self._attempt(state, started)
+            return True
         if handoffs.filter_due(state):
             yield from handoffs.apply_filter(self, state)
             return True
@@ -480,7 +493,7 @@ class Flow:
         else:
             step = engine.on_model_response(state, self.agent, response, latency=now - started, now=now)
         on_resume = "resuming the run asks the model again (one more call)"
-        yield from self._save(state, step, "the model answered", on_resume)
+        yield from self._save(state, step, "the model answered", on_resume, start_next=True)
 
     def _answered_from_cache(self, state: RunState, action: engine.RunTool) -> Flowing[bool]:
         """Commit a stored result of the same tool and input, if one is live; the tool does not run."""
@@ -496,13 +509,18 @@ class Flow:
     def _run_tool(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
         """Commit the attempt's start, run it, commit its outcome, and keep a fresh result in the cache."""
         yield from self._record(state, self._start_of(state, action))
+        yield from self._attempt(state, action)
+
+    def _attempt(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
+        """Run an attempt whose start is committed; commit its outcome (and the next call's start with it)."""
         began = self.timer()
         outcome: str | Exception
         try:
             outcome = yield Attempt(action, state.id)
         except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
             outcome = error
-        yield from self._finish(state, action, self._outcome_step(action, outcome, self.timer() - began), outcome)
+        step = self._outcome_step(action, outcome, self.timer() - began)
+        yield from self._finish(state, action, step, outcome, start_next=True)
 
     def _runs_beside_others(self, state: RunState, action: engine.RunTool) -> bool:
         """Whether ``action`` opens a batch: its tool runs concurrently and another concurrent call can start now."""
@@ -573,14 +591,21 @@ class Flow:
         return engine.on_tool_success(action, outcome, duration=duration)
 
     def _finish(
-        self, state: RunState, action: engine.RunTool, step: engine.Step, outcome: str | Exception
+        self,
+        state: RunState,
+        action: engine.RunTool,
+        step: engine.Step,
+        outcome: str | Exception,
+        *,
+        start_next: bool = False,
     ) -> Flowing[None]:
-        """Commit an attempt's outcome and keep a fresh result in the cache."""
+        """Commit an attempt's outcome (``start_next``: see :meth:`commit`); keep a fresh result in the cache."""
         yield from self._save(
             state,
             step,
             f"tool {action.tool.name!r} (call {action.call.call_id}) ran, so whatever it does has happened",
             "resuming the run treats the call as in doubt (run again only if the tool is idempotent, else asked about)",
+            start_next=start_next,
         )
         if not isinstance(outcome, Exception) and action.tool.cache_ttl is not None:
             # Stored once the result is committed (a crash in between costs a miss, never a
@@ -595,24 +620,66 @@ class Flow:
             decision = decisions.get(request.call_id)
             if decision is None or request.call_id in state.decisions:  # decided with a remember_for_run sibling
                 continue
-            yield from self.decide(state, request.call_id, decision, request.fingerprint)
+            yield from self.decide(state, request.call_id, decision, request.fingerprint, start_next=True)
             applied = True
         return applied
 
-    def decide(self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None) -> Flowing[None]:
-        """Commit one decision, refused unless exactly that call waits (see :func:`engine.on_decision`)."""
+    def decide(
+        self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None, *, start_next: bool = False
+    ) -> Flowing[None]:
+        """Commit one decision, refused unless exactly that call waits (see :func:`engine.on_decision`).
+
+        ``start_next``: decided inside a drive, which goes on (see :meth:`commit`).
+        """
         step = engine.on_decision(state, self.agent, call_id, decision, expected_fingerprint=fingerprint)
-        yield from self.commit(state, step)
+        yield from self.commit(state, step, start_next=start_next)
 
     # Committing ---------------------------------------------------------------------------
-    def commit(self, state: RunState, step: engine.Step) -> Flowing[None]:
-        """Apply ``step`` to ``state`` and persist what it produced."""
-        yield from self._persist(state, engine.commit(state, step, now=self.clock()))
+    def commit(self, state: RunState, step: engine.Step, *, start_next: bool = False) -> Flowing[None]:
+        """Apply ``step`` to ``state`` and persist what it produced.
 
-    def _save(self, state: RunState, step: engine.Step, happened: str, on_resume: str) -> Flowing[None]:
+        ``start_next`` (a drive's own steps, see :attr:`starts_ahead`): when the run's next step
+        would be a plain attempt of one call, its start is committed in the same write (a round
+        trip and a commit fewer) and the next step runs it (see :meth:`_starting_now`). A crash
+        between the two leaves that call in doubt, as a crash while it runs would.
+        """
+        produced = engine.commit(state, step, now=self.clock())
+        starting = self._starting_now(state) if start_next and self.starts_ahead else None
+        if starting is not None:
+            produced += self._facts(state, self._start_of(state, starting))
+        yield from self._persist(state, produced)
+        state.started_here = starting
+
+    def _starting_now(self, state: RunState) -> engine.RunTool | None:
+        """The attempt :meth:`step` would start next, if it is one call run alone and nothing comes first.
+
+        Not a handoff or an agent tool (their steps differ), not a call that runs beside others, not a
+        cached tool (the cache is looked up first), not under another agent or a handoff's filter.
+        """
+        if state.status != RunStatus.executing_tool or self.in_charge(state) is not self or handoffs.filter_due(state):
+            return None
+        action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
+        if not isinstance(action, engine.RunTool) or action.tool.cache_ttl is not None:
+            return None
+        special = isinstance(action.tool, handoffs.HandoffTool | children.AgentTool)
+        return None if special or self._runs_beside_others(state, action) else action
+
+    def _started_here(self, state: RunState) -> engine.RunTool | None:
+        """The attempt this drive committed the start of with its last write and has yet to run (taken once)."""
+        started, state.started_here = state.started_here, None
+        if not isinstance(started, engine.RunTool):
+            return None
+        flight = state.in_flight.get(started.call.call_id)
+        if flight is None or flight.owner != self.owner or flight.abandoned:
+            return None  # written over meanwhile: the engine decides again
+        return started
+
+    def _save(
+        self, state: RunState, step: engine.Step, happened: str, on_resume: str, *, start_next: bool = False
+    ) -> Flowing[None]:
         """Commit a step whose outcome cannot be had again for free; if even the retries fail, say so."""
         try:
-            yield from self.commit(state, step)
+            yield from self.commit(state, step, start_next=start_next)
         except StoreError as error:  # never leave the user with "nothing was changed"
             raise StoreError(
                 f"run {state.id}: {happened}, but its result could not be saved: {error}; {on_resume}",
@@ -621,14 +688,19 @@ class Flow:
 
     def _record(self, state: RunState, records: Sequence[Fact]) -> Flowing[None]:
         """Commit facts that need no transition (a tool's start, an operator's override)."""
+        produced = self._facts(state, records)
+        state.version += 1
+        yield from self._persist(state, produced)
+
+    def _facts(self, state: RunState, records: Sequence[Fact]) -> list[Event]:
+        """Fold ``records`` into ``state`` as events (to persist in the write being built)."""
         now = self.clock()
         produced = []
         for fact in records:
             event = Event(state.next_seq, now, fact)
             state.apply(event)
             produced.append(event)
-        state.version += 1
-        yield from self._persist(state, produced)
+        return produced
 
     def _persist(self, state: RunState, produced: list[Event]) -> Flowing[None]:
         yield CheckLease(state.id)  # a drive that lost the run writes nothing more

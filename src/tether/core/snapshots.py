@@ -26,7 +26,7 @@ from tether.models import Usage
 from tether.stores import RunLog, Snapshot
 
 _ADAPTER = pydantic.TypeAdapter(RunState)
-_NOT_KEPT = frozenset({"id", "tenant", "version", "bound_machine", "pairing_checked"})
+_NOT_KEPT = frozenset({"id", "tenant", "version", "bound_machine", "pairing_checked", "started_here"})
 """Fields a snapshot leaves out: the run's identity and version come from its row; the rest are caches."""
 _CHECKED = "pairing_checked_messages"
 """How many leading messages had passed the engine's pairing check (see ``engine.checked_prefix``): a

@@ -151,6 +151,10 @@ class RunState:
     """Cache for :func:`tether.core.machine.bind`: building a machine costs more than a whole step."""
     pairing_checked: tuple[Any, int, Any] | None = field(default=None, init=False, repr=False, compare=False)
     """Memo of the engine's last pairing check: (messages list, its length, its last message)."""
+    started_here: Any = field(default=None, init=False, repr=False, compare=False)
+    """The tool attempt (an ``engine.RunTool``) whose start the driver holding this very object committed
+    with the step before, not yet run: its next step runs it (see ``Flow.step``). A run loaded anew
+    has none, so such a start found there is a call in doubt, as any other."""
 
     # Guards read by the machine -------------------------------------------------
     @property

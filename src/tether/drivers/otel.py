@@ -328,6 +328,7 @@ class OpenTelemetry:
         moved: tuple[Event, Transition] | None = None
         finished: RunFinished | None = None
         failure: str | None = None
+        started: list[ToolStarted] = []
         for event in events:
             fact = event.fact
             if isinstance(fact, ModelResponded | HistoryCompacted) and (
@@ -335,7 +336,7 @@ class OpenTelemetry:
             ):
                 self._model_answered(drive, state, fact)
             elif isinstance(fact, ToolStarted):
-                self._tool_started(drive, state, fact)
+                started.append(fact)
             elif isinstance(fact, ToolFinished):
                 self._tool_ended(drive, state, fact.call_id, fact.tool, _outcome(fact), _error_of(fact))
             elif isinstance(fact, RetryScheduled):
@@ -356,6 +357,8 @@ class OpenTelemetry:
                 finished = fact
         if moved is not None:
             self._moved(drive, state, moved, finished, failure)
+        for fact in started:  # after the step that committed them ends: the call is the next step's
+            self._tool_started(drive, state, fact)
 
     def _moved(
         self,
