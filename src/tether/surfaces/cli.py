@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import inspect
 import io
 import json
 import os
@@ -330,11 +331,14 @@ class _Session:
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.toolsets: list[Toolset] = []
         """Toolsets of the agents made here: closed at the end (their servers stopped)."""
+        self.models: list[ModelAdapter] = []
+        """Models of the agents made here: closed at the end (an SDK client's pooled connections)."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its toolsets are closed when the command ends."""
         agent = agent_from_spec(spec, model=model)
         self.toolsets.extend(agent.toolsets)
+        self.models.append(agent.model)
         return agent
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
@@ -407,6 +411,10 @@ class _Session:
                 self.live.stop()
         while self.toolsets:
             self.toolsets.pop().close()
+        while self.models:  # a sync close only: what main() runs in-process leaves no socket open
+            closing = getattr(self.models.pop(), "close", None)
+            if callable(closing) and not inspect.iscoroutinefunction(closing):
+                closing()
         if self.telemetry is not None:
             self.telemetry.close()  # flushes the spans
         self.store.close()
