@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -178,3 +179,11 @@ def calls() -> Calls:
 def tools(calls: Calls) -> dict[str, Tool]:
     """The scenario tools by name, recording their calls in ``calls``."""
     return make_tools(calls)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _leaks_found_in_their_module() -> Iterator[None]:
+    """Collect garbage after each module, so an unclosed socket or connection fails that module's
+    last test instead of whichever test a later collection happens to run in (a flaky failure)."""
+    yield
+    gc.collect()
