@@ -8,6 +8,9 @@ snapshot from other code is ignored.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +24,7 @@ from tether import Agent, Approve, AsyncRunner, Runner
 from tether.core import engine, machine, snapshots
 from tether.core.events import Event, Warned
 from tether.core.state import RunState
-from tether.stores import Snapshot
+from tether.stores import Snapshot, sql
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import AsyncSQLStore, SQLStore
 from tether.testing import ScriptedModel
@@ -211,3 +214,35 @@ def test_a_resume_from_a_snapshot_checks_only_the_history_the_live_run_had_not()
             log.snapshot.seq, log.snapshot.format, {**log.snapshot.state, "pairing_checked_messages": wrong}
         )
         assert engine.checked_prefix(snapshots.rebuild(run_id, replace(log, snapshot=bogus))) == 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_long_snapshot_is_stored_compressed_and_read_back_whole(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Past PACK_ABOVE bytes a snapshot is kept zlib-compressed; one that cannot be unpacked is ignored."""
+    path = tmp_path / "tether.db"
+    url = request.getfixturevalue("pg_schema").url if kind == "postgres" else f"sqlite:///{path}"
+    store = SQLStore(url, snapshot_every=0)
+    try:
+        run_id = Runner(agent(), store).run("go").run_id
+        whole = store.load_log(run_id)
+        run = RunState.rebuild(run_id, whole.events, version=whole.version, tenant=whole.tenant)
+        run.messages.append({"role": "user", "content": "padding " * 2_000})  # well past PACK_ABOVE
+        kept = snapshots.take(run)
+        store.save_snapshot(run_id, kept)
+        log = store.load_log(run_id, snapshot_format=snapshots.snapshot_format())
+        assert log.snapshot is not None
+        assert log.snapshot.state == kept.state
+        if kind == "postgres":
+            return
+        with contextlib.closing(sqlite3.connect(path)) as raw, raw:
+            [(stored,)] = raw.execute("SELECT state FROM tether_snapshot").fetchall()
+            assert list(json.loads(stored)) == [sql._PACKED_KEY]
+            assert len(stored) < len(json.dumps(kept.state)) / 10
+            raw.execute("UPDATE tether_snapshot SET state = ?", (json.dumps({sql._PACKED_KEY: "not zlib"}),))
+        log = store.load_log(run_id, snapshot_format=snapshots.snapshot_format())
+        assert log.snapshot is None  # damaged: ignored, the whole log read instead
+        assert len(log.events) == len(whole.events)
+    finally:
+        store.close()
