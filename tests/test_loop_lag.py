@@ -2,7 +2,10 @@
 
 The runs are driven on a loop in asyncio's debug mode (``slow_callback_duration`` 10 ms), watched
 by :class:`LoopProbe`: any blocking call made on the loop's thread fails the test, found by what
-it is rather than by how long it took, and so does any callback that computes for 10 ms. The
+it is rather than by how long it took. Callbacks that took or computed for over 10 ms are shown
+with a failure, not judged: CPU time too follows the machine's speed (the same code computed for
+8 ms on one run and 18 ms on a host twice as slow), and how long work holds the loop is measured
+in ``scripts/bench`` (the service-scale section's loop lag), as a timing belongs. The
 waits a blocking call would spend on the loop are real and long: on SQLite another connection
 takes the write lock for 25 ms at a time (as a second process writing would); on PostgreSQL every
 byte crosses a proxy that delays it 10 ms each way (a slower network). Each run calls an async
@@ -128,9 +131,9 @@ class LoopProbe:
     on the loop's thread (``time.sleep``, a blocking socket, sqlite3, a file), and a SQLAlchemy
     statement executed on that thread outside SQLAlchemy's asyncio greenlet is one a sync driver
     made there (libpq's waits happen in C, out of blockbuster's sight). Every callback's time is
-    measured too: wall time (what asyncio's debug mode reports, machine noise included) and the
-    loop thread's CPU time, which no other process can inflate: ``busy`` lists the callbacks that
-    computed for longer than ``SLOW``.
+    measured too, and shown with a failure but not judged: wall time (what asyncio's debug mode
+    reports, machine noise included, in ``slow``) and the loop thread's CPU time, which depends on
+    the machine's speed (in ``busy``: the callbacks that computed for longer than ``SLOW``).
     """
 
     def __init__(self) -> None:
@@ -176,9 +179,9 @@ class LoopProbe:
             asyncio.events.Handle._run = run_handle  # type: ignore[method-assign]
 
     def verdict(self, results: list[RunResult | BaseException]) -> list[str]:
-        """What blocked or held the loop (empty: nothing), with the runs a blocking call broke."""
+        """What blocked the loop (empty: nothing), with the runs a blocking call broke."""
         broken = [repr(r) for r in results if isinstance(r, BaseException)]
-        return [*self.blocking, *broken, *self.busy]
+        return [*self.blocking, *broken]
 
 
 def describe(handle: asyncio.Handle) -> str:
@@ -277,7 +280,7 @@ def test_sixty_four_runs_on_sqlite_never_block_the_loop(sqlite_url: str) -> None
     results, probe = drive_under_debug(
         lambda: AsyncRunner(agent(), AsyncSQLStore(sqlite_url), approver=PromptingApprover()), RUNS
     )
-    assert probe.blocking == [], probe.slow
+    assert probe.blocking == [], (probe.busy, probe.slow)
     assert_all_done(results, RUNS)
 
 
@@ -286,7 +289,7 @@ def test_sixty_four_runs_on_postgres_never_block_the_loop(slow_pg_url: str) -> N
     results, probe = drive_under_debug(
         lambda: AsyncRunner(agent(), AsyncSQLStore(slow_pg_url), approver=PromptingApprover()), RUNS
     )
-    assert probe.blocking == [], probe.slow
+    assert probe.blocking == [], (probe.busy, probe.slow)
     assert_all_done(results, RUNS)
 
 
@@ -295,7 +298,7 @@ def test_a_sync_sql_store_is_called_off_the_loop(sqlite_url: str) -> None:
     results, probe = drive_under_debug(
         lambda: AsyncRunner(agent(), SQLStore(sqlite_url), approver=PromptingApprover()), RUNS // 4
     )
-    assert probe.blocking == [], probe.slow
+    assert probe.blocking == [], (probe.busy, probe.slow)
     assert_all_done(results, RUNS // 4)
 
 
