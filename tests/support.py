@@ -775,12 +775,19 @@ class LaggyProxy:
         self.threads.append(thread)
         thread.start()
 
+    def _admits(self) -> bool:
+        """Whether a new connection is let through (a subclass may refuse some: a server down)."""
+        return True
+
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.listener.accept()
             except OSError:  # closed
                 return
+            if not self._admits():
+                client.close()
+                continue
             server = socket.create_connection(self.target)
             self.sockets += [client, server]
             for source, sink in ((client, server), (server, client)):

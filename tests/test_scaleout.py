@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import queue as stdlib_queue
 import socket
 import threading
 import time
@@ -308,21 +307,8 @@ class CuttableProxy(LaggyProxy):
         super().__init__(url, delay=0)
         self.down = threading.Event()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            if self.down.is_set():
-                client.close()
-                continue
-            server = socket.create_connection(self.target)
-            self.sockets += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                due: stdlib_queue.Queue[tuple[float, bytes]] = stdlib_queue.Queue()
-                self._start(self._read, source, due)
-                self._start(self._write, sink, due)
+    def _admits(self) -> bool:
+        return not self.down.is_set()
 
     def restart(self, down_for: float) -> None:
         self.down.set()
