@@ -110,23 +110,13 @@ _META = MetaRow.__table__  # type: ignore[attr-defined]
 _SNAPSHOT = SnapshotRow.__table__  # type: ignore[attr-defined]
 
 
-@functools.cache
-def _step_update(columns: tuple[str, ...]) -> Any:
-    """A step's guarded row update, built once per column set (building it cost more than running it)."""
-    return (
-        sa.update(_RUN)
-        .where(_RUN.c.id == sa.bindparam("b_id"), _RUN.c.version == sa.bindparam("b_expected"))
-        .values(**{c: sa.bindparam(f"b_{c}", type_=_RUN.c[c].type) for c in columns})
-    )
-
-
-_STEP_ROW = (
+_STEP_UPDATE = (
     sa.update(_RUN)
     .where(_RUN.c.id == sa.bindparam("b_id"), _RUN.c.version == sa.bindparam("b_expected"))
     .values(**{c: sa.bindparam(f"b_{c}", type_=_RUN.c[c].type) for c in ("status", "version", "summary", "updated_at")})
-    .returning(_RUN.c.id)
-    .cte("step")
 )
+"""A step's guarded row update: a step never rewrites what cannot change (spec, tenant, creation)."""
+_STEP_ROW = _STEP_UPDATE.returning(_RUN.c.id).cte("step")
 _STEP_EVENTS = (
     sa.func.jsonb_to_recordset(sa.cast(sa.bindparam("b_events", type_=sa.Text), JSONB))
     .table_valued(
@@ -820,9 +810,7 @@ def _append(
             logged = _dump_json([{"seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events])
             updated = connection.execute(_STEP_POSTGRES, {**values, "b_events": logged}).scalar_one()
         else:
-            updated = connection.execute(_step_update(tuple(changing)), values).rowcount
-            if updated == 1:
-                _insert_events(connection, record.id, events)
+            updated = _sqlite_step(connection, values, record.id, events)
         if updated != 1:
             exists = connection.execute(sa.select(_RUN.c.id).where(_RUN.c.id == record.id)).first()
             raise RunNotFound(record.id) if exists is None else StaleRun(record.id, expected_version)
@@ -1241,6 +1229,43 @@ def _lease(row: Any) -> RunLease:
 
 _INSERT_EVENTS = sa.insert(_EVENT)
 """Built once: building it per step cost about 1 % of a step."""
+
+
+def _for_sqlite(statement: Any, columns: Sequence[str] | None = None) -> tuple[str, tuple[str, ...]]:
+    """``statement`` compiled for SQLite once: its text and the names of its ``?`` parameters, in order."""
+    compiled = statement.compile(dialect=sqlite.dialect(), column_keys=columns)
+    return str(compiled), tuple(compiled.positiontup or ())
+
+
+_SQLITE_STEP_ROW = _for_sqlite(_STEP_UPDATE)
+_SQLITE_STEP_EVENTS = _for_sqlite(_INSERT_EVENTS, ("run_id", "seq", "type", "data", "at"))
+"""Its parameters in this order: :func:`_sqlite_step` builds each row's tuple so."""
+
+
+def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: str, events: Sequence[Event]) -> int:
+    """A step's row update and events on SQLite: rows the update changed (1, or 0 for a lost race).
+
+    The statements are compiled once (above) and run on the driver's cursor, in the transaction
+    the connection opened: SQLAlchemy's per-execution work was over half of this write's time
+    (about 270 µs against 150 µs per step, measured). Errors come out as SQLAlchemy's, as from
+    ``connection.execute``, so the store says them one way.
+    """
+    dbapi = connection.dialect.loaded_dbapi
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    text, names = _SQLITE_STEP_ROW
+    params: Any = tuple(_dump_json(values[n]) if n == "b_summary" else values[n] for n in names)
+    try:
+        cursor.execute(text, params)
+        if cursor.rowcount != 1 or not events:
+            return int(cursor.rowcount)
+        text = _SQLITE_STEP_EVENTS[0]
+        params = [(run_id, e.seq, e.type, _dump_json(e.data), e.at) for e in events]
+        cursor.executemany(text, params)
+        return 1
+    except dbapi.Error as error:
+        raise sa.exc.DBAPIError.instance(text, params, error, dbapi.Error, dialect=connection.dialect) from error
+    finally:
+        cursor.close()
 
 
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:
