@@ -1,7 +1,9 @@
 """A step's commit costs one statement on PostgreSQL (one round trip) and two on SQLite, sync or async.
 
 Counted, not timed: the statements a store sends are counted with SQLAlchemy's
-``before_cursor_execute`` event, and PostgreSQL's round trips from libpq's own protocol trace
+``before_cursor_execute`` event on PostgreSQL, and on SQLite by SQLite's own trace callback
+(the store runs a step's statements on the driver's cursor there; the INSERT runs once per
+event, and BEGIN and COMMIT show), and PostgreSQL's round trips from libpq's own protocol trace
 (each ``Sync`` or simple ``Query`` the client sends is one wait for the server): BEGIN, COMMIT
 and a pool's pre-ping would each show there. A connection idle in the pool for longer than
 ``IDLE_PING_AFTER`` is pinged first, and a dead one replaced without the caller seeing it.
@@ -66,10 +68,12 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
     wire = Wire()
 
     def executing(_connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        wire.statements.append(statement)
+        if engine.dialect.name != "sqlite":  # SQLite says what it ran itself (below)
+            wire.statements.append(statement)
 
-    def checked_out(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        if engine.dialect.name != "postgresql":
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if engine.dialect.name == "sqlite":  # every statement SQLite runs, the store's own cursor's too
+            trace(dbapi_connection, wire.statements.append)
             return
         wire.backends.add(record.driver_connection.info.backend_pid)
         path = tracedir / f"trace{len(wire.traces)}"
@@ -81,7 +85,9 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
         pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         record.info["trace_descriptor"] = descriptor
 
-    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+    def checked_in(dbapi_connection: Any, record: Any) -> None:
+        if engine.dialect.name == "sqlite" and dbapi_connection is not None:
+            trace(dbapi_connection, None)
         descriptor = record.info.pop("trace_descriptor", None)
         if descriptor is not None and record.driver_connection is not None:
             record.driver_connection.pgconn.untrace()
@@ -91,6 +97,14 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
     sa.event.listen(engine, "checkout", checked_out)
     sa.event.listen(engine, "checkin", checked_in)
     return wire
+
+
+def trace(dbapi_connection: Any, callback: Any) -> None:
+    """Set (or, with None, clear) SQLite's trace callback on a pooled connection, sync or aiosqlite."""
+    if isinstance(dbapi_connection, sa.engine.AdaptedConnection):  # aiosqlite: awaited, SQLAlchemy's way
+        dbapi_connection.run_async(lambda connection: connection.set_trace_callback(callback))
+    else:
+        dbapi_connection.set_trace_callback(callback)
 
 
 def sync_side(store: Any) -> sa.Engine:
@@ -123,7 +137,7 @@ def test_a_step_commit_on_sqlite_is_two_statements(kind: str, tmp_path: Path, tr
         store.create_run(record(1), events(0))
         wire = watch(sync_side(store), tracedir)
         store.append(record(2), 1, events(1, 2, 3))
-        assert [s.split()[0] for s in wire.statements] == ["UPDATE", "INSERT"]
+        assert [s.split()[0] for s in wire.statements] == ["BEGIN", "UPDATE", "INSERT", "INSERT", "INSERT", "COMMIT"]
         assert store.load_run("run_1").version == 2
 
 
