@@ -273,7 +273,7 @@ async def test_explicit_api_key_wins_over_the_environment(h: Harness, monkeypatc
     assert api_key_sent(h.api.api.headers[0]) == "test-key"
 
 
-async def test_missing_api_key_fails_the_run_clearly(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_missing_api_key_fails_the_run_clearly_and_resumably(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     model = AnthropicModel(model=MODEL, base_url=h.api.base_url, max_retries=0)
@@ -290,7 +290,19 @@ async def test_missing_api_key_fails_the_run_clearly(h: Harness, monkeypatch: py
     assert stored == "failed"
     assert result.error is not None
     assert "API key" in result.error or "authentication" in result.error
+    assert "resume the run" in result.error
     assert h.api.requests == []
+
+    # The key set (a new process reads it), resuming the same run finishes it: nothing was lost.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "env-key")
+    h.api.reply_text("hello")
+    keyed = AnthropicModel(model=MODEL, base_url=h.api.base_url, max_retries=0)
+    h.models.append(keyed)
+    resumed = await h.drive(h.runner(model=keyed, store=runner.store), state.id)
+
+    assert resumed.status == "done", resumed.error
+    assert resumed.output == "hello"
+    assert api_key_sent(h.api.api.headers[0]) == "env-key"
 
 
 # Replayed blocks against the SDK's own request types ---------------------------------------------

@@ -113,7 +113,7 @@ def test_missing_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ModelError, match="no OpenAI credentials: pass api_key= or set OPENAI_API_KEY") as caught:
         OpenAIModel("gpt-test", base_url=f"http://127.0.0.1:{closed_port()}/v1").complete(request())
 
-    assert caught.value.retryable is False
+    assert caught.value.retryable  # the run stays resumable: set the key, resume, nothing is lost
 
 
 # Streaming -----------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_context_length_exceeded_is_a_context_window_error(api: FakeChatCompleti
         model.complete(request())
 
     assert str(caught.value) == "context window exceeded: This model's maximum context length is 128000 tokens."
-    assert caught.value.retryable is False
+    assert caught.value.retryable  # the run stays resumable: set the key, resume, nothing is lost
 
 
 def test_the_key_an_error_echoes_is_scrubbed(api: FakeChatCompletionsAPI, model: OpenAIModel) -> None:

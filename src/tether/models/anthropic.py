@@ -267,7 +267,8 @@ def _translated_errors() -> Iterator[list[float]]:
 def _credentials_error(error: TypeError) -> ModelError:
     if "authentication" not in str(error).lower() and "api_key" not in str(error).lower():
         raise error
-    return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})")
+    # retryable: the run is kept resumable, so setting the key and resuming loses none of it
+    return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})", retryable=True)
 
 
 def _response(message: Any, waits: list[float]) -> ModelResponse:

@@ -236,9 +236,10 @@ def translate_error(error: openai.OpenAIError, waits: list[float] | None = None)
         message = f"OpenAI API error mid-stream ({kind}): {_api_message(error)}"
         return ModelError(message, retryable=retryable, retry_waits=retry_waits)
     if "credentials" in str(error).lower() or "api_key" in str(error).lower():
-        return ModelError(
+        return ModelError(  # retryable: the run is kept resumable, so setting the key and resuming loses none of it
             "no OpenAI credentials: pass api_key= or set OPENAI_API_KEY (a local server that checks "
-            f"none takes any value) ({error})"
+            f"none takes any value) ({error})",
+            retryable=True,
         )
     return ModelError(f"OpenAI client error: {error}", retry_waits=retry_waits)
 
