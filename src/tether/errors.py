@@ -76,7 +76,7 @@ class ModelError(TetherError):
 
     Attributes:
         status: the HTTP status, when the API answered.
-        retryable: whether trying again later may succeed (429/5xx/529, connection).
+        retryable: whether trying again later may succeed (429/5xx/529, connection, a missing API key).
         retry_waits: seconds the adapter waited before each of its retries of this call.
         context_exceeded: the conversation no longer fits the model's context (an agent with
             history processors compacts it and asks again).
