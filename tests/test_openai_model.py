@@ -218,7 +218,7 @@ def test_context_length_exceeded_is_a_context_window_error(api: FakeChatCompleti
         model.complete(request())
 
     assert str(caught.value) == "context window exceeded: This model's maximum context length is 128000 tokens."
-    assert caught.value.retryable  # the run stays resumable: set the key, resume, nothing is lost
+    assert caught.value.retryable is False
 
 
 def test_the_key_an_error_echoes_is_scrubbed(api: FakeChatCompletionsAPI, model: OpenAIModel) -> None:
