@@ -1231,15 +1231,27 @@ _INSERT_EVENTS = sa.insert(_EVENT)
 """Built once: building it per step cost about 1 % of a step."""
 
 
-def _for_sqlite(statement: Any, columns: Sequence[str] | None = None) -> tuple[str, tuple[str, ...]]:
-    """``statement`` compiled for SQLite once: its text and the names of its ``?`` parameters, in order."""
-    compiled = statement.compile(dialect=sqlite.dialect(), column_keys=columns)
-    return str(compiled), tuple(compiled.positiontup or ())
+@dataclass(frozen=True)
+class _Compiled:
+    """A statement compiled for SQLite once, to run on the driver's cursor."""
+
+    text: str
+    params: tuple[tuple[str, bool], ...]
+    """Each ``?`` parameter in order: its name, and whether it is JSON (dumped as the column would)."""
+
+    @classmethod
+    def of(cls, statement: Any, columns: Sequence[str] | None = None) -> _Compiled:
+        compiled = statement.compile(dialect=sqlite.dialect(), column_keys=columns)
+        names = compiled.positiontup or ()
+        return cls(str(compiled), tuple((n, isinstance(compiled.binds[n].type, sa.JSON)) for n in names))
+
+    def bind(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The driver's parameters from ``values`` (by name), JSON content dumped."""
+        return tuple(_dump_json(values[name]) if is_json else values[name] for name, is_json in self.params)
 
 
-_SQLITE_STEP_ROW = _for_sqlite(_STEP_UPDATE)
-_SQLITE_STEP_EVENTS = _for_sqlite(_INSERT_EVENTS, ("run_id", "seq", "type", "data", "at"))
-"""Its parameters in this order: :func:`_sqlite_step` builds each row's tuple so."""
+_SQLITE_STEP_ROW = _Compiled.of(_STEP_UPDATE)
+_SQLITE_STEP_EVENTS = _Compiled.of(_INSERT_EVENTS, ("run_id", "seq", "type", "data", "at"))
 
 
 def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: str, events: Sequence[Event]) -> int:
@@ -1252,14 +1264,13 @@ def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: s
     """
     dbapi = connection.dialect.loaded_dbapi
     cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    text, names = _SQLITE_STEP_ROW
-    params: Any = tuple(_dump_json(values[n]) if n == "b_summary" else values[n] for n in names)
+    params: Any = _SQLITE_STEP_ROW.bind(values)
+    text = _SQLITE_STEP_ROW.text
     try:
         cursor.execute(text, params)
         if cursor.rowcount != 1 or not events:
             return int(cursor.rowcount)
-        text = _SQLITE_STEP_EVENTS[0]
-        params = [(run_id, e.seq, e.type, _dump_json(e.data), e.at) for e in events]
+        text, params = _SQLITE_STEP_EVENTS.text, [_SQLITE_STEP_EVENTS.bind(row) for row in _event_rows(run_id, events)]
         cursor.executemany(text, params)
         return 1
     except dbapi.Error as error:
@@ -1268,9 +1279,11 @@ def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: s
         cursor.close()
 
 
+def _event_rows(run_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The event table's rows for ``events`` of one run."""
+    return [{"run_id": run_id, "seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events]
+
+
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:
     if events:
-        connection.execute(
-            _INSERT_EVENTS,
-            [{"run_id": run_id, "seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events],
-        )
+        connection.execute(_INSERT_EVENTS, _event_rows(run_id, events))
