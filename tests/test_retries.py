@@ -22,6 +22,7 @@ from support import Cli, CliResult, clean_env, closed_port, flat, run_python
 from tether import Agent, Approve, AsyncRunner, Deny, RetryPolicy, Runner, Tool, tool
 from tether.errors import RunNotFound, StoreError
 from tether.execution.faults import classify
+from tether.stores import RunRecord
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -681,6 +682,25 @@ WAITING_TOOLS = textwrap.dedent(
         return "later ok"
     '''
 )
+
+
+def test_runs_by_status_finds_executing_runs_behind_a_hundred_waiting_ones(tmp_path: Path) -> None:
+    """``runs --status executing_tool`` is not cut to the newest hundred runs stored that way."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'tether.db'}")
+    summary = {"steps": 1, "tool_calls": 0}
+    store.create_run(RunRecord(id="run_old", status="executingTool", version=1, summary=summary, created_at=1.0), [])
+    due_later = {**summary, "next_due_at": 9e9}
+    for n in range(101):  # newer, and each waiting for a retry
+        store.create_run(
+            RunRecord(id=f"run_{n:03}", status="executingTool", version=1, summary=due_later, created_at=2.0 + n), []
+        )
+    store.close()
+    cli = Cli(tmp_path)
+
+    executing, waiting = (cli("runs", "--status", name, "--json") for name in ("executing_tool", "waiting_retry"))
+    assert [row["run_id"] for row in executing.data["runs"]] == ["run_old"]
+    assert len(waiting.data["runs"]) == 100  # the listing's limit, all of them waiting
+    assert {row["status"] for row in waiting.data["runs"]} == {"waiting_retry"}
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tether
 from tether.core.machine import AgentMachine
-from tether.core.status import ENDED, FINAL, SHOWN, WAITING_RETRY, RunStatus, status_name, stored_status
+from tether.core.status import ENDED, FINAL, SHOWN, WAITING_RETRY, RunStatus, status_name, stored_filter, stored_status
 
 SRC = Path(tether.__file__).parent
 HOME = "core/status.py"
@@ -80,3 +80,6 @@ def test_sets_and_names_are_derived_from_the_enum_and_the_machine() -> None:
     assert status_name("someday") == "someday"  # a stored value this version does not know is shown as it is
     assert stored_status("awaiting_approval") == "awaitingApproval"
     assert stored_status(WAITING_RETRY) == RunStatus.executing_tool
+    assert stored_filter("awaiting_approval") == (RunStatus.awaiting_approval, None)
+    assert stored_filter(WAITING_RETRY) == (RunStatus.executing_tool, True)
+    assert stored_filter("executing_tool") == (RunStatus.executing_tool, False)

@@ -334,6 +334,24 @@ def test_list_runs_sees_appended_status(store: Store) -> None:
     assert store.list_runs()[0].version == 2
 
 
+def test_list_runs_tells_runs_waiting_for_a_retry_before_the_limit(store: Store) -> None:
+    """``executing_tool`` and ``waiting_retry`` share a stored status; the store splits them before its limit."""
+    for n, due in enumerate([None, 50.0, None, 70.0, None]):
+        summary = {"steps": 1, "next_due_at": due} if n != 4 else {"steps": 1}  # run_4: no key at all
+        store.create_run(record(f"run_{n}", status="executingTool", summary=summary, created_at=float(n)), [])
+    store.create_run(record("parked", status="awaitingApproval", summary={"next_due_at": None}, created_at=9.0), [])
+
+    def ids(**filters: Any) -> list[str]:
+        return [r.id for r in store.list_runs(status="executingTool", **filters)]
+
+    assert ids(waiting_retry=True) == ["run_3", "run_1"]
+    assert ids(waiting_retry=True, limit=1) == ["run_3"]
+    assert ids(waiting_retry=False) == ["run_4", "run_2", "run_0"]
+    assert ids(waiting_retry=False, limit=2) == ["run_4", "run_2"]
+    assert ids() == ["run_4", "run_3", "run_2", "run_1", "run_0"]
+    assert [r.id for r in store.list_runs(waiting_retry=False, limit=1)] == ["parked"]
+
+
 def test_list_runs_ties_are_stable(store: Store) -> None:
     for run_id in ("run_b", "run_c", "run_a"):
         store.create_run(record(run_id, created_at=1.0), [])

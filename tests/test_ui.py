@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 from tether.core.events import ApprovalDecided, ToolFinished
 from tether.errors import ConfigError
 from tether.policy.access import Credentials
+from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
@@ -194,6 +195,22 @@ def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLS
     assert listed("q=refund") == {parked.run_id, other.run_id}  # the pending call's tool too
     assert listed("q=nothing+like+this") == set()
     assert listed("status=no_such_status") == {parked.run_id, other.run_id}  # an unknown status filters nothing
+
+
+def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLStore) -> None:
+    """A run waiting for a retry is stored executing tools: the filter must not spend the list's limit on it."""
+    store.create_run(RunRecord(id="run_executing", status="executingTool", version=1, created_at=1.0), [])
+    for n in range(3):
+        waiting = {"next_due_at": 9e9}
+        store.create_run(
+            RunRecord(id=f"run_w{n}", status="executingTool", version=1, summary=waiting, created_at=2.0 + n), []
+        )
+
+    def listed(status: str) -> list[str]:
+        return [row.id for row in pages.runs(store, None, pages.RunsFilter(status=status), limit=2)]
+
+    assert listed("executing_tool") == ["run_executing"]
+    assert listed("waiting_retry") == ["run_w2", "run_w1"]
 
 
 def test_the_run_page_shows_the_timeline_calls_and_messages(app: Any, store: SQLStore, project: Project) -> None:

@@ -68,4 +68,17 @@ def stored_status(name: str) -> RunStatus:
     return WAITING_RETRY_STATUS if name == WAITING_RETRY else RunStatus[name]
 
 
+def stored_filter(name: str) -> tuple[RunStatus, bool | None]:
+    """What to ask a store's ``list_runs`` for the runs shown as ``name``: (``status``, ``waiting_retry``).
+
+    A run waiting for a retry is stored ``executingTool``: ``executing_tool`` asks for those
+    without a due retry, ``waiting_retry`` for those with one (the store filters before its limit).
+
+    Raises:
+        KeyError: ``name`` is no status's shown name.
+    """
+    stored = stored_status(name)
+    return stored, (name == WAITING_RETRY) if stored == WAITING_RETRY_STATUS else None
+
+
 _VALUES = frozenset(status.value for status in RunStatus)

@@ -135,8 +135,20 @@ class Store(Protocol):
         """
         ...
 
-    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Newest runs first, optionally filtered."""
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
+    ) -> list[RunRecord]:
+        """Newest runs first, optionally filtered.
+
+        ``waiting_retry``: True keeps only runs parked for a tool retry (their summary has a
+        ``next_due_at``), False leaves them out, None keeps both. Filtered before ``limit``, so
+        asking for the runs shown ``executing_tool`` or ``waiting_retry`` misses none.
+        """
         ...
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
@@ -255,7 +267,12 @@ class AsyncStore(Protocol):
         ...
 
     async def list_runs(
-        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
     ) -> list[RunRecord]:
         """See :meth:`Store.list_runs`."""
         ...

@@ -71,10 +71,17 @@ class AwaitableStore:
         return await self._call(self.store.save_snapshot, run_id, snapshot)
 
     async def list_runs(
-        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
     ) -> list[RunRecord]:
         """See :meth:`Store.list_runs`."""
-        return await self._call(self.store.list_runs, status=status, tenant=tenant, limit=limit)
+        return await self._call(
+            self.store.list_runs, status=status, tenant=tenant, limit=limit, waiting_retry=waiting_retry
+        )
 
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`Store.list_due`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Collection, Sequence
@@ -255,8 +256,15 @@ class MemoryStore:
         due.sort(key=lambda r: (r.summary[DUE_KEY], r.id))
         return due[:limit]
 
-    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Newest first."""
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
+    ) -> list[RunRecord]:
+        """Newest first (see :meth:`tether.stores.Store.list_runs`)."""
         check_limit(limit)
         with self._lock:
             rows = list(self._rows.values())
@@ -266,4 +274,7 @@ class MemoryStore:
             if (status is None or r.record.status == status) and (tenant is None or r.record.tenant == tenant)
         ]
         rows.sort(key=lambda r: (r.record.created_at, r.record.id), reverse=True)
-        return [r.load() for r in rows[:limit]]
+        loaded = (r.load() for r in rows)
+        if waiting_retry is not None:
+            loaded = (r for r in loaded if (r.summary.get(DUE_KEY) is not None) == waiting_retry)
+        return list(itertools.islice(loaded, limit))

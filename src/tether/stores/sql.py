@@ -587,9 +587,16 @@ class SQLStore(_SQLBase):
         """Keep ``snapshot`` as the run's latest (see :func:`_save_snapshot`)."""
         return self._run(_save_snapshot(run_id, snapshot))
 
-    def list_runs(self, *, status: str | None = None, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Newest first."""
-        return self._run(_list_runs(status, tenant, limit))
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
+    ) -> list[RunRecord]:
+        """Newest first (see :meth:`tether.stores.Store.list_runs`)."""
+        return self._run(_list_runs(status, tenant, limit, waiting_retry))
 
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
@@ -729,10 +736,15 @@ class AsyncSQLStore(_SQLBase):
         return await self._run(_save_snapshot(run_id, snapshot))
 
     async def list_runs(
-        self, *, status: str | None = None, tenant: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        waiting_retry: bool | None = None,
     ) -> list[RunRecord]:
         """See :meth:`SQLStore.list_runs`."""
-        return await self._run(_list_runs(status, tenant, limit))
+        return await self._run(_list_runs(status, tenant, limit, waiting_retry))
 
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`SQLStore.list_due`."""
@@ -934,11 +946,16 @@ def _unpacked(stored: Any) -> Any:
         return None
 
 
-def _list_runs(status: str | None, tenant: str | None, limit: int) -> _Work[list[RunRecord]]:
+def _list_runs(
+    status: str | None, tenant: str | None, limit: int, waiting_retry: bool | None
+) -> _Work[list[RunRecord]]:
     check_limit(limit)
     query = sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
     if status is not None:
         query = query.where(_RUN.c.status == status)
+    if waiting_retry is not None:
+        due_at = _RUN.c.summary[DUE_KEY].as_float()
+        query = query.where(due_at.is_not(None) if waiting_retry else due_at.is_(None))
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
     return _Work(functools.partial(_records, query), single=True)

@@ -40,7 +40,7 @@ from tether.core.children import chain_of, link_of
 from tether.core.events import Event
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
-from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_status
+from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
@@ -748,9 +748,11 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
     if args.due:
         records = session.store.list_due(time.time())
-    else:  # a run waiting for a retry is stored executing tools: ask the store for that, keep what is shown
-        records = session.store.list_runs(status=stored_status(args.status) if args.status else None)
-        records = [r for r in records if args.status in (None, shown_status(r))]
+    elif args.status is not None:
+        status, waiting_retry = stored_filter(args.status)
+        records = session.store.list_runs(status=status, waiting_retry=waiting_retry)
+    else:
+        records = session.store.list_runs()
     rows = [
         {
             "run_id": r.id,

@@ -35,7 +35,7 @@ from tether.core.events import (
 )
 from tether.core.history import text_of
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_status
+from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.drivers.runner import result_of, shown_status
 from tether.models import Usage
 from tether.stores import RunRecord, Store
@@ -94,10 +94,9 @@ def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: 
     A viewer bound to a tenant sees that tenant's runs whatever ``wanted.tenant`` says.
     """
     tenant = viewer_tenant if viewer_tenant is not None else wanted.tenant
-    stored = stored_status(wanted.status) if wanted.status else None
-    records = store.list_runs(status=stored, tenant=tenant, limit=limit)
-    shown = [record for record in records if wanted.status in (None, shown_status(record))]
-    return [_row(record) for record in shown if _matches(record, wanted.search)]
+    status, waiting_retry = stored_filter(wanted.status) if wanted.status else (None, None)
+    records = store.list_runs(status=status, tenant=tenant, limit=limit, waiting_retry=waiting_retry)
+    return [_row(record) for record in records if _matches(record, wanted.search)]
 
 
 def _row(record: RunRecord) -> RunRow:
