@@ -158,7 +158,7 @@ def open_sql_store(url: str) -> Any:
 
 
 def open_async_sql_store(url: str) -> Any:
-    """AsyncSQLStore (aiosqlite / psycopg async), its tables created first, outside the timed runs."""
+    """AsyncSQLStore (SQLite on its own thread / psycopg async), its tables created first, outside the timed runs."""
     from tether.stores.sql import AsyncSQLStore
 
     open_sql_store(url).close()

@@ -5,7 +5,7 @@ the tool awaits TOOL_DELAY, so a run spends its time waiting, as a service's run
 per K: steps/s against the ideal (every run making one step per simulated latency), step
 latency p50/p99, event-loop lag p99 (bench_common.LagProbe), peak RSS per run in flight;
 then what a run parked at an approval gate leaves in memory. tether runs on AsyncRunner with
-AsyncSQLStore (SQLite through aiosqlite, PostgreSQL through psycopg async); the peers run
+AsyncSQLStore (SQLite on the store's own thread, PostgreSQL through psycopg async); the peers run
 the same workload in bench_peers_scale.py. Each store runs in its own worker process.
 """
 
@@ -33,7 +33,7 @@ from bench_common import (
 SYSTEMS = ("tether-sqlite", "tether-postgres")
 PEER_SYSTEMS = ("langgraph-sqlite", "langgraph-postgres", "pydantic-ai")
 LABELS = {
-    "tether-sqlite": "tether, AsyncRunner + AsyncSQLStore (aiosqlite)",
+    "tether-sqlite": "tether, AsyncRunner + AsyncSQLStore (SQLite, own thread)",
     "tether-postgres": "tether, AsyncRunner + AsyncSQLStore (psycopg async)",
     "langgraph-sqlite": "LangGraph astream + AsyncSqliteSaver",
     "langgraph-postgres": "LangGraph astream + AsyncPostgresSaver",

@@ -109,6 +109,28 @@ def test_any_store_is_awaitable_and_memory_stays_on_the_loop(tmp_path: Path) -> 
     assert isinstance(open_async_store(f"sqlite:///{tmp_path / 'other.db'}"), AsyncSQLStore)
 
 
+@pytest.mark.parametrize("scheme", ["sqlite", "sqlite+aiosqlite"])
+async def test_async_sqlite_runs_each_operation_whole_on_one_thread_of_its_own(scheme: str, tmp_path: Path) -> None:
+    """Not on the loop, and one hop per operation: every statement of every run on the store's one thread."""
+    import sqlalchemy as sa  # noqa: TID251 - listening to the store's statements
+
+    store = AsyncSQLStore(f"{scheme}:///{tmp_path / 'runs.db'}")  # a URL naming the former driver still opens
+    threads: set[str] = set()
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *_: threads.add(threading.current_thread().name))
+    runner = AsyncRunner(gated_agent(), store, approver=DecideLater())
+    try:
+        parked = await asyncio.gather(*(runner.run(f"Publish {n}.") for n in range(4)))
+        assert {result.status for result in parked} == {"awaiting_approval"}
+        assert len(threads) == 1
+        assert threads.pop().startswith("tether-sqlite")
+        await store.close()  # the store reconnects if used again, on a thread of its own again
+        assert (await runner.load(parked[0].run_id)).status == "awaitingApproval"
+        assert len(threads) == 1
+        assert threading.current_thread().name not in threads
+    finally:
+        await store.close()
+
+
 async def test_a_drive_s_lease_is_renewed_by_a_task_not_a_thread() -> None:
     @tool
     async def slow(seconds: float) -> str:

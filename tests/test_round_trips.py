@@ -100,11 +100,8 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
 
 
 def trace(dbapi_connection: Any, callback: Any) -> None:
-    """Set (or, with None, clear) SQLite's trace callback on a pooled connection, sync or aiosqlite."""
-    if isinstance(dbapi_connection, sa.engine.AdaptedConnection):  # aiosqlite: awaited, SQLAlchemy's way
-        dbapi_connection.run_async(lambda connection: connection.set_trace_callback(callback))
-    else:
-        dbapi_connection.set_trace_callback(callback)
+    """Set (or, with None, clear) SQLite's trace callback on a pooled connection (the sync and async stores' alike)."""
+    dbapi_connection.set_trace_callback(callback)
 
 
 def sync_side(store: Any) -> sa.Engine:

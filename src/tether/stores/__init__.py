@@ -391,7 +391,7 @@ def open_async_store(url: str | None) -> AsyncStore:
 
     ``memory://`` is a :class:`~tether.stores.memory.MemoryStore` (it never blocks, so it is
     called directly); a SQLite or PostgreSQL URL is an :class:`~tether.stores.sql.AsyncSQLStore`
-    (``sqlite:///runs.db`` is reached through aiosqlite, ``postgresql://`` through psycopg 3).
+    (``sqlite:///runs.db`` on a thread of the store's own, ``postgresql://`` through psycopg 3's async mode).
     """
     if url == "memory://":
         from tether.stores.awaitable import as_async_store

@@ -14,6 +14,7 @@ operation with a transient :class:`~tether.errors.StoreError`, which a drive tri
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import os
@@ -22,10 +23,11 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
@@ -52,6 +54,9 @@ from tether.stores import (
     codec,
 )
 from tether.stores.awaitable import completed
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 T = TypeVar("T")
@@ -418,6 +423,7 @@ class _SQLBase:
         self._parsed = parsed
         self._options = options
         self._ready = False
+        self._ready_lock = threading.Lock()
         self.hooks: list[TransactionHook] = []
         """Told of each run write in its transaction (see :class:`TransactionHook`)."""
 
@@ -428,6 +434,29 @@ class _SQLBase:
             sa.event.listen(engine, "connect", pragmas)
         else:
             _ping_when_idle(engine)
+
+    def _sync_engine(self, options: dict[str, Any]) -> sa.Engine:
+        """A sync engine for the URL, configured (see :meth:`_configure`)."""
+        try:
+            engine = sa.create_engine(self._parsed, **options)
+        except (sa.exc.ArgumentError, ImportError) as error:
+            raise self._cannot_use(error, "") from error
+        self._configure(engine)
+        return engine
+
+    def _run_on(self, engine: sa.Engine, work: _Work[T]) -> T:
+        """Do ``work`` on a pooled connection of a sync engine, setting the schema up first if needed."""
+        if not self._ready:
+            try:
+                with self._ready_lock, engine.connect() as raw:
+                    self._set_up(raw)
+            except sa.exc.DBAPIError as error:
+                raise self._store_error(error, "cannot open database") from error
+        try:
+            with engine.connect() as raw:
+                return self._perform(raw, work)
+        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+            return self._failed(work, error)
 
     def _cannot_use(self, error: Exception, extra: str) -> ConfigError:
         hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else extra
@@ -539,29 +568,14 @@ class SQLStore(_SQLBase):
         self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10, snapshot_every: int = SNAPSHOT_EVERY
     ) -> None:
         super().__init__(url, busy_timeout=busy_timeout, connect_timeout=connect_timeout, snapshot_every=snapshot_every)
-        try:
-            self.engine = sa.create_engine(self._parsed, **self._options)
-        except (sa.exc.ArgumentError, ImportError) as error:
-            raise self._cannot_use(error, "") from error
-        self._configure(self.engine)
-        self._ready_lock = threading.Lock()
+        self.engine = self._sync_engine(self._options)
 
     def close(self) -> None:
         """Close the pooled connections (the store reconnects if used again)."""
         self.engine.dispose()
 
     def _run(self, work: _Work[T]) -> T:
-        if not self._ready:
-            try:
-                with self._ready_lock, self.engine.connect() as raw:
-                    self._set_up(raw)
-            except sa.exc.DBAPIError as error:
-                raise self._store_error(error, "cannot open database") from error
-        try:
-            with self.engine.connect() as raw:
-                return self._perform(raw, work)
-        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
-            return self._failed(work, error)
+        return self._run_on(self.engine, work)
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run with its first events."""
@@ -640,10 +654,10 @@ class SQLStore(_SQLBase):
 
 
 SQLITE_ONE_WRITER: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_timeout": 3600.0}
-"""AsyncSQLStore on a SQLite file: one connection (one aiosqlite thread), which every run's operations
-take in turn. SQLite has one writer at a time anyway; 15 pooled connections contending for its lock
-sleep in its busy handler instead (fewer steps per second at K >= 16 concurrent runs, see the README's
-benchmarks). The pool timeout is long: a queue of many runs is a wait, not an error."""
+"""AsyncSQLStore on a SQLite file: one connection, used by the store's one thread, which every run's
+operations take in turn. SQLite has one writer at a time anyway; 15 pooled connections contending for
+its lock sleep in its busy handler instead (fewer steps per second at K >= 16 concurrent runs, see the
+README's benchmarks)."""
 
 
 def _in_memory(url: sa.engine.URL) -> bool:
@@ -654,10 +668,13 @@ def _in_memory(url: sa.engine.URL) -> bool:
 class AsyncSQLStore(_SQLBase):
     """:class:`SQLStore` for an event loop (an :class:`~tether.stores.AsyncStore`): nothing it does blocks the loop.
 
-    The same tables, statements, errors and arguments, on SQLAlchemy's asyncio support: a
-    SQLite URL is reached through aiosqlite, a PostgreSQL one through psycopg 3's async mode
-    (a URL naming no driver gets these). Needs the ``async`` extra (``pip install
-    'tether[async]'``; PostgreSQL also ``tether[postgres]``). Await :meth:`close` when done.
+    The same tables, statements, errors and arguments. A PostgreSQL URL is reached through
+    SQLAlchemy's asyncio support and psycopg 3's async mode (the ``async`` extra, ``pip install
+    'tether[async]'``, and ``tether[postgres]``). A SQLite URL is reached through the standard
+    library's driver on one thread of the store's own: each operation runs there whole, one hop
+    from the loop, on one connection (SQLite has one writer anyway). Through aiosqlite every
+    statement was a hop of its own: a step cost about 1.5 times as much (see the README's
+    benchmarks). Await :meth:`close` when done.
 
     ``pool_size``: PostgreSQL connections kept open (SQLAlchemy's default, 5, when None). Size it
     to the runs driven at once: each connection above it is opened for one use and closed again.
@@ -672,16 +689,23 @@ class AsyncSQLStore(_SQLBase):
         pool_size: int | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
-        drivers = {"sqlite": "aiosqlite", "postgresql": "psycopg"}
         super().__init__(
             url,
             busy_timeout=busy_timeout,
             connect_timeout=connect_timeout,
             snapshot_every=snapshot_every,
-            drivers=drivers,
+            drivers={"postgresql": "psycopg"},
         )
-        options = {**self._options, **(SQLITE_ONE_WRITER if self._sqlite and not _in_memory(self._parsed) else {})}
-        if pool_size is not None and not self._sqlite:
+        self._sqlite_thread: ThreadPoolExecutor | None = None
+        """SQLite only: the one thread every operation runs on (made on first use, ended by close)."""
+        if self._sqlite:
+            if self._parsed.get_driver_name() == "aiosqlite":  # a URL written for the former driver
+                self._parsed = self._parsed.set(drivername="sqlite")
+            one_writer = {} if _in_memory(self._parsed) else SQLITE_ONE_WRITER
+            self.engine: sa.Engine | AsyncEngine = self._sync_engine({**self._options, **one_writer})
+            return
+        options = dict(self._options)
+        if pool_size is not None:
             options["pool_size"] = pool_size
         try:
             from sqlalchemy.ext.asyncio import create_async_engine
@@ -693,12 +717,28 @@ class AsyncSQLStore(_SQLBase):
 
     async def close(self) -> None:
         """Close the pooled connections (the store reconnects if used again)."""
-        await self.engine.dispose()
+        if not isinstance(self.engine, sa.Engine):
+            await self.engine.dispose()
+            return
+        thread, self._sqlite_thread = self._sqlite_thread, None
+        if thread is None:
+            self.engine.dispose()
+            return
+        await asyncio.get_running_loop().run_in_executor(thread, self.engine.dispose)  # after the work queued there
+        thread.shutdown(wait=False)
 
     async def _run(self, work: _Work[T]) -> T:
-        return await completed(self._started(work))  # see AsyncStore: begun, an operation runs to its end
+        if isinstance(self.engine, sa.Engine):  # SQLite: whole, on the store's thread
+            if self._sqlite_thread is None:
+                self._sqlite_thread = ThreadPoolExecutor(1, thread_name_prefix="tether-sqlite")
+            ran = asyncio.get_running_loop().run_in_executor(
+                self._sqlite_thread, functools.partial(self._run_on, self.engine, work)
+            )
+            return await completed(ran)  # see AsyncStore: begun, an operation runs to its end
+        return await completed(self._started(work))
 
     async def _started(self, work: _Work[T]) -> T:
+        assert not isinstance(self.engine, sa.Engine)
         if not self._ready:  # two first uses at once both set up: it is idempotent
             try:
                 async with self.engine.connect() as raw:
