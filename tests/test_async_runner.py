@@ -127,6 +127,10 @@ async def test_async_sqlite_runs_each_operation_whole_on_one_thread_of_its_own(s
         assert (await runner.load(parked[0].run_id)).status == "awaitingApproval"
         assert len(threads) == 1
         assert threading.current_thread().name not in threads
+        assert store._held is not None  # the thread keeps its connection between operations
+        store._held.invalidate()  # as an error that loses it would: the next operation reconnects
+        assert (await runner.cancel(parked[1].run_id)).status == "cancelled"
+        assert (await runner.load(parked[1].run_id)).status == "cancelled"
     finally:
         await store.close()
 

@@ -131,8 +131,9 @@ def test_a_step_commit_on_postgres_is_one_statement_and_one_round_trip(
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_step_commit_on_sqlite_is_two_statements(kind: str, tmp_path: Path, tracedir: Path) -> None:
     with opened_store(kind, f"sqlite:///{tmp_path / 'runs.db'}") as store:
+        wire = watch(sync_side(store), tracedir)  # before the async store's thread opens the connection it keeps
         store.create_run(record(1), events(0))
-        wire = watch(sync_side(store), tracedir)
+        wire.clear()
         store.append(record(2), 1, events(1, 2, 3))
         assert [s.split()[0] for s in wire.statements] == ["BEGIN", "UPDATE", "INSERT", "INSERT", "INSERT", "COMMIT"]
         assert store.load_run("run_1").version == 2

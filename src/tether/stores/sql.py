@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 JSONColumn = sa.JSON().with_variant(JSONB(), "postgresql")
 T = TypeVar("T")
+_Connect = Callable[[], AbstractContextManager[sa.Connection]]
+"""Gives the connection an operation runs on, for the length of a ``with``."""
 
 
 class RunRow(SQLModel, table=True):
@@ -444,8 +446,11 @@ class _SQLBase:
         self._configure(engine)
         return engine
 
-    def _run_on(self, engine: sa.Engine, work: _Work[T]) -> T:
-        """Do ``work`` on a pooled connection of a sync engine, setting the schema up first if needed."""
+    def _run_on(self, engine: sa.Engine, work: _Work[T], connect: _Connect | None = None) -> T:
+        """Do ``work`` on a connection of a sync engine (a pooled one unless ``connect`` gives another).
+
+        The schema is set up first, once, on a pooled connection of its own.
+        """
         if not self._ready:
             try:
                 with self._ready_lock, engine.connect() as raw:
@@ -453,7 +458,7 @@ class _SQLBase:
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
         try:
-            with engine.connect() as raw:
+            with (connect or engine.connect)() as raw:
                 return self._perform(raw, work)
         except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
             return self._failed(work, error)
@@ -698,6 +703,8 @@ class AsyncSQLStore(_SQLBase):
         )
         self._sqlite_thread: ThreadPoolExecutor | None = None
         """SQLite only: the one thread every operation runs on (made on first use, ended by close)."""
+        self._held: sa.Connection | None = None
+        """SQLite only: that thread's connection, kept between operations (no pool checkout per step)."""
         if self._sqlite:
             if self._parsed.get_driver_name() == "aiosqlite":  # a URL written for the former driver
                 self._parsed = self._parsed.set(drivername="sqlite")
@@ -724,7 +731,7 @@ class AsyncSQLStore(_SQLBase):
         if thread is None:
             self.engine.dispose()
             return
-        await asyncio.get_running_loop().run_in_executor(thread, self.engine.dispose)  # after the work queued there
+        await asyncio.get_running_loop().run_in_executor(thread, self._let_go)  # after the work queued there
         thread.shutdown(wait=False)
 
     async def _run(self, work: _Work[T]) -> T:
@@ -732,10 +739,30 @@ class AsyncSQLStore(_SQLBase):
             if self._sqlite_thread is None:
                 self._sqlite_thread = ThreadPoolExecutor(1, thread_name_prefix="tether-sqlite")
             ran = asyncio.get_running_loop().run_in_executor(
-                self._sqlite_thread, functools.partial(self._run_on, self.engine, work)
+                self._sqlite_thread, functools.partial(self._run_on, self.engine, work, self._held_connection)
             )
             return await completed(ran)  # see AsyncStore: begun, an operation runs to its end
         return await completed(self._started(work))
+
+    @contextmanager
+    def _held_connection(self) -> Iterator[sa.Connection]:
+        """On the SQLite thread: its connection, opened on first use.
+
+        One an error invalidated is usable again: SQLAlchemy opens a new driver connection for it.
+        """
+        assert isinstance(self.engine, sa.Engine)
+        held = self._held
+        if held is None or held.closed:
+            held = self._held = self.engine.connect()
+        yield held
+
+    def _let_go(self) -> None:
+        """On the SQLite thread: close its connection and the pool."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+        assert isinstance(self.engine, sa.Engine)
+        self.engine.dispose()
 
     async def _started(self, work: _Work[T]) -> T:
         assert not isinstance(self.engine, sa.Engine)
