@@ -166,6 +166,12 @@ def test_show_pending_and_diagram_draw_the_tree_of_runs(tether: Tether) -> None:
         }
     ]
     assert tether.json("show", child)["parent"]["chain"] == [root]
+    listed = {row["run_id"]: row["parent"] for row in tether.json("runs")["runs"]}
+    assert listed == {root: None, child: root}
+    _, table, _ = tether("runs")
+    lines = [line for line in table.splitlines() if root in line or child in line]
+    assert root in lines[0]
+    assert f"└ {child}" in lines[1]  # under its parent, whatever their order by time
     _, drawn, _ = tether("diagram", "--run", root)
     assert f"        review toolu_review → {child} (reviewer): awaiting_approval\n" in drawn
 

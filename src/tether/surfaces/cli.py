@@ -757,6 +757,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         {
             "run_id": r.id,
             "status": shown_status(r),
+            "parent": _parent_of(r),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -777,6 +778,12 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 
     render_runs(session.out, rows)
     return EXIT_DONE
+
+
+def _parent_of(record: RunRecord) -> str | None:
+    """The run a child run serves (None for a root run), for ``tether runs``."""
+    link = link_of(record.spec)
+    return str(link["run_id"]) if link is not None else None
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:

@@ -744,10 +744,31 @@ def _outcome(entry: AuditEntry) -> Text:
 
 
 def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
-    """A table of runs."""
+    """A table of runs; a child run listed with its parent comes right under it, marked ``└``."""
     table = Table("status", "steps", "tools", "updated")
     table.columns[0].no_wrap = True
     table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
-    for row in rows:
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], Text(row["run_id"]))
+    for row, depth in _as_trees(rows):
+        shown = Text(("  " * (depth - 1) + "└ " if depth else "") + row["run_id"])
+        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], shown)
     console.print(table)
+
+
+def _as_trees(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """``rows`` in their order, each child moved under its parent when that is listed too, with its depth."""
+    listed = {row["run_id"] for row in rows}
+    children: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("parent") in listed:
+            children.setdefault(row["parent"], []).append(row)
+    ordered: list[tuple[dict[str, Any], int]] = []
+
+    def add(row: dict[str, Any], depth: int) -> None:
+        ordered.append((row, depth))
+        for child in children.get(row["run_id"], []):
+            add(child, depth + 1)
+
+    for row in rows:
+        if row.get("parent") not in listed:
+            add(row, 0)
+    return ordered
