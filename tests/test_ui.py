@@ -213,6 +213,17 @@ def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLS
     assert listed("waiting_retry") == ["run_w2", "run_w1"]
 
 
+def test_the_runs_list_says_which_run_a_child_serves(app: Any, store: SQLStore) -> None:
+    link = {"run_id": "run_root", "call_id": "toolu_1", "tool": "review", "depth": 1, "chain": ["run_root"]}
+    store.create_run(RunRecord(id="run_root", status="executingTool", version=1, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_child", status="done", version=1, spec={"parent": link}, created_at=2.0), [])
+    page = client(app).get("/").text
+    child_row = page[page.index('data-run="run_child"') :].split("</tr>")[0]
+    root_row = page[page.index('data-run="run_root"') :].split("</tr>")[0]
+    assert 'child of <a href="/runs/run_root">' in child_row
+    assert "child of" not in root_row
+
+
 def test_the_run_page_shows_the_timeline_calls_and_messages(app: Any, store: SQLStore, project: Project) -> None:
     run = project.park(store)
     page = client(app).get(f"/runs/{run.run_id}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from tether.core import forks
 from tether.core.approvals import PendingApproval, pending_of
+from tether.core.children import link_of
 from tether.core.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -86,6 +87,8 @@ class RunRow:
     outcome: str
     """The answer, the error, or what the run waits for (short)."""
     unreadable: str | None = None
+    parent: str | None = None
+    """The run a child run serves (see :meth:`tether.Agent.as_tool`); None for a root run."""
 
 
 def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: int = LIST_LIMIT) -> list[RunRow]:
@@ -125,6 +128,7 @@ def _row(record: RunRecord) -> RunRow:
         pending=len(pending),
         outcome=_preview(outcome),
         unreadable=record.unreadable,
+        parent=str(link["run_id"]) if (link := link_of(record.spec)) is not None else None,
     )
 
 
