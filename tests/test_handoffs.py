@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -93,7 +94,9 @@ def test_a_handoff_is_recorded_and_the_other_agent_answers_from_then_on() -> Non
     assert sent.model == "billing-model"
     assert [item["name"] for item in sent.tools] == ["refund", "transfer_to_triage"]
     assert [item["name"] for item in requests(triage)[0].tools] == ["look_up_order", "transfer_to_billing"]
-    assert handoffs_of(runner, result.run_id) == [HandedOff("triage", "billing", "toolu_t1", "transfer_to_billing")]
+    [handed] = handoffs_of(runner, result.run_id)
+    assert replace(handed, tool_schemas=None) == HandedOff("triage", "billing", "toolu_t1", "transfer_to_billing")
+    assert handed.tool_schemas == {tool.name: tool.input_schema() for tool in billing.all_tools}
     state = runner.load(result.run_id)
     assert state.agent == "billing"
     check_pairing(sent.messages, run_id=result.run_id)  # the transfer call has its result: valid history
@@ -171,6 +174,28 @@ def test_resuming_with_an_agent_that_cannot_reach_the_one_in_charge_is_refused_c
         Runner(alone, store).drive(run_id)
 
     assert Runner(alone, store).load(run_id).status == "thinking"  # nothing was recorded
+
+
+def test_resuming_with_the_taken_over_agent_s_tools_changed_incompatibly_is_refused() -> None:
+    """The run's spec checks the agent it started with; the handoff records the tools of the one it hands to."""
+    script = [TRANSFER, answer("Billing here.")]
+    store = MemoryStore()
+    run_id = stepped_past_the_handoff(store, script)
+    [handed] = handoffs_of(Runner(team(script)[0], store), run_id)
+    assert handed.tool_schemas is not None
+    assert set(handed.tool_schemas) == {"refund", "transfer_to_triage"}
+
+    @tool(name="refund", approval=True)
+    def refund_in_part(order: str, amount: int) -> str:
+        """Refund part of an order (a required field more than the run's billing had)."""
+        return f"refunded {amount} of {order}"
+
+    billing = Agent(ScriptedModel(script), tools=[refund_in_part], name="billing", handoffs=[Handoff("triage")])
+    triage = Agent(ScriptedModel(script), tools=[look_up_order], name="triage", handoffs=[Handoff(billing)])
+    with pytest.raises(IncompatibleRun, match=r"cannot be resumed with agent 'billing': tool 'refund'.*amount"):
+        Runner(triage, store).drive(run_id)
+    assert EFFECTS == []
+    assert Runner(team(script)[0], store).drive(run_id).status == "done"  # the team as it was goes on
 
 
 def test_a_handoff_to_no_agent_of_the_run_is_an_error_the_model_recovers_from() -> None:

@@ -262,8 +262,13 @@ def _tighter_bounds(old: Schema, new: Schema, where: str) -> list[str]:
     return changes
 
 
-def check_compatible(run_id: str, spec: Mapping[str, Any], tools: Mapping[str, Tool]) -> None:
-    """Raise :class:`IncompatibleRun` unless ``tools`` can continue the run ``spec`` describes."""
+def check_compatible(
+    run_id: str, spec: Mapping[str, Any], tools: Mapping[str, Tool], *, whose: str = "the current tools"
+) -> None:
+    """Raise :class:`IncompatibleRun` unless ``tools`` can continue the run ``spec`` describes.
+
+    ``whose``: what the message calls ``tools``.
+    """
     check_versions(run_id, spec)
     problems = []
     for name, schema in sorted((spec.get("tool_schemas") or {}).items()):
@@ -273,9 +278,7 @@ def check_compatible(run_id: str, spec: Mapping[str, Any], tools: Mapping[str, T
             continue
         problems.extend(f"tool {name!r}: {change}" for change in schema_changes(schema, tool.input_schema()))
     if problems:
-        raise IncompatibleRun(
-            f"run {run_id} cannot be resumed with the current tools: " + "; ".join(problems), run_id=run_id
-        )
+        raise IncompatibleRun(f"run {run_id} cannot be resumed with {whose}: " + "; ".join(problems), run_id=run_id)
 
 
 def check_versions(run_id: str, spec: Mapping[str, Any]) -> None:

@@ -642,6 +642,9 @@ class HandedOff:
     """The handoff tool the model called."""
     filtered: bool = False
     """The handoff has an ``input_filter``: a ``history_compacted`` applying it follows the switch."""
+    tool_schemas: dict[str, Any] | None = None
+    """``to_agent``'s tools' input schemas then, by name: a resume checks that agent against them, as
+    the run's spec checks its own agent (None in runs recorded before tether kept them)."""
 
     def to_json(self) -> Json:
         """The stored form."""
@@ -653,6 +656,8 @@ class HandedOff:
         }
         if self.filtered:
             data["filtered"] = True
+        if self.tool_schemas is not None:
+            data["tool_schemas"] = self.tool_schemas
         return data
 
 

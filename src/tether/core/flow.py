@@ -415,6 +415,7 @@ class Flow:
         state = run if isinstance(run, RunState) else (yield from self._rebuild(run, tenant))
         check_compatible(state.id, state.spec, self.root.tool_index)
         self.in_charge(state)  # a run handed to an agent out of reach is refused before any step
+        handoffs.check_handed_tools(self.root, state)
         return state
 
     def _fits(self, state: RunState) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from tether.core import engine
+from tether.core.compat import check_compatible
 from tether.core.events import Fact, HandedOff, HistoryCompacted, ToolFinished
 from tether.core.history import Message, check_pairing
 from tether.core.state import RunState
@@ -132,6 +133,19 @@ def in_charge(root: Agent, state: RunState) -> Agent:
     return root if state.agent is None else named(root, state.agent, run_id=state.id)
 
 
+def check_handed_tools(root: Agent, state: RunState) -> None:
+    """Raise :class:`IncompatibleRun` unless the agent the run was last handed to can go on with its tools.
+
+    The run's spec holds the tools of the agent it started with (checked by
+    :func:`tether.core.compat.check_compatible`); a handoff records those of the agent it hands to.
+    """
+    handed = state.last_handoff
+    if handed is None or handed.tool_schemas is None:
+        return
+    agent = named(root, handed.to_agent, run_id=state.id)
+    check_compatible(state.id, {"tool_schemas": handed.tool_schemas}, agent.tool_index, whose=f"agent {agent.name!r}")
+
+
 def named(root: Agent, name: str, *, run_id: str) -> Agent:
     """The agent called ``name`` among ``root``'s (itself and those its handoffs reach)."""
     agent = root.reachable_agents.get(name)
@@ -159,10 +173,11 @@ def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[Non
         return
     note = f"Transferred to {handoff.target}: it takes the conversation over from here."
     filtered = handoff.input_filter is not None
+    schemas = {tool.name: tool.input_schema() for tool in named(flow.root, handoff.target, run_id=state.id).all_tools}
     records: list[Fact] = [
         *warnings,
         ToolFinished(call.call_id, tool.name, note, False, allowed=action.allowed),
-        HandedOff(flow.agent.name, handoff.target, call.call_id, tool.name, filtered=filtered),
+        HandedOff(flow.agent.name, handoff.target, call.call_id, tool.name, filtered=filtered, tool_schemas=schemas),
     ]
     yield from flow.commit(state, engine.Step("tool_finished", records))
 
