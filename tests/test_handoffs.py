@@ -198,6 +198,26 @@ def test_resuming_with_the_taken_over_agent_s_tools_changed_incompatibly_is_refu
     assert Runner(team(script)[0], store).drive(run_id).status == "done"  # the team as it was goes on
 
 
+def test_an_agent_at_its_tool_call_limit_may_still_hand_off() -> None:
+    """A handoff runs nothing and is not counted as a tool execution, so max_tool_calls does not stop it."""
+    script = [
+        tool_use_turn(tool_use("toolu_l", "look_up_order", {"order": "o1"})),
+        TRANSFER,
+        answer("Billing here."),
+    ]
+    triage, _ = team(script)
+    limited = Agent(
+        triage.model, tools=triage.tools, name="triage", handoffs=triage.handoffs, limits=Limits(max_tool_calls=1)
+    )
+
+    result = Runner(limited, MemoryStore()).run("I was charged twice")
+
+    assert result.status == "done", result.error
+    assert result.output == "Billing here."
+    assert result.tool_calls == 1
+    assert EFFECTS == ["look up o1"]
+
+
 def test_a_handoff_to_no_agent_of_the_run_is_an_error_the_model_recovers_from() -> None:
     lost = Agent(ScriptedModel([]), name="nobody-reached")
     script = [

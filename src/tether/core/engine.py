@@ -380,7 +380,8 @@ def _call_action(
         final = _result(call, "Final result recorded.", False, final_result=data, allowed=allowed)
         return Commit(Step(final.trigger, [*warnings, *final.records]))
     max_tool_calls = agent.limits.max_tool_calls
-    if max_tool_calls is not None and state.tool_calls + running >= max_tool_calls:
+    hands_off = any(tool is handoff for handoff in agent.handoff_tools)  # answered by the drive: runs nothing
+    if max_tool_calls is not None and not hands_off and state.tool_calls + running >= max_tool_calls:
         return Commit(_failure(f"max_tool_calls limit reached: {max_tool_calls} tool executions"))
     due = state.retry_due.get(call.call_id)
     if due is not None and due > now:
