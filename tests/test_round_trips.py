@@ -73,7 +73,7 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
 
     def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         if engine.dialect.name == "sqlite":  # every statement SQLite runs, the store's own cursor's too
-            trace(dbapi_connection, wire.statements.append)
+            dbapi_connection.set_trace_callback(wire.statements.append)
             return
         wire.backends.add(record.driver_connection.info.backend_pid)
         path = tracedir / f"trace{len(wire.traces)}"
@@ -87,7 +87,7 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
 
     def checked_in(dbapi_connection: Any, record: Any) -> None:
         if engine.dialect.name == "sqlite" and dbapi_connection is not None:
-            trace(dbapi_connection, None)
+            dbapi_connection.set_trace_callback(None)
         descriptor = record.info.pop("trace_descriptor", None)
         if descriptor is not None and record.driver_connection is not None:
             record.driver_connection.pgconn.untrace()
@@ -97,11 +97,6 @@ def watch(engine: sa.Engine, tracedir: Path) -> Wire:
     sa.event.listen(engine, "checkout", checked_out)
     sa.event.listen(engine, "checkin", checked_in)
     return wire
-
-
-def trace(dbapi_connection: Any, callback: Any) -> None:
-    """Set (or, with None, clear) SQLite's trace callback on a pooled connection (the sync and async stores' alike)."""
-    dbapi_connection.set_trace_callback(callback)
 
 
 def sync_side(store: Any) -> sa.Engine:

@@ -138,6 +138,12 @@ def link_of(spec: dict[str, Any]) -> dict[str, Any] | None:
     return link if isinstance(link, dict) else None
 
 
+def parent_of(spec: dict[str, Any]) -> str | None:
+    """The id of the run a child run serves; None for a root run."""
+    link = link_of(spec)
+    return str(link["run_id"]) if link is not None else None
+
+
 def depth_of(spec: dict[str, Any]) -> int:
     """A run's depth in its tree (a root run is 0)."""
     link = link_of(spec)

@@ -36,7 +36,7 @@ from rich.text import Text
 from tether import durations
 from tether.agent import Agent
 from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny, edited_input
-from tether.core.children import chain_of, link_of
+from tether.core.children import chain_of, link_of, parent_of
 from tether.core.events import Event
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
@@ -757,7 +757,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         {
             "run_id": r.id,
             "status": shown_status(r),
-            "parent": _parent_of(r),
+            "parent": parent_of(r.spec),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -778,12 +778,6 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 
     render_runs(session.out, rows)
     return EXIT_DONE
-
-
-def _parent_of(record: RunRecord) -> str | None:
-    """The run a child run serves (None for a root run), for ``tether runs``."""
-    link = link_of(record.spec)
-    return str(link["run_id"]) if link is not None else None
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.core import forks
 from tether.core.approvals import PendingApproval, pending_of
-from tether.core.children import link_of
+from tether.core.children import parent_of
 from tether.core.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -128,7 +128,7 @@ def _row(record: RunRecord) -> RunRow:
         pending=len(pending),
         outcome=_preview(outcome),
         unreadable=record.unreadable,
-        parent=str(link["run_id"]) if (link := link_of(record.spec)) is not None else None,
+        parent=parent_of(record.spec),
     )
 
 
