@@ -92,3 +92,10 @@ def test_tether_exposes_no_public_name_outside_all() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)  # submodules are reached by path
     }
     assert public == set(tether.__all__)
+
+
+def test_the_package_says_it_is_typed() -> None:
+    """PEP 561's marker: without it, a user's mypy or pyright treats every tether name as Any."""
+    import importlib.resources
+
+    assert importlib.resources.files("tether").joinpath("py.typed").is_file()
