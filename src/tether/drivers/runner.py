@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 from pydantic import BaseModel
 
@@ -66,6 +66,7 @@ from tether.core.forks import MessageEdit
 from tether.core.results import typed_result
 from tether.core.state import RunState
 from tether.core.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
+from tether.drivers import busy
 from tether.drivers import queue as queues
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, IncompatibleRun, StoreError
@@ -185,6 +186,19 @@ def record_of(state: RunState) -> RunRecord:
         created_at=state.created_at,
         updated_at=state.updated_at,
     )
+
+
+class RunnerOptions(TypedDict, total=False):
+    """The keyword options every runner takes (what each means: :class:`_RunnerBase`)."""
+
+    approver: Approver | AsyncApprover | None
+    listeners: Sequence[EventListener]
+    clock: Callable[[], float]
+    rng: random.Random | None
+    on_action: ActionListener | None
+    on_text: TextListener | None
+    lease_ttl: float
+    telemetry: Telemetry | None
 
 
 class _RunnerBase(abc.ABC, Generic[S, L]):
@@ -605,6 +619,10 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         return model.complete(request)
 
 
+_WAITS_ELSEWHERE = (engine.CallModel, Attempt, Landed, Sleep, Ask, DriveChild)
+"""Effects that wait for something outside tether: an AsyncRunner's run gives up its busy place meanwhile."""
+
+
 class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
     """Drives runs inside an event loop: every effect that waits is awaited, so the loop is never blocked.
 
@@ -619,8 +637,29 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
     had started is then in doubt, handled as after a crash).
     """
 
+    def __init__(
+        self,
+        agent: Agent,
+        store: Store | AsyncStore | None = None,
+        *,
+        max_busy_runs: int | None = busy.DEFAULT_BUSY_RUNS,
+        **options: Unpack[RunnerOptions],
+    ) -> None:
+        """The options are :class:`Runner`'s, but for ``max_busy_runs``, this runner's own.
+
+        ``max_busy_runs``: how many of its runs at once may be deciding or writing a step (the rest
+        queue, so the event loop stays responsive; see :mod:`tether.drivers.busy`); None: no limit.
+        """
+        super().__init__(agent, store, **options)
+        self._busy = busy.BusyRuns(max_busy_runs)
+
     def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
         return as_async_store(store)
+
+    def _child_runner(self, child: DriveChild) -> Self:
+        runner = super()._child_runner(child)
+        runner._busy = self._busy  # one limit for the whole run tree (the parent's place is free meanwhile)
+        return runner
 
     # Leases -------------------------------------------------------------------------------
     @asynccontextmanager
@@ -730,12 +769,17 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
 
     # Performing a flow's effects ------------------------------------------------------
     async def _acomplete(self, flow: Flowing[T]) -> T:
-        """Run ``flow`` to its end, awaiting each effect."""
+        """Run ``flow`` to its end, awaiting each effect, in a place among the busy runs (:mod:`.busy`)."""
         driven = Driven(flow)
-        while (effect := driven.next()) is not None:
-            with driven.reporting():
-                driven.outcome = await self._aperform(effect)
-        return driven.result
+        async with self._busy.place() as place:
+            while (effect := driven.next()) is not None:
+                with driven.reporting():
+                    if isinstance(effect, _WAITS_ELSEWHERE):
+                        async with place.away():
+                            driven.outcome = await self._aperform(effect)
+                    else:
+                        driven.outcome = await self._aperform(effect)
+            return driven.result
 
     async def _aperform(self, effect: Effect) -> Any:
         """Do what ``effect`` says without blocking the loop (see :meth:`Runner._perform`)."""
