@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tether import Runner, tool
 from tether.agent import Agent
 from tether.drivers.loader import DEMO_MODEL, agent_from_spec, load_model, normalise_model_spec
 from tether.errors import ConfigError
@@ -135,3 +136,16 @@ def test_a_cost_budget_works_with_a_prefixed_openai_model() -> None:
     )
 
     assert agent.model_name == "openai:gpt-6-luna"
+
+
+def test_the_demo_model_without_the_demo_tools_says_what_it_needs_instead_of_calling_them() -> None:
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    result = Runner(Agent(model=load_model(DEMO_MODEL), tools=[add])).run("Add 2 and 3.")
+    assert result.status == "done"
+    assert "this run lacks run_python, write_file" in str(result.output)
+    assert "ANTHROPIC_API_KEY" in str(result.output)
+    assert result.tool_calls == 0

@@ -123,12 +123,23 @@ def _last_result(messages: list[Message]) -> tuple[str, bool]:
     return "", False
 
 
+DEMO_CALLS = {"write_file", "run_python"}
+"""The tools the scripted demo calls."""
+
+
 class DemoScript:
     """Plays the model offline: write fib.py, run it (gated), then report its output."""
 
     def __call__(self, request: ModelRequest) -> dict[str, Any]:
         """One reply, chosen by how far the conversation has got."""
         turns = sum(1 for m in request.messages if m["role"] == "assistant")
+        missing = sorted(DEMO_CALLS - {t["name"] for t in request.tools})
+        if turns == 0 and missing:  # another agent's tools: say so rather than call a tool it lacks
+            return _answer(
+                f"I am tether's offline demo model: I can only write and run fib.py with the demo's "
+                f"tools, and this run lacks {', '.join(missing)}. For your own tools, use a real "
+                f"model (set ANTHROPIC_API_KEY, or pass --model openai:gpt-4o with OPENAI_API_KEY)."
+            )
         if turns == 0:
             return _tool_use(
                 "toolu_demo_write",
