@@ -40,7 +40,15 @@ def review(request):
     return turn({"type": "text", "text": request.messages[-1]["content"][0]["content"]}, stop="end_turn")
 
 
-REVIEWER = Agent(ScriptedModel(review), tools=[publish], name="reviewer")
+class ClosedModel(ScriptedModel):
+    """Says in closed.log when it is closed (an SDK client's connections would be let go there)."""
+
+    def close(self):
+        with (HERE / "closed.log").open("a") as log:
+            log.write("reviewer's model\\n")
+
+
+REVIEWER = Agent(ClosedModel(review), tools=[publish], name="reviewer")
 TOOLS = [REVIEWER.as_tool("review", "Have the reviewer check and publish a draft.")]
 '''
 
@@ -184,3 +192,8 @@ def test_run_prints_a_childs_progress_under_its_agent_and_the_tree_at_the_end(te
     assert 'call   review {"task": "publish a"}' in lines  # the writer's own line
     assert '  reviewer call   publish {"name": "a"}' in lines  # the child's, indented under its agent
     assert "reviewer for review toolu_review awaiting_approval" in " ".join(out.split())
+
+
+def test_the_cli_closes_a_child_agents_model_when_it_ends(tether: Tether) -> None:
+    parked(tether)
+    assert (tether.cwd / "closed.log").read_text().splitlines() == ["reviewer's model"]

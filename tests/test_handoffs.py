@@ -452,3 +452,13 @@ def test_show_and_the_tree_name_the_agent_in_charge_and_whom_it_took_over_from(
     assert main(["show", run_id, "--json", "--db", db]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["agent"], shown["handed_off_from"]) == ("billing", "triage")
+
+
+def test_an_agents_team_is_every_agent_a_run_of_it_may_drive_each_once() -> None:
+    """Handed to, or called as a tool (a child run); a handoff back by name adds no one."""
+    reviewer = Agent(ScriptedModel([]), name="reviewer")
+    review = reviewer.as_tool("review", "Review.")
+    billing = Agent(ScriptedModel([]), name="billing", handoffs=["support"], tools=[review])
+    ask = billing.as_tool("ask", "Ask billing.")
+    support = Agent(ScriptedModel([]), name="support", handoffs=[billing], tools=[ask])
+    assert [agent.name for agent in support.team] == ["support", "billing", "reviewer"]

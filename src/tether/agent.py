@@ -148,6 +148,26 @@ class Agent:
         return reachable(self)
 
     @property
+    def team(self) -> list[Agent]:
+        """This agent and every agent a run of it may drive, each once: handed to, or serving calls as a tool.
+
+        Whoever made them closes them all at the end (the CLI: each one's model and toolsets).
+        Toolsets are not connected to find them.
+        """
+        from tether.core.children import AgentTool
+        from tether.core.handoffs import handoffs_of
+
+        found: dict[int, Agent] = {}
+        queue: list[Agent] = [self]
+        while queue:
+            agent = queue.pop(0)
+            if found.setdefault(id(agent), agent) is not agent:
+                continue
+            queue.extend(tool.child_agent for tool in agent.tools if isinstance(tool, AgentTool))
+            queue.extend(t.target.agent for t in handoffs_of(agent) if not isinstance(t.target.agent, str))
+        return list(found.values())
+
+    @property
     def max_tokens(self) -> int:
         """``max_tokens`` of each model call: the settings', else the limits'."""
         return self.settings.max_tokens or self.limits.max_tokens

@@ -335,10 +335,12 @@ class _Session:
         """Models of the agents made here: closed at the end (an SDK client's pooled connections)."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
-        """The agent ``spec`` describes; its toolsets are closed when the command ends."""
+        """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
         agent = agent_from_spec(spec, model=model)
-        self.toolsets.extend(agent.toolsets)
-        self.models.append(agent.model)
+        for member in agent.team:  # a child's or a handed-to agent's, too
+            self.toolsets.extend(ts for ts in member.toolsets if all(ts is not known for known in self.toolsets))
+            if all(member.model is not known for known in self.models):
+                self.models.append(member.model)
         return agent
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
