@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from support import LaggyProxy, PgSchema, libpq_dsn, model_reply, tool_use, tool_use_turn
+from support import LaggyProxy, PgSchema, clean_env, libpq_dsn, model_reply, tool_use, tool_use_turn
 from tether import Agent, AsyncRunner, Runner, tool
 from tether.core.approvals import Approve, DecideLater, Deny
 from tether.drivers import queue
@@ -289,6 +292,26 @@ def test_run_detach_prints_the_queued_run_id(pg_schema: PgSchema, capsys: pytest
     shown = json.loads(capsys.readouterr().out)
     assert (code, shown["status"], shown["queue"]) == (0, "queued", "tether")
     assert _waiting(pg_schema.url) == [shown["run_id"]]
+
+
+def test_worker_json_prints_a_line_per_note_on_stdout_and_its_banners_on_stderr(
+    pg_schema: PgSchema, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "go", "--detach", "--db", pg_schema.url, "--model", "scripted-demo", "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    command = [sys.executable, "-m", "tether", "worker", "--db", pg_schema.url, "--json"]
+    worker = subprocess.Popen(command, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert worker.stdout is not None
+    try:
+        lines = [json.loads(worker.stdout.readline()) for _ in range(2)]  # picked up, then where it ended
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        rest, err = worker.communicate(timeout=30)
+    assert [(line["run_id"], line["what"]) for line in lines] == [(run_id, "picked_up"), (run_id, "done")]
+    assert all(isinstance(line["time"], float) for line in lines)
+    assert rest == b""
+    assert worker.returncode == 0
+    assert b"tether worker: stopped" in err
 
 
 @pytest.mark.parametrize("command", [["run", "go", "--detach", "--model", "scripted-demo"], ["worker"]])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import inspect
 import io
@@ -55,6 +56,7 @@ from tether.drivers.queue import (
     DEFAULT_QUEUE,
     DEFAULT_STALLED_AFTER,
     Worker,
+    WorkerNote,
     check_can_queue,
     ensure_schema,
     queue_of,
@@ -280,6 +282,11 @@ def _add_worker(worker: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a worker silent this long is presumed dead: its runs go to another (also each run's lease time); "
         f"default {DEFAULT_STALLED_AFTER:g}",
+    )
+    worker.add_argument(
+        "--json",
+        action="store_true",
+        help='print each run picked up and each drive\'s outcome as a JSON line on stdout: {"run_id", "what", ...}',
     )
 
 
@@ -516,9 +523,13 @@ def _detach(args: argparse.Namespace, session: _Session, agent: Agent) -> int:
 def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
     """Drive queued runs until SIGTERM or Ctrl-C, which let each run finish its current step first.
 
-    Prints a line per run it picks up and per drive's outcome (on stderr, as its other lines).
+    Prints a line per run it picks up and per drive's outcome: on stderr, as its other lines, or
+    with ``--json`` one JSON object per line on stdout (for a log shipper; the rest stays on stderr).
     """
     from tether.surfaces.terminal import render_worker_note
+
+    def note_as_json(note: WorkerNote) -> None:
+        print(json.dumps({"time": time.time(), **dataclasses.asdict(note)}, ensure_ascii=False), flush=True)
 
     worker = Worker(
         session.db_url,
@@ -526,7 +537,7 @@ def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
         concurrency=args.concurrency,
         stalled_after=args.stalled_after,
         telemetry=session.telemetry,
-        on_note=lambda note: render_worker_note(session.err, note),
+        on_note=note_as_json if args.json else lambda note: render_worker_note(session.err, note),
     )
     session.err.print(
         Text(
