@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pexpect
@@ -29,9 +31,10 @@ from support import (
     tool_use,
     transcript,
 )
+from tether.core.children import child_run_id
 from tether.core.engine import CallModel
 from tether.core.state import RunState
-from tether.surfaces.terminal import LiveView, printable, render_audit
+from tether.surfaces.terminal import LiveView, printable, render_audit, render_runs
 from tether.views.audit import AuditEntry
 
 NASTY = "T\x1b]0;pwned\x07 C\x1b[2J R\x1b[31mRED X\rCR S\x9b6n"
@@ -248,3 +251,36 @@ def test_the_approval_and_the_rest_of_the_run_are_safe_in_a_terminal(tmp_path: P
     screen = transcript(child).replace("\r\n", "\n")
     assert_safe(screen)
     assert "Done: " + SHOWN in ANSI.sub("", screen).replace("\n", "")
+
+
+def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
+    """Dates shortened as ``ls -l`` does: today's time, an older run's date; ids never cut (they are copied)."""
+    now = time.time()
+    parent = "run_" + "a" * 20
+    child = child_run_id(parent, "toolu_review", 1)
+    rows = [
+        {"run_id": parent, "status": "awaiting_approval", "steps": 120, "tool_calls": 48, "updated_at": now},
+        {
+            "run_id": child,
+            "parent": parent,
+            "status": "awaiting_approval",
+            "steps": 3,
+            "tool_calls": 1,
+            "updated_at": now,
+        },
+        {
+            "run_id": "run_" + "c" * 20,
+            "status": "waiting_retry",
+            "steps": 7,
+            "tool_calls": 2,
+            "updated_at": now - 400 * 86400,
+        },
+    ]
+    out = io.StringIO()
+    render_runs(Console(file=out, width=80, color_system=None), rows)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 + len(rows) + 1  # the header's three lines, a line per run, the bottom
+    assert max(len(line) for line in lines) <= 80
+    assert re.search(rf"awaiting_approval .* \d\d:\d\d:\d\d .* {parent} ", lines[3])
+    assert f"└ {child}" in lines[4]
+    assert re.search(r"waiting_retry .* \d{4}-\d\d-\d\d .* run_c", lines[5])

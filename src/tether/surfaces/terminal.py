@@ -748,10 +748,21 @@ def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
     table = Table("status", "steps", "tools", "updated")
     table.columns[0].no_wrap = True
     table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
+    now = time.localtime()
     for row, depth in _as_trees(rows):
         shown = Text(("  " * (depth - 1) + "└ " if depth else "") + row["run_id"])
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), row["updated"], shown)
+        updated = _short_time(time.localtime(row["updated_at"]), now)
+        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), updated, shown)
     console.print(table)
+
+
+def _short_time(when: time.struct_time, now: time.struct_time) -> str:
+    """As ``ls -l`` does, so the runs table fits 80 columns: today's time, this year's day and minute, else the date."""
+    if when[:3] == now[:3]:
+        return time.strftime("%H:%M:%S", when)
+    if when.tm_year == now.tm_year:
+        return time.strftime("%m-%d %H:%M", when)
+    return time.strftime("%Y-%m-%d", when)
 
 
 def _as_trees(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
