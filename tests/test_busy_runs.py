@@ -9,6 +9,7 @@ and a run cancelled in the queue leaves the place free and the run resumable.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,7 +17,7 @@ import pytest
 
 from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, AsyncRunner, tool
-from tether.drivers.busy import BusyRuns
+from tether.drivers.busy import DEFAULT_BUSY_RUNS, BusyRuns
 from tether.models import ModelRequest, ModelResponse
 from tether.stores.awaitable import AwaitableStore
 from tether.stores.memory import MemoryStore
@@ -109,6 +110,39 @@ async def test_without_a_limit_every_run_writes_when_it_is_ready() -> None:
     statuses = await drive_many(AsyncRunner(noting_agent(), store, max_busy_runs=None), 12)
     assert statuses == ["done"] * 12
     assert store.most_in_flight > 3  # what the limit above held down
+
+
+async def test_runners_given_one_busy_runs_share_its_limit() -> None:
+    shared, store = BusyRuns(2), WatchedStore()
+    runners = [AsyncRunner(noting_agent(), store, max_busy_runs=shared) for _ in range(2)]
+    statuses = await asyncio.gather(*(drive_many(runner, 6) for runner in runners))
+    assert statuses == [["done"] * 6] * 2
+    assert store.most_in_flight == 2
+
+
+async def test_by_default_every_runner_on_a_loop_shares_one_limit() -> None:
+    """A service making a runner per request is limited all the same."""
+    store = WatchedStore()
+    runs = DEFAULT_BUSY_RUNS + 8
+    statuses = await asyncio.gather(*(drive_many(AsyncRunner(noting_agent(), store), 1) for _ in range(runs)))
+    assert statuses == [["done"]] * runs
+    assert store.most_in_flight == DEFAULT_BUSY_RUNS
+
+
+def test_one_busy_runs_serves_two_event_loops_at_once_each_with_its_own_places() -> None:
+    shared = BusyRuns(1)
+    ended: list[list[str]] = []
+
+    def drive_in_a_loop() -> None:
+        runner = AsyncRunner(noting_agent(), WatchedStore(), max_busy_runs=shared)
+        ended.append(asyncio.run(drive_many(runner, 4)))
+
+    threads = [threading.Thread(target=drive_in_a_loop) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert ended == [["done"] * 4] * 2
 
 
 class MeetingModel(ScriptedModel):

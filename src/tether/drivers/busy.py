@@ -13,6 +13,7 @@ keeps runs from waiting on the connection pool, whose timeout fails a step.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -48,17 +49,20 @@ class Place:
 
 
 class BusyRuns:
-    """At most ``limit`` runs at once doing tether's own work on the running loop; None: no limit.
+    """At most ``limit`` runs at once doing tether's own work on each event loop; None: no limit.
 
-    Shared by a runner and the runners of its child runs, so the limit covers a whole run tree.
+    Shared by every runner given it, and by the runners of their child runs, so the limit covers a
+    whole run tree. :data:`SHARED`, every :class:`AsyncRunner`'s by default, makes it one limit per
+    event loop, whatever runners (one per request, say) drive its runs.
     """
 
     def __init__(self, limit: int | None = DEFAULT_BUSY_RUNS) -> None:
         if limit is not None and limit < 1:
             raise ValueError(f"max_busy_runs must be at least 1 (or None for no limit), not {limit}")
         self.limit = limit
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._semaphore: asyncio.Semaphore | None = None
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @asynccontextmanager
     async def place(self) -> AsyncIterator[Place]:
@@ -73,10 +77,20 @@ class BusyRuns:
             place._give_up()
 
     def _on_this_loop(self) -> asyncio.Semaphore | None:
-        """The running loop's semaphore: a runner may outlive a loop (``asyncio.run`` twice)."""
+        """The running loop's places: a runner may outlive a loop (``asyncio.run`` twice), or serve two."""
         if self.limit is None:
             return None
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._semaphore is None:
-            self._loop, self._semaphore = loop, asyncio.Semaphore(self.limit)
-        return self._semaphore
+        semaphore = self._semaphores.get(loop)
+        if semaphore is None:
+            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.limit)
+        return semaphore
+
+
+SHARED = BusyRuns()
+"""The places every AsyncRunner shares unless given its own: :data:`DEFAULT_BUSY_RUNS` per event loop."""
+
+
+def of(setting: int | BusyRuns | None) -> BusyRuns:
+    """``AsyncRunner(max_busy_runs=...)``: shared places as given, or a limit of the runner's own."""
+    return setting if isinstance(setting, BusyRuns) else BusyRuns(setting)

@@ -642,16 +642,19 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         agent: Agent,
         store: Store | AsyncStore | None = None,
         *,
-        max_busy_runs: int | None = busy.DEFAULT_BUSY_RUNS,
+        max_busy_runs: int | busy.BusyRuns | None = busy.SHARED,
         **options: Unpack[RunnerOptions],
     ) -> None:
         """The options are :class:`Runner`'s, but for ``max_busy_runs``, this runner's own.
 
-        ``max_busy_runs``: how many of its runs at once may be deciding or writing a step (the rest
-        queue, so the event loop stays responsive; see :mod:`tether.drivers.busy`); None: no limit.
+        ``max_busy_runs``: how many runs at once may be deciding or writing a step; the rest queue,
+        so the event loop stays responsive (see :mod:`tether.drivers.busy`). By default 32 per event
+        loop, shared by every runner that does not say otherwise (a service making a runner per
+        request is still limited); a number: this runner's own limit; a
+        :class:`~tether.drivers.busy.BusyRuns`: the limit of whoever shares it; None: no limit.
         """
         super().__init__(agent, store, **options)
-        self._busy = busy.BusyRuns(max_busy_runs)
+        self._busy = busy.of(max_busy_runs)
 
     def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
         return as_async_store(store)
