@@ -614,6 +614,44 @@ def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, proje
     assert mid_turn.status_code == 422  # refused, edited or not
 
 
+def test_a_fork_after_tool_results_may_edit_the_prompt_by_its_number(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """There the last message holds only tool results: the form's message number reaches the prompt."""
+    from tether.core import forks
+    from tether.core.events import RunStarted
+
+    run = project.park(store, tenant="acme")
+    browser = client(app, ACME)
+    approved = decide(browser, run.run_id, browser.get("/inbox").text, action="approve", by="ann")
+    assert approved.status_code == 303
+    assert store.load_run(run.run_id).status == "done"
+    after_results = forks.fork_points(store.load_events(run.run_id))[-1]
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert f'data-testid="fork-message-{after_results}"' in page
+    token, at = csrf_of(page), str(after_results)
+
+    def post(**fields: str) -> Any:
+        return browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": at, **fields})
+
+    made = post(message="0", text="Refund INV-9.")
+
+    assert made.status_code == 303
+    started = store.load_events(made.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
+    assert isinstance(started, RunStarted)
+    assert started.messages[0] == {"role": "user", "content": [{"type": "text", "text": "Refund INV-9."}]}
+    assert started.messages[1:] == forks.state_at(run.run_id, store.load_events(run.run_id), after_results).messages[1:]
+    refused = {
+        "last": post(text="hi"),  # the tool results: no text to edit
+        "far": post(message="7", text="hi"),
+        "nan": post(message="first", text="hi"),
+    }
+    assert {name: answer.status_code for name, answer in refused.items()} == {"last": 422, "far": 422, "nan": 422}
+    assert "holds no text to edit" in html.unescape(refused["last"].text)
+    assert "has messages 0 to 2, not 7" in html.unescape(refused["far"].text)
+    assert "must be a number (0 the first, -1 the last)" in html.unescape(refused["nan"].text)
+
+
 def test_a_fork_mid_turn_forged_or_of_another_tenant_makes_nothing(app: Any, store: SQLStore, project: Project) -> None:
     mine = project.park(store, tenant="acme")
     theirs = project.park(store, tenant="globex")

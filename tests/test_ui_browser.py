@@ -199,3 +199,14 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_test_id("fork-edited-1").click()
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
     expect(page.locator("body")).to_contain_text("Refund INV-9 instead.")
+
+    page.get_by_role("link", name=served.done).click()  # the last fork point follows the tool results:
+    edit = page.locator('summary[data-testid^="fork-edit-"]').last  # its last message has no text,
+    at = (edit.get_attribute("data-testid") or "").removeprefix("fork-edit-")
+    assert int(at) > 1
+    edit.click()
+    page.get_by_test_id(f"fork-message-{at}").fill("0")  # so the prompt, message 0, is the one edited
+    page.get_by_test_id(f"fork-text-{at}").fill("Refund INV-11 instead.")
+    page.get_by_test_id(f"fork-edited-{at}").click()
+    expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #")
+    expect(page.locator("body")).to_contain_text("Refund INV-11 instead.")

@@ -9,7 +9,7 @@ GET    /runs/{run_id}/live         server-sent events: ``changed`` as the run mo
 GET    /live                       server-sent events: ``changed`` as any visible run moves
 POST   /decide                     approve, deny or edit one call (form, CSRF-checked), then
                                    back to the page it came from
-POST   /fork                       a new run from one step of a run, its last message's text optionally
+POST   /fork                       a new run from one step of a run, one message's text optionally
                                    edited (form, CSRF-checked), driven on; then the new run's page
 GET    /login, POST /login         sign in with a token; ``?token=`` on any page does the same
 POST   /logout                     forget the session cookie
@@ -254,7 +254,12 @@ class _Inspector:
         run_id = fields.get("run_id", "")
         try:
             fork = await run_in_threadpool(
-                self.decider.fork, run_id, fields.get("at", ""), tenant=viewer.tenant, text=fields.get("text", "")
+                self.decider.fork,
+                run_id,
+                fields.get("at", ""),
+                tenant=viewer.tenant,
+                text=fields.get("text", ""),
+                message=fields.get("message", "-1"),
             )
         except (BadForm, InvalidForkPoint) as error:
             return await self._run(request, viewer, run_id, 422, fork_error=str(error))

@@ -119,23 +119,27 @@ class Decider:
             self.resume(run_id, tenant)
         return result
 
-    def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "") -> RunState:
+    def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "", message: str = "-1") -> RunState:
         """Start a new run from step ``at`` of ``run_id`` (the original untouched) and drive it on.
 
-        ``text``, unless blank, replaces the text of the fork's last message (the user turn the
-        model answers next).
+        ``text``, unless blank, replaces the text of the fork's message number ``message`` (0 the
+        first, -1 the last: the user turn the model answers next; after tool results, the prompt).
 
         Raises:
             RunNotFound: no such run for this tenant.
-            InvalidForkPoint: no such step, one in the middle of a turn, or a last message without text.
-            BadForm: ``at`` is not a number.
+            InvalidForkPoint: no such step, one in the middle of a turn, no such message, or one without text.
+            BadForm: ``at`` or ``message`` is not a number.
         """
         try:
             step = int(at)
         except ValueError:
             raise BadForm(f"the step to fork at must be a number, not {at!r}") from None
+        try:
+            index = int(message or "-1")
+        except ValueError:
+            raise BadForm(f"the message to edit must be a number (0 the first, -1 the last), not {message!r}") from None
         runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a fork needs no tools
-        edit = MessageEdit(-1, text) if text.strip() else None
+        edit = MessageEdit(index, text) if text.strip() else None
         fork = runner.fork(run_id, at_step=step, tenant=tenant, edit=edit)
         self.resume(fork.id, fork.tenant)
         return fork
