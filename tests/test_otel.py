@@ -7,6 +7,7 @@ still land in the run's trace.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -355,10 +356,50 @@ def test_a_decision_in_the_inspector_lands_in_the_runs_trace(tmp_path: Path, exp
     finally:
         store.close()
 
-    spans = exporter.get_finished_spans()
+    assert_one_trace_decided_by(exporter.get_finished_spans(), "refund", "ann")
+
+
+def test_the_example_service_traces_a_run_and_its_decision_in_one_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter: InMemorySpanExporter
+) -> None:
+    """create_app(telemetry=...): the request that parks the run, then the person's decision over HTTP."""
+    pytest.importorskip("uvicorn", reason="the service example needs the 'service' extra")
+    import urllib.request
+
+    from support import serving_app
+    from tether.examples.service import create_app
+    from tether.policy.access import Credentials
+    from tether.stores.sql import AsyncSQLStore
+
+    monkeypatch.setenv("TETHER_DEMO_WORKSPACE", str(tmp_path / "workspace"))
+    app = create_app(
+        store=AsyncSQLStore(f"sqlite:///{tmp_path / 'service.db'}"),
+        credentials=Credentials({"acme-token-0123456789": "acme"}),
+        telemetry=telemetry(exporter),
+    )
+    loopback = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Authorization": "Bearer acme-token-0123456789", "Content-Type": "application/json"}
+        request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST", headers=headers)
+        with loopback.open(request, timeout=30) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+
+    with serving_app(app) as base:
+        parked = post(base, "/runs", {"prompt": "Write and run fib.py."})
+        assert parked["status"] == "awaiting_approval"
+        done = post(base, f"/runs/{parked['run_id']}/approvals/toolu_demo_run", {"approve": True, "actor": "alice"})
+    assert done["status"] == "done"
+
+    assert_one_trace_decided_by(exporter.get_finished_spans(), "run_python", "alice")
+
+
+def assert_one_trace_decided_by(spans: tuple[ReadableSpan, ...], tool: str, actor: str) -> None:
+    """One trace: the drive that parked the run, the wait for ``actor``'s decision, the drive after it."""
     [root] = [span for span in spans if span.parent is None]
     assert {span.context.trace_id for span in spans} == {root.context.trace_id}
-    [wait] = named(spans, "tether.approval_wait refund")
+    [wait] = named(spans, f"tether.approval_wait {tool}")
     assert wait.attributes is not None
-    assert wait.attributes["tether.approval.actor"] == "ann"
+    assert wait.attributes["tether.approval.actor"] == actor
     assert len(named(spans, "tether.drive")) == 2

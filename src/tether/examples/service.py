@@ -51,7 +51,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import uvicorn
@@ -67,6 +67,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny
 from tether.drivers.runner import AsyncRunner, shown_status
+from tether.drivers.telemetry import Telemetry
 from tether.errors import (
     ApprovalError,
     ConfigError,
@@ -81,6 +82,9 @@ from tether.policy.access import Credentials, bearer
 from tether.stores import AsyncStore, RunRecord, Store, open_async_store
 from tether.stores.awaitable import as_async_store
 from tether.views.pending import apending_approvals
+
+if TYPE_CHECKING:
+    from tether.drivers.otel import OpenTelemetry
 
 TOKENS_ENV = "TETHER_SERVICE_TOKENS"
 """The token file ``main`` reads when ``--tokens`` is not given."""
@@ -124,12 +128,18 @@ class _Service:
     """The endpoints: every run is driven on the event loop, awaiting its store, model and tools."""
 
     def __init__(
-        self, agent_factory: AgentFactory, store: AsyncStore, max_wait: float, credentials: Credentials
+        self,
+        agent_factory: AgentFactory,
+        store: AsyncStore,
+        max_wait: float,
+        credentials: Credentials,
+        telemetry: Telemetry | None,
     ) -> None:
         self.agent_factory = agent_factory
         self.store = store
         self.max_wait = max_wait
         self.credentials = credentials
+        self.telemetry = telemetry
 
     def tenant(self, request: Request) -> str:
         """The tenant the request's token is bound to: the only one it may reach."""
@@ -140,7 +150,7 @@ class _Service:
 
     def runner(self, tenant: str) -> AsyncRunner:
         # Decisions arrive over HTTP: a gated call (or one a crash left in doubt) parks the run.
-        return AsyncRunner(self.agent_factory(tenant), self.store, approver=DecideLater())
+        return AsyncRunner(self.agent_factory(tenant), self.store, approver=DecideLater(), telemetry=self.telemetry)
 
     # Endpoints ----------------------------------------------------------------------
     async def start_run(self, request: Request) -> Response:
@@ -225,6 +235,7 @@ def create_app(
     *,
     max_wait: float = DEFAULT_MAX_WAIT,
     credentials: Credentials,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     """The service's ASGI app.
 
@@ -236,6 +247,8 @@ def create_app(
             processes. A sync store works too (its calls then run in worker threads).
         max_wait: seconds a request sleeps for a tool retry; a later one parks the run.
         credentials: the tokens requests carry, each bound to the tenant it acts for.
+        telemetry: traces every run, drive, model call, tool call and decision the requests make
+            (:class:`tether.drivers.otel.OpenTelemetry`); None: nothing is traced.
 
     Raises:
         ConfigError: a token bound to no tenant (the service acts for one tenant per request).
@@ -243,7 +256,7 @@ def create_app(
     if None in credentials.tenants:
         raise ConfigError("the service acts for one tenant per request: every token must name a tenant")
     opened = as_async_store(store) if store is not None else open_async_store(os.environ.get("TETHER_DB"))
-    service = _Service(agent_factory, opened, max_wait, credentials)
+    service = _Service(agent_factory, opened, max_wait, credentials, telemetry)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -333,17 +346,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--db", help="SQLAlchemy URL (default $TETHER_DB, else sqlite:///tether.db)")
     parser.add_argument("--tokens", metavar="FILE", help=f'JSON {{"TOKEN": "TENANT", ...}} (default ${TOKENS_ENV})')
+    parser.add_argument(
+        "--otel", action="store_true", help="trace with OpenTelemetry (tether[otel]; exporter: $OTEL_TRACES_EXPORTER)"
+    )
     args = parser.parse_args(argv)
     tokens = args.tokens or os.environ.get(TOKENS_ENV)
     if not tokens:
         parser.error(f"give --tokens FILE (or ${TOKENS_ENV}): each token names the tenant it acts for")
     try:
+        tracing = _telemetry() if args.otel else None
         app = create_app(
-            store=open_async_store(args.db or os.environ.get("TETHER_DB")), credentials=Credentials.from_file(tokens)
+            store=open_async_store(args.db or os.environ.get("TETHER_DB")),
+            credentials=Credentials.from_file(tokens),
+            telemetry=tracing,
         )
-    except ConfigError as error:
+    except (ConfigError, ImportError) as error:
         parser.error(str(error))
-    uvicorn.run(app, host=args.host, port=args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        if tracing is not None:
+            tracing.close()  # flushes the spans
+
+
+def _telemetry() -> OpenTelemetry:
+    from tether.drivers.otel import from_environment  # ImportError: the otel extra is missing
+
+    return from_environment()
 
 
 if __name__ == "__main__":  # pragma: no cover
