@@ -197,3 +197,20 @@ def test_run_prints_a_childs_progress_under_its_agent_and_the_tree_at_the_end(te
 def test_the_cli_closes_a_child_agents_model_when_it_ends(tether: Tether) -> None:
     parked(tether)
     assert (tether.cwd / "closed.log").read_text().splitlines() == ["reviewer's model"]
+
+
+def test_the_inspectors_drive_closes_the_agent_it_made(tether: Tether) -> None:
+    """`tether ui` makes an agent per drive after a decision: its team's models and servers go with it."""
+    from tether.stores.sql import SQLStore
+    from tether.surfaces.web.decisions import InProcess
+
+    root, child = parked(tether)
+    assert tether("approve", child, "toolu_pub", "--by", "ann")[0] == 0
+    (tether.cwd / "closed.log").unlink()  # the CLI's own closes, tested above
+    store = SQLStore(tether.db)
+    try:
+        InProcess(store, max_wait=0).drive(root, None)
+        assert store.load_run(root).status == "done"
+    finally:
+        store.close()
+    assert (tether.cwd / "closed.log").read_text().splitlines() == ["reviewer's model"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -166,6 +167,21 @@ class Agent:
             queue.extend(tool.child_agent for tool in agent.tools if isinstance(tool, AgentTool))
             queue.extend(t.target.agent for t in handoffs_of(agent) if not isinstance(t.target.agent, str))
         return list(found.values())
+
+    def close(self) -> None:
+        """Let go of what the team holds: each toolset's servers, each model's pooled connections.
+
+        For whoever made the agent (the CLI, the inspector's drives). A model's async close is left to
+        its event loop. Each one is closed once, even when agents share it; a toolset used again reconnects.
+        """
+        closed: set[int] = set()
+        for member in self.team:
+            for held in (*member.toolsets, member.model):
+                closing = getattr(held, "close", None)
+                if id(held) in closed or not callable(closing) or inspect.iscoroutinefunction(closing):
+                    continue
+                closed.add(id(held))
+                closing()
 
     @property
     def max_tokens(self) -> int:

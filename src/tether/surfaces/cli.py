@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import dataclasses
 import functools
-import inspect
 import io
 import json
 import os
@@ -78,7 +77,7 @@ from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
-from tether.toolsets import Toolset, from_record
+from tether.toolsets import from_record
 
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
@@ -336,18 +335,13 @@ class _Session:
         self.telemetry = _telemetry(args, self.err)
         """Traces the command's runs (``--otel``, ``$OTEL_TRACES_EXPORTER``); None: not traced."""
         """The run being driven, once known: named when Ctrl-C stops the command."""
-        self.toolsets: list[Toolset] = []
-        """Toolsets of the agents made here: closed at the end (their servers stopped)."""
-        self.models: list[ModelAdapter] = []
-        """Models of the agents made here: closed at the end (an SDK client's pooled connections)."""
+        self.agents: list[Agent] = []
+        """The agents made here: their teams' toolsets and models are closed at the end (:meth:`Agent.close`)."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
         agent = agent_from_spec(spec, model=model)
-        for member in agent.team:  # a child's or a handed-to agent's, too
-            self.toolsets.extend(ts for ts in member.toolsets if all(ts is not known for known in self.toolsets))
-            if all(member.model is not known for known in self.models):
-                self.models.append(member.model)
+        self.agents.append(agent)
         return agent
 
     def approver(self, args: argparse.Namespace, agent: Agent) -> Approver:
@@ -418,12 +412,8 @@ class _Session:
         if self.live is not None:
             with suppress(OSError):  # the terminal is gone (SIGHUP): nothing left to clear
                 self.live.stop()
-        while self.toolsets:
-            self.toolsets.pop().close()
-        while self.models:  # a sync close only: what main() runs in-process leaves no socket open
-            closing = getattr(self.models.pop(), "close", None)
-            if callable(closing) and not inspect.iscoroutinefunction(closing):
-                closing()
+        while self.agents:  # what main() runs in-process leaves no socket or server behind
+            self.agents.pop().close()
         if self.telemetry is not None:
             self.telemetry.close()  # flushes the spans
         self.store.close()

@@ -173,8 +173,11 @@ class InProcess:
         """Drive the run until it parks or ends (in the calling thread)."""
         try:
             agent = agent_from_spec(self.store.load_run(run_id, tenant=tenant).spec)
-            runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
-            runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
+            try:
+                runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
+                runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
+            finally:
+                agent.close()  # an agent per drive: its toolsets' servers and model connections go with it
         except TetherError as error:  # busy elsewhere, ended meanwhile, tools gone: the row says the rest
             log.warning("tether ui: run %s was not driven on: %s", run_id, error)
         except Exception:  # a tool module that fails to import, a model without credentials...
