@@ -462,3 +462,31 @@ def test_an_agents_team_is_every_agent_a_run_of_it_may_drive_each_once() -> None
     ask = billing.as_tool("ask", "Ask billing.")
     support = Agent(ScriptedModel([]), name="support", handoffs=[billing], tools=[ask])
     assert [agent.name for agent in support.team] == ["support", "billing", "reviewer"]
+
+
+class ClosableModel(ScriptedModel):
+    """Records its closes, as an SDK adapter's sync and async clients would be let go."""
+
+    def __init__(self, closed: list[str], name: str) -> None:
+        super().__init__([])
+        self.closed, self.label = closed, name
+
+    def close(self) -> None:
+        self.closed.append(f"{self.label} sync")
+
+    async def aclose(self) -> None:
+        self.closed.append(f"{self.label} async")
+
+
+async def test_closing_an_agent_closes_each_model_of_its_team_once() -> None:
+    closed: list[str] = []
+    shared = ClosableModel(closed, "shared")
+    reviewer = Agent(shared, name="reviewer")
+    billing = Agent(shared, name="billing", tools=[reviewer.as_tool("review", "Review.")])
+    support = Agent(ClosableModel(closed, "support"), name="support", handoffs=[billing])
+
+    support.close()
+    assert closed == ["support sync", "shared sync"]
+    closed.clear()
+    await support.aclose()
+    assert closed == ["support sync", "shared sync", "support async", "shared async"]

@@ -171,17 +171,27 @@ class Agent:
     def close(self) -> None:
         """Let go of what the team holds: each toolset's servers, each model's pooled connections.
 
-        For whoever made the agent (the CLI, the inspector's drives). A model's async close is left to
-        its event loop. Each one is closed once, even when agents share it; a toolset used again reconnects.
+        For whoever made the agent (the CLI, the inspector's drives). A model's async clients are
+        :meth:`aclose`'s. Each one is closed once, even when agents share it; used again, it reconnects.
         """
-        closed: set[int] = set()
+        for closing in self._closers("close"):
+            closing()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the models' async clients too (on the loop that used them: a worker's)."""
+        self.close()
+        for closing in self._closers("aclose"):
+            await closing()
+
+    def _closers(self, name: str) -> list[Any]:
+        """The team's toolsets' and models' ``name`` methods, one per object, sync or async as ``name`` is."""
+        found: dict[int, Any] = {}
         for member in self.team:
             for held in (*member.toolsets, member.model):
-                closing = getattr(held, "close", None)
-                if id(held) in closed or not callable(closing) or inspect.iscoroutinefunction(closing):
-                    continue
-                closed.add(id(held))
-                closing()
+                closing = getattr(held, name, None)
+                if callable(closing) and inspect.iscoroutinefunction(closing) == (name == "aclose"):
+                    found.setdefault(id(held), closing)
+        return list(found.values())
 
     @property
     def max_tokens(self) -> int:

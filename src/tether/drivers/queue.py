@@ -404,6 +404,8 @@ class Worker:
                         await asyncio.sleep(pause)
                     pause = min(pause * 2, 30.0)
         finally:
+            for agent in self._agents.values():  # the ones it made (one given to it stays its owner's)
+                await agent.aclose()
             await self.store.close()
 
     def _options(self) -> dict[str, Any]:
