@@ -1,4 +1,4 @@
-"""How many runs one :class:`~tether.drivers.runner.AsyncRunner` lets do tether's own work at once.
+"""How many runs at once do tether's own work on an event loop (``AsyncRunner(max_busy_runs=...)``).
 
 A step's own work (the engine deciding, the store writing) runs on the event loop, or on the
 store's thread holding the GIL. Once hundreds of runs are ready together, one turn of the loop
