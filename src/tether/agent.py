@@ -203,6 +203,10 @@ class Agent:
         """Tools by name, validated once (never per step)."""
         return tools_by_name(self.all_tools)
 
+    def tool_schemas(self) -> dict[str, dict[str, Any]]:
+        """Each tool's input schema by name, fresh copies: what a run records to check a later resume against."""
+        return {tool.name: tool.input_schema() for tool in self.all_tools}
+
     @cached_property
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The Messages API ``tools`` list, built once."""

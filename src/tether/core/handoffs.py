@@ -173,7 +173,7 @@ def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[Non
         return
     note = f"Transferred to {handoff.target}: it takes the conversation over from here."
     filtered = handoff.input_filter is not None
-    schemas = {tool.name: tool.input_schema() for tool in named(flow.root, handoff.target, run_id=state.id).all_tools}
+    schemas = named(flow.root, handoff.target, run_id=state.id).tool_schemas()
     records: list[Fact] = [
         *warnings,
         ToolFinished(call.call_id, tool.name, note, False, allowed=action.allowed),

@@ -59,7 +59,7 @@ def create(
         "budget": budget.to_dict() if (budget := agent.limits.budget) is not None else None,
         "machine_version": MACHINE_VERSION,
         "schema_version": SCHEMA_VERSION,
-        "tool_schemas": {tool.name: tool.input_schema() for tool in agent.all_tools},
+        "tool_schemas": agent.tool_schemas(),
         "tool_settings": {tool.name: tool.settings() for tool in agent.all_tools},
     }
     if agent.name is not None:  # who the run's agent is, for people (the audit names each call's)
