@@ -490,3 +490,23 @@ async def test_closing_an_agent_closes_each_model_of_its_team_once() -> None:
     closed.clear()
     await support.aclose()
     assert closed == ["support sync", "shared sync", "support async", "shared async"]
+
+
+class AsyncCloseModel(ScriptedModel):
+    """A user's model whose only closer is ``async def close``, as some async SDK clients have it."""
+
+    def __init__(self, closed: list[str]) -> None:
+        super().__init__([])
+        self.closed = closed
+
+    async def close(self) -> None:
+        self.closed.append("awaited")
+
+
+async def test_aclose_awaits_a_close_that_is_a_coroutine_function_and_close_leaves_it() -> None:
+    closed: list[str] = []
+    agent = Agent(AsyncCloseModel(closed), name="async")
+    agent.close()
+    assert closed == []
+    await agent.aclose()
+    assert closed == ["awaited"]

@@ -178,18 +178,22 @@ class Agent:
             closing()
 
     async def aclose(self) -> None:
-        """:meth:`close`, and the models' async clients too (on the loop that used them: a worker's)."""
+        """:meth:`close`, and the async closers too (on the loop that used them: a worker's).
+
+        An async closer is an ``aclose`` method, or a ``close`` that is itself a coroutine function
+        (as a user's own model or toolset may have it), which :meth:`close` cannot await.
+        """
         self.close()
-        for closing in self._closers("aclose"):
+        for closing in self._closers("aclose", asynchronous=True) + self._closers("close", asynchronous=True):
             await closing()
 
-    def _closers(self, name: str) -> list[Any]:
-        """The team's toolsets' and models' ``name`` methods, one per object, sync or async as ``name`` is."""
+    def _closers(self, name: str, *, asynchronous: bool = False) -> list[Any]:
+        """The team's toolsets' and models' ``name`` methods that are (or are not) coroutine functions, one per object."""
         found: dict[int, Any] = {}
         for member in self.team:
             for held in (*member.toolsets, member.model):
                 closing = getattr(held, name, None)
-                if callable(closing) and inspect.iscoroutinefunction(closing) == (name == "aclose"):
+                if callable(closing) and inspect.iscoroutinefunction(closing) == asynchronous:
                     found.setdefault(id(held), closing)
         return list(found.values())
 
