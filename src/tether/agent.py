@@ -188,7 +188,7 @@ class Agent:
             await closing()
 
     def _closers(self, name: str, *, asynchronous: bool = False) -> list[Any]:
-        """The team's toolsets' and models' ``name`` methods that are (or are not) coroutine functions, one per object."""
+        """The team's toolsets' and models' ``name`` methods, coroutine functions or not, one per object."""
         found: dict[int, Any] = {}
         for member in self.team:
             for held in (*member.toolsets, member.model):
