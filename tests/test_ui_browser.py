@@ -47,20 +47,22 @@ class Served:
     parked: str
     """Parked before its refund, for the person to approve."""
     done: str
-    """Ended, its tool output and answer holding the XSS attempt."""
+    """Ended, its tool output and answer holding the XSS attempt (the parked runs hold none)."""
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("ui")
-    project = Project.make(root / "project")
+    hostile = Project.make(root / "hostile")
+    # The parked runs are the README's pictures (scripts/ui-screenshots): plain text there.
+    project = Project.make(root / "project", echoed="Checking the invoice before the refund.", quoted="")
     url = f"sqlite:///{root / 'runs.db'}"
     store = SQLStore(url)
     try:
-        done = project.park(store, tenant="acme", prompt="Refund INV-7 and repeat what I sent.")
-        Runner(agent_from_spec(project.spec), store, approver=AutoApprover(approve=True)).drive(done.run_id)
-        project.park(store, tenant="globex", prompt="Refund INV-9.")
-        parked = project.park(store, tenant="acme", prompt="Refund INV-8.")
+        done = hostile.park(store, tenant="acme", prompt="Refund INV-7 and repeat what I sent.")
+        Runner(agent_from_spec(hostile.spec), store, approver=AutoApprover(approve=True)).drive(done.run_id)
+        project.park(store, tenant="globex", prompt="Refund INV-7 for globex.")
+        parked = project.park(store, tenant="acme", prompt="Refund INV-7, the 20 I was charged twice.")
     finally:
         store.close()
     command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]

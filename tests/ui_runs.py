@@ -56,11 +56,11 @@ RULES = textwrap.dedent(
 )
 
 
-def script(echoed: str = XSS) -> list[dict[str, Any]]:
-    """The model: echo ``echoed`` and ask for a refund in one turn, then answer (quoting the XSS)."""
+def script(echoed: str = XSS, quoted: str = XSS) -> list[dict[str, Any]]:
+    """The model: echo ``echoed`` and ask for a refund in one turn, then answer (quoting ``quoted``)."""
     return [
         tool_use_turn(tool_use("toolu_echo", "echo", {"text": echoed}), tool_use("toolu_refund", "refund", REFUND)),
-        model_reply([{"type": "text", "text": f"Refund handled. {XSS}"}], "end_turn"),
+        model_reply([{"type": "text", "text": f"Refund handled. {quoted}".strip()}], "end_turn"),
     ]
 
 
@@ -71,10 +71,10 @@ class Project:
     root: Path
 
     @classmethod
-    def make(cls, root: Path, *, echoed: str = XSS) -> Project:
+    def make(cls, root: Path, *, echoed: str = XSS, quoted: str = XSS) -> Project:
         root.mkdir(parents=True, exist_ok=True)
         (root / "uitools.py").write_text(TOOLS, encoding="utf-8")
-        (root / "script.json").write_text(json.dumps(script(echoed)), encoding="utf-8")
+        (root / "script.json").write_text(json.dumps(script(echoed, quoted)), encoding="utf-8")
         (root / "rules.toml").write_text(RULES, encoding="utf-8")
         return cls(root)
 
