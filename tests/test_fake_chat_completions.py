@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import openai  # noqa: TID251 - the fake must be proven against the real client
 import pytest
+from openai.types.chat import (  # noqa: TID251 - the client's own request types
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+    ChatCompletionToolMessageParam,
+    ChatCompletionUserMessageParam,
+)
 
 from tether.testing import FakeChatCompletionsAPI, validate_chat_request
 from tether.testing.fake_chat_completions import stream_chunks
 
 MODEL = "gpt-test"
-USER: dict[str, Any] = {"role": "user", "content": "hi"}
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+USER: ChatCompletionUserMessageParam = {"role": "user", "content": "hi"}
+TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 @pytest.fixture
@@ -28,15 +39,17 @@ def client(fake_chat_server: FakeChatCompletionsAPI) -> Iterator[openai.OpenAI]:
         yield c
 
 
-def call(call_id: str, name: str = "lookup", arguments: str = '{"key": "a"}') -> dict[str, Any]:
+def call(
+    call_id: str, name: str = "lookup", arguments: str = '{"key": "a"}'
+) -> ChatCompletionMessageFunctionToolCallParam:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def asked(*ids: str) -> dict[str, Any]:
+def asked(*ids: str) -> ChatCompletionAssistantMessageParam:
     return {"role": "assistant", "content": None, "tool_calls": [call(i) for i in ids]}
 
 
-def answer(call_id: str, content: str = "ok") -> dict[str, Any]:
+def answer(call_id: str, content: str = "ok") -> ChatCompletionToolMessageParam:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
@@ -68,10 +81,11 @@ def test_tool_calls_reach_the_client_and_their_answers_are_accepted(
     ids = api.reply_tool_calls(("lookup", {"key": "a"}), ("lookup", {"key": "b"}, "call_b"))
     api.reply_text("Both found.")
 
-    first = client.chat.completions.create(model=MODEL, messages=[USER], tools=[TOOL])  # type: ignore[list-item]
+    first = client.chat.completions.create(model=MODEL, messages=[USER], tools=[TOOL])
     calls = first.choices[0].message.tool_calls or []
-    history = [USER, first.choices[0].message.model_dump(exclude_none=True), *(answer(c.id) for c in calls)]
-    second = client.chat.completions.create(model=MODEL, messages=history, tools=[TOOL])  # type: ignore[list-item]
+    reply = cast("ChatCompletionAssistantMessageParam", first.choices[0].message.model_dump(exclude_none=True))
+    history: list[ChatCompletionMessageParam] = [USER, reply, *(answer(c.id) for c in calls)]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=[TOOL])
 
     assert ids == ["call_fake_1", "call_b"]
     assert [c.id for c in calls] == ids
@@ -88,7 +102,7 @@ def test_a_stream_rebuilds_the_same_completion(api: FakeChatCompletionsAPI, clie
         messages=[USER],
         tools=[TOOL],
         stream=True,
-        stream_options={"include_usage": True},  # type: ignore[list-item]
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
 
