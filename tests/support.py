@@ -341,7 +341,7 @@ def finish_tether(process: subprocess.Popen[str]) -> CliResult:
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"tether timed out: {process.args}\n{out}\n{err}") from None
+        raise AssertionError(f"tether timed out: {process.args!r}\n{out}\n{err}") from None
     args = [str(a) for a in process.args[3:]]  # type: ignore[index]
     return CliResult(args, process.returncode, out, err)
 

@@ -84,7 +84,7 @@ class Wire:
     ) -> str:
         """Script a turn calling one tool (after ``text``, if given); returns the call's id."""
         call_id = tool_use_id or f"toolu_scripted_{next(self._call_ids)}"
-        content = [{"type": "text", "text": text}] if text is not None else []
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text is not None else []
         content.append({"type": "tool_use", "id": call_id, "name": name, "input": dict(tool_input)})
         self.reply({"content": content, **fields})
         return call_id
@@ -135,6 +135,7 @@ class MessagesWire(Wire):
     provider = "anthropic"
     error_prefix = "Anthropic API error"
     unreachable = "cannot reach the Anthropic API"
+    api: FakeMessagesAPI
 
     def __init__(self, api: FakeMessagesAPI) -> None:
         self.api = api
@@ -184,6 +185,7 @@ class ChatWire(Wire):
     provider = "openai"
     error_prefix = "OpenAI API error"
     unreachable = "cannot reach the OpenAI-compatible API"
+    api: FakeChatCompletionsAPI
 
     def __init__(self, api: FakeChatCompletionsAPI) -> None:
         self.api = api
