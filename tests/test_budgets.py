@@ -6,6 +6,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,17 +40,17 @@ def runaway(request: ModelRequest) -> dict[str, object]:
     }
 
 
-def agent(budget: Budget, model_name: str = "claude-sonnet-4-5", **options: object) -> Agent:
+def agent(budget: Budget, model_name: str = "claude-sonnet-4-5", **options: Any) -> Agent:
     return Agent(
         model=ScriptedModel(runaway),
         tools=[search],
         model_name=model_name,
         limits=Limits(max_steps=100, budget=budget),
         **options,
-    )  # type: ignore[arg-type]
+    )
 
 
-def events(runner: Runner, run_id: str, kind: str) -> list[dict[str, object]]:
+def events(runner: Runner, run_id: str, kind: str) -> list[dict[str, Any]]:
     return [e.data for e in runner.store.load_events(run_id) if e.type == kind]
 
 

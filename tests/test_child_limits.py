@@ -107,7 +107,7 @@ def test_on_an_async_runner_a_waiting_child_makes_its_root_due_too() -> None:
 
 
 # Budgets: the parent's remainder caps the child -------------------------------------------------
-PRICED = {"model_name": "m", "prices": {"m": Price(1000.0, 1000.0, 0.0, 0.0)}}
+PRICED: dict[str, Any] = {"model_name": "m", "prices": {"m": Price(1000.0, 1000.0, 0.0, 0.0)}}
 """A model priced so each 15-token turn costs $0.015."""
 
 

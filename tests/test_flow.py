@@ -521,7 +521,9 @@ def test_a_retry_due_later_than_max_wait_parks_and_a_sooner_one_is_slept() -> No
     assert [type(effect) for effect in world.effects] == [CheckLease]
     world.effects.clear()
     assert world.run(flow().step(state, max_wait=10.0)) is True
-    assert world.effects[1:] == [Announce(state, world.effects[1].activity), Sleep(5.0)]  # type: ignore[attr-defined]
+    announced = world.effects[1]
+    assert isinstance(announced, Announce)
+    assert world.effects[1:] == [Announce(state, announced.activity), Sleep(5.0)]
 
 
 def test_a_transient_store_error_is_tried_again_after_a_sleep() -> None:
