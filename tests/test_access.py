@@ -20,8 +20,11 @@ def test_a_token_grants_its_tenant_and_nothing_else() -> None:
     assert credentials.grant(ACME) == Grant("acme")
     assert credentials.grant(GLOBEX) == Grant("globex")
     assert credentials.grant(ROOT) == Grant(None)
-    assert credentials.grant(ROOT).operator
-    assert not credentials.grant(ACME).operator
+    root, acme = credentials.grant(ROOT), credentials.grant(ACME)
+    assert root is not None
+    assert root.operator
+    assert acme is not None
+    assert not acme.operator
     for wrong in (None, "", ACME[:-1], ACME + "x", ACME.upper(), "acme"):
         assert credentials.grant(wrong) is None
     assert credentials.grant("\udcff" * 20) is None  # any text, even undecodable bytes, is just wrong

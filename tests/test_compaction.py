@@ -19,6 +19,7 @@ from tether.core.compaction import (
     DROPPED_RESULT,
     SUMMARY_HEADER,
     DropToolResults,
+    HistoryProcessor,
     KeepLastTurns,
     Summarise,
     rounds,
@@ -110,7 +111,7 @@ def test_no_processor_ever_breaks_the_pairing(seed: int) -> None:
             history[-1] = {"role": "user", "content": [*history[-1]["content"], prompt("and then?")["content"][0]]}
         if rng.random() < 0.2:
             history += [{"role": "assistant", "content": [{"type": "text", "text": "Noted."}]}, prompt("go on")]
-    processors = [KeepLastTurns(rng.randint(1, 4)), DropToolResults(rng.randint(1, 3))]
+    processors: list[HistoryProcessor] = [KeepLastTurns(rng.randint(1, 4)), DropToolResults(rng.randint(1, 3))]
     summarise = Summarise(keep_last=rng.randint(1, 3), when_over=4)
 
     for processor in processors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pexpect
 import pytest
@@ -23,7 +24,7 @@ def demo(tmp_path: Path) -> Iterator[pexpect.spawn]:
         child.close(force=True)
 
 
-def show_only_run(tmp_path: Path) -> dict[str, object]:
+def show_only_run(tmp_path: Path) -> dict[str, Any]:
     url = demo_db_url(tmp_path / "tether-demo")
     listed = run_tether(tmp_path, "runs", "--json", "--db", url)
     assert listed.returncode == 0, listed
@@ -47,7 +48,7 @@ def test_capital_a_approves_the_tool_for_the_rest_of_the_run(demo: pexpect.spawn
     status, output = finish_terminal(demo)
     assert status == 0, output
     shown = show_only_run(tmp_path)
-    [decided] = [e for e in shown["events"] if e["type"] == "approval_decided"]  # type: ignore[union-attr]
+    [decided] = [e for e in shown["events"] if e["type"] == "approval_decided"]
     assert decided["approved"] is True
     assert decided["remember_for_run"] is True
 
@@ -72,4 +73,4 @@ def test_ctrl_c_at_the_prompt_leaves_the_call_pending(demo: pexpect.spawn, tmp_p
     assert status == 3, output
     shown = show_only_run(tmp_path)
     assert shown["status"] == "awaiting_approval"
-    assert not [e for e in shown["events"] if e["type"] == "approval_decided"]  # type: ignore[union-attr]
+    assert not [e for e in shown["events"] if e["type"] == "approval_decided"]
