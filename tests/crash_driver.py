@@ -114,7 +114,7 @@ def fetch_price(item: str, tool_use_id: str) -> str:
     return f"{item}: 3.50"
 
 
-SCRIPT = [
+SCRIPT: list[dict[str, object]] = [
     {
         "content": [
             {"type": "text", "text": "Checking."},
@@ -191,9 +191,11 @@ def main() -> None:
     try:
         store.load_run(RUN_ID)
     except Exception:
-        created = runner.create("What does tea cost? Then tell ops.", run_id=RUN_ID)
+        prompt = "What does tea cost? Then tell ops."
         if isinstance(runner, AsyncRunner):
-            asyncio.run(created)
+            asyncio.run(runner.create(prompt, run_id=RUN_ID))
+        else:
+            runner.create(prompt, run_id=RUN_ID)
         MEETING.active = concurrent
     try:
         result = asyncio.run(runner.drive(RUN_ID)) if isinstance(runner, AsyncRunner) else runner.drive(RUN_ID)

@@ -113,7 +113,8 @@ def check_sequence_diagram(text: str) -> None:
 # A run's counts: recorded and drawn ------------------------------------------------------------
 def recorded_counts(events: Sequence[Event]) -> tuple[Counter[Move], Counter[str]]:
     """What the run's transition events say: moves taken, and entries by state id."""
-    names = {event.id: event.name for event in AgentMachine.events}
+    # The metaclass's events property (a list of the class's events); mypy sees only the instance's.
+    names = {event.id: event.name for event in AgentMachine.events}  # type: ignore[attr-defined]
     moves: Counter[Move] = Counter()
     entries: Counter[str] = Counter()
     for event in events:

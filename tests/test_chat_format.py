@@ -84,7 +84,7 @@ def test_the_history_maps_to_chat_messages_exactly() -> None:
 
 
 def test_a_turn_of_only_calls_has_null_content_and_an_empty_turn_an_empty_string() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "t", "input": {}}]},
         {

@@ -621,6 +621,6 @@ def test_a_misspelt_option_is_refused_never_ignored() -> None:
         return path
 
     with pytest.raises(ToolDefinitionError, match=r"unknown option\(s\) aproval; known: name, description, approval"):
-        tool(aproval=True)(wipe)  # type: ignore[call-arg]
+        tool(aproval=True)(wipe)  # type: ignore[call-overload]  # on purpose: a misspelt option
     with pytest.raises(ToolDefinitionError, match="unknown option"):
         make_tool(wipe, retries=3)  # type: ignore[call-arg]
