@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pexpect
@@ -757,7 +757,7 @@ class LaggyProxy:
         self.sockets: list[socket.socket] = []
         self.threads: list[threading.Thread] = []
 
-    def __enter__(self) -> LaggyProxy:
+    def __enter__(self) -> Self:
         self._start(self._accept)
         return self
 

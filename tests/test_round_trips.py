@@ -23,6 +23,7 @@ import sqlalchemy as sa  # noqa: TID251 - the test counts the store's own statem
 
 from support import libpq_dsn, opened_store
 from tether.core.events import Event, Warned
+from tether.errors import StaleRun
 from tether.stores import RunRecord
 from tether.stores import sql as sql_store
 
@@ -141,7 +142,7 @@ def test_a_lost_race_still_costs_no_round_trip_more_until_it_is_lost(kind: str, 
         store.create_run(record(1), events(0))
         store.append(record(2), 1, events(1))
         wire = watch(sync_side(store), tracedir)
-        with pytest.raises(sql_store.StaleRun):
+        with pytest.raises(StaleRun):
             store.append(record(2), 1, events(1))
         assert len(wire.statements) == 2  # the step, then the run's existence (StaleRun, not RunNotFound)
 

@@ -18,15 +18,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa  # noqa: TID251 - the tests break the store's own connections, as a network would
+from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: TID251 - the async store's engine, as above
 
 from support import PgSchema, libpq_dsn, tool_use
 from tether import Agent, AsyncRunner, Runner, tool
 from tether.core.flow import STORE_RETRY_WAITS
 from tether.errors import StoreError
+from tether.models import ModelRequest
 from tether.stores.sql import AsyncSQLStore, SQLStore
 from tether.testing import ScriptedModel
 
-SCRIPT = [
+SCRIPT: list[dict[str, Any]] = [
     {"content": [tool_use("t1", "send", {"to": "ops"})], "stop_reason": "tool_use"},
     {"content": [{"type": "text", "text": "sent"}], "stop_reason": "end_turn"},
 ]
@@ -173,6 +175,7 @@ def test_a_result_written_while_postgres_drops_the_connection_is_saved_once(
         async def run_async() -> tuple[Any, list[Any]]:
             store = AsyncSQLStore(pg_schema.url)
             try:
+                assert isinstance(store.engine, AsyncEngine)  # on PostgreSQL
                 _backend_killer(store.engine.sync_engine, pg_url, after_commit=after_commit)
                 result = await AsyncRunner(agent, store).run("go")
                 return result, [e for e in await store.load_events(result.run_id) if e.type == "tool_finished"]
@@ -203,7 +206,7 @@ def test_a_result_that_cannot_be_saved_says_what_happened(
     def lock_for_good() -> None:
         locker.execute("BEGIN EXCLUSIVE")
 
-    def model(request: Any) -> dict[str, Any]:
+    def model(request: ModelRequest) -> dict[str, Any]:
         if locked_by == "model":
             lock_for_good()
         return SCRIPT[request.invocation]
