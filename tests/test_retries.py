@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -29,14 +30,14 @@ from tether.testing import ScriptedModel
 from tether.tools import ModelRetry, OutcomeUnknown
 
 
-def use(call_id: str, name: str, arguments: dict[str, object] | None = None) -> dict[str, object]:
+def use(call_id: str, name: str, arguments: dict[str, object] | None = None) -> dict[str, Any]:
     return {
         "content": [{"type": "tool_use", "id": call_id, "name": name, "input": arguments or {}}],
         "stop_reason": "tool_use",
     }
 
 
-def answer(text: str = "ok") -> dict[str, object]:
+def answer(text: str = "ok") -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}
 
 
@@ -572,7 +573,7 @@ def test_retry_schedule_survives_kill_9(tmp_path: Path) -> None:
 
 
 # Parking while a retry is due later ----------------------------------------------------
-def failing_once(delay: float) -> tuple[list[int], object]:
+def failing_once(delay: float) -> tuple[list[int], Tool]:
     attempts: list[int] = []
 
     @tool(retry=RetryPolicy(max_attempts=2, initial_delay=delay, max_delay=delay))
