@@ -37,6 +37,13 @@ def stdio(where: Path, **options: Any) -> MCPToolset:
     return MCPToolset(command=[sys.executable, str(SERVER)], cwd=str(where), **options)
 
 
+def reopened(record: dict[str, Any]) -> MCPToolset:
+    """The toolset a run recorded, as resuming makes it (from_record is typed as any Toolset)."""
+    toolset = from_record(record)
+    assert isinstance(toolset, MCPToolset)
+    return toolset
+
+
 def calls(where: Path) -> list[str]:
     log = where / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -172,7 +179,7 @@ def test_the_run_records_the_server_and_resume_in_another_runner_reconnects(serv
     assert "delete_file" in record["tools"]
     assert len(record["fingerprint"]) == 16
 
-    with from_record(record) as again:  # as `tether resume` does in another process
+    with reopened(record) as again:  # as `tether resume` does in another process
         assert changes([record], [again]) == []
         resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         resumed.decide(parked.run_id, "t1", Approve(actor="ada"))
@@ -186,7 +193,7 @@ def test_a_tool_list_changed_incompatibly_is_refused_on_resume(server_dir: Path,
         runner, parked = parked_with(toolset, tool_use("t1", "delete_file", {"path": "x"}), db)
     (server_dir / "variant").write_text("v2")  # add takes a third required field; delete_file is gone
     (record,) = runner.load(parked.run_id).spec["toolsets"]
-    with from_record(record) as changed:
+    with reopened(record) as changed:
         assert changes([record], [changed]) == [
             f"{changed.source} offers different tools than when the run started (gone: delete_file)"
         ]

@@ -42,6 +42,13 @@ class Api:
         return dict(self.app.state.seen[index][4])
 
 
+def reopened(record: dict[str, Any]) -> OpenAPIToolset:
+    """The toolset a run recorded, as resuming makes it (from_record is typed as any Toolset)."""
+    toolset = from_record(record)
+    assert isinstance(toolset, OpenAPIToolset)
+    return toolset
+
+
 def serve(spec: dict[str, Any] | None = None) -> Iterator[Api]:
     app = make_app(spec)
     with serving_app(app) as url:
@@ -236,7 +243,7 @@ def test_a_parked_run_resumes_with_the_toolset_its_spec_records(api: Api, tmp_pa
     assert api.seen == []
     (record,) = runner.load(parked.run_id).spec["toolsets"]
     assert (record["kind"], record["spec"], record["base_url"]) == ("openapi", api.spec_url, None)
-    with from_record(record) as again:
+    with reopened(record) as again:
         resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         resumed.decide(parked.run_id, "t1", Approve(actor="ada"))
         assert resumed.drive(parked.run_id).status == "done"
@@ -250,7 +257,7 @@ def test_a_spec_changed_incompatibly_since_the_run_started_is_refused(api: Api, 
     changed = json.loads(json.dumps(SPEC))
     changed["components"]["schemas"]["Pet"]["required"] = ["id", "name", "owner"]
     api.app.state.spec = changed
-    with from_record(runner.load(parked.run_id).spec["toolsets"][0]) as again:
+    with reopened(runner.load(parked.run_id).spec["toolsets"][0]) as again:
         resumed = Runner(Agent(model=runner.agent.model, toolsets=[again]), SQLStore(db))
         with pytest.raises(IncompatibleRun, match=r"tool 'createPet': field 'body.owner' is now required"):
             resumed.drive(parked.run_id)

@@ -99,7 +99,10 @@ def test_lists_every_parked_call_oldest_run_first(store: Store, runs: dict[str, 
     assert (first.tool, first.input, first.tenant) == ("refund", {"invoice": "INV-1", "amount": 10.0}, "acme")
     assert first.fingerprint == fingerprint(first.input)
     assert first.reason
-    assert first.waiting_since < pending[2].waiting_since
+    later = pending[2].waiting_since
+    assert first.waiting_since is not None
+    assert later is not None
+    assert first.waiting_since < later
     assert first.to_dict() == {
         "run_id": runs["acme"],
         "call_id": "c1",
