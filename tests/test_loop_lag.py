@@ -168,7 +168,7 @@ class LoopProbe:
         buster = BlockBuster()
         for name in ("threading.Lock.acquire", "threading.Lock.acquire_lock"):
             buster.functions.pop(name)  # a lock held for microseconds by another thread is no blocking call
-        asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
+        asyncio.events.Handle._run = timed_run  # type: ignore[method-assign,assignment]  # on purpose: timing every callback
         sa.event.listen(sa.Engine, "before_cursor_execute", executing)
         buster.activate()
         try:
@@ -307,7 +307,7 @@ def test_a_sync_sql_store_is_called_off_the_loop(sqlite_url: str) -> None:
 def test_the_probe_catches_store_calls_made_on_the_loop(backend: str, request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue("sqlite_url" if backend == "sqlite" else "slow_pg_url")
     _, probe = drive_under_debug(
-        lambda: AsyncRunner(agent(), OnTheLoop(SQLStore(url)), approver=PromptingApprover()),  # type: ignore[arg-type]
+        lambda: AsyncRunner(agent(), OnTheLoop(SQLStore(url)), approver=PromptingApprover()),
         RUNS // 4,
     )
     assert any("statement on the loop" in problem or "sqlite3" in problem for problem in probe.blocking)

@@ -38,16 +38,17 @@ def test_retry_waits_are_recorded_on_the_model_response(api: FakeMessagesAPI, ki
     api.fail(529, "Overloaded", headers={"retry-after": "0.1", "retry-after-ms": "100"})
     api.reply_text("hello")
     adapter = fake_api_model(api, max_retries=2)
+    runner: Runner | AsyncRunner
     if kind == "sync":
-        runner: Runner | AsyncRunner = Runner(Agent(model=adapter, model_name="claude-test"))
-        result = runner.run("hi")  # type: ignore[assignment]
+        runner = sync_runner = Runner(Agent(model=adapter, model_name="claude-test"))
+        result = sync_runner.run("hi")
         adapter.close()
     else:
-        runner = AsyncRunner(Agent(model=adapter, model_name="claude-test"))
+        async_runner = runner = AsyncRunner(Agent(model=adapter, model_name="claude-test"))
 
         async def run_and_close() -> RunResult:
             try:
-                return await runner.run("hi")  # type: ignore[misc]
+                return await async_runner.run("hi")
             finally:
                 await adapter.aclose()  # in its loop: the connection belongs to it
 
