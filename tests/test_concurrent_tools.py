@@ -128,7 +128,7 @@ def test_bad_concurrency_settings_are_refused_with_a_clear_error() -> None:
         return ""
 
     with pytest.raises(ToolDefinitionError, match="concurrent must be True, False or None"):
-        tool(concurrent="yes")(f)  # type: ignore[arg-type]
+        tool(concurrent="yes")(f)  # type: ignore[call-overload]  # on purpose: not a bool
     with pytest.raises(ConfigError, match="max_concurrent_tools must be at least 1"):
         Agent(model=ScriptedModel([]), max_concurrent_tools=0)
 

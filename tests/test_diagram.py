@@ -335,7 +335,7 @@ def drive_a_run() -> tuple[MemoryStore, Runner, RunResult]:
     def use(call_id: str, name: str, arguments: dict[str, object]) -> dict[str, object]:
         return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
 
-    script = [
+    script: list[dict[str, object]] = [
         {
             "content": [
                 {"type": "text", "text": "Searching; then mailing <you>."},
@@ -458,7 +458,7 @@ def test_what_is_neither_a_machine_nor_a_run_is_a_clear_error(
     store, _, result = stored_run
     for draw in (dg.to_mermaid, dg.to_dot, dg.render):
         with pytest.raises(dg.DiagramError, match=r"cannot draw int 42: give a machine class or instance, or a run"):
-            draw(42, store=store)  # type: ignore[operator]
+            draw(42, store=store)  # type: ignore[arg-type]  # on purpose: nothing drawable
     with pytest.raises(dg.DiagramError, match=f"run {result.run_id}: its path is in its events; pass store="):
         dg.to_mermaid(result)
     with pytest.raises(dg.DiagramError, match="store= reads a run's events"):

@@ -103,20 +103,24 @@ class Harness:
 
     def drive(self, run: str | RunState) -> RunResult:
         if isinstance(run, str):  # resumed from the store, as another process would
-            run = self.settle(self.runner.load(run))
-            self.live[run.id] = run
+            loaded: RunState = self.settle(self.runner.load(run))
+            self.live[loaded.id] = loaded
+            run = loaded
         if isinstance(self.runner, AsyncRunner):
-            return self.settle(self.runner.drive(run))
+            result: RunResult = self.settle(self.runner.drive(run))
+            return result
         return self.runner.drive(run)
 
     def run(self, prompt: str = PROMPT, **kwargs: Any) -> RunResult:
         return self.drive(self.start(prompt, **kwargs))
 
     def decide(self, run_id: str, call_id: str, decision: Any, **kwargs: Any) -> RunResult:
-        return self.settle(self.runner.decide(run_id, call_id, decision, **kwargs))
+        result: RunResult = self.settle(self.runner.decide(run_id, call_id, decision, **kwargs))
+        return result
 
     def messages(self, run_id: str) -> list[dict[str, Any]]:
-        return self.settle(self.runner.load(run_id)).messages
+        state: RunState = self.settle(self.runner.load(run_id))
+        return state.messages
 
     def event_types(self, run_id: str) -> list[str]:
         return [e.type for e in self.store.load_events(run_id)]
