@@ -92,16 +92,17 @@ async def test_a_sync_approver_runs_in_a_thread_while_the_loop_goes_on() -> None
 
 def test_runner_refuses_an_async_approver_and_an_async_store(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="AsyncRunner"):
-        Runner(gated_agent(), approver=AsyncApproverSeen())  # type: ignore[arg-type]
+        Runner(gated_agent(), approver=AsyncApproverSeen())
     store = AsyncSQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     with pytest.raises(ConfigError, match="AsyncSQLStore is an async store: drive its runs with AsyncRunner"):
-        Runner(gated_agent(), store)  # type: ignore[arg-type]
+        Runner(gated_agent(), store)
 
 
 # The store and the lease ----------------------------------------------------------------------
 def test_any_store_is_awaitable_and_memory_stays_on_the_loop(tmp_path: Path) -> None:
     memory = MemoryStore()
-    assert as_async_store(memory) is not memory
+    wrapped: object = as_async_store(memory)  # an AsyncStore, compared by identity with the store it wraps
+    assert wrapped is not memory
     assert isinstance(as_async_store(memory), AwaitableStore)
     native = AsyncSQLStore(f"sqlite:///{tmp_path / 'runs.db'}")
     assert as_async_store(native) is native

@@ -18,6 +18,7 @@ import pytest
 
 from support import CliResult, run_tether, tool_use, tool_use_turn
 from tether import Agent, ApprovalVerdict, Approve, Deny, Policy, RetryPolicy, Rule, Runner, RunResult, tool
+from tether.core.approvals import Decision
 from tether.core.events import Event, ToolFinished, Warned
 from tether.errors import ConfigError, RunNotFound
 from tether.models.scripted import ScriptedModel
@@ -47,7 +48,7 @@ SCRIPT = [
     ),
     ANSWER,
 ]
-APPROVER_DECISIONS = {
+APPROVER_DECISIONS: dict[str, Decision] = {
     "risky": Deny("too risky on a Friday", actor="alice"),
     "transfer": Approve(input={"amount": 5}, actor="bob"),
 }

@@ -18,7 +18,7 @@ from support import closed_port, settled, token_usage
 from tether import Approve, AsyncRunner, Deny, Limits
 from tether.core import events as ev
 from tether.core.approvals import DecideLater
-from tether.core.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, Summarise
+from tether.core.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, HistoryProcessor, Summarise
 from tether.core.history import check_pairing
 from tether.core.results import OUTPUT_TOOL
 from tether.models import Usage
@@ -187,7 +187,7 @@ async def test_a_compacted_history_is_sent_and_taken_by_each_api(
         h.api.reply_tool_use("lookup", {"key": str(n)})
     h.api.reply_text("Keys 0 and 1 were looked up.")  # the summary call
     h.api.reply_text("All three found.")
-    processors = [DropToolResults(keep_last=1), Summarise(keep_last=1, when_over=2)]
+    processors: list[HistoryProcessor] = [DropToolResults(keep_last=1), Summarise(keep_last=1, when_over=2)]
     runner = h.runner([tools["lookup"]], history_processors=processors)
 
     result = await h.run(runner, "Look up 0, 1 and 2")

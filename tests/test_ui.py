@@ -523,6 +523,7 @@ def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
         CacheHit,
         CallAbandoned,
         Event,
+        Fact,
         ModelResponded,
         RetryScheduled,
         RunFinished,
@@ -531,7 +532,7 @@ def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
     from tether.models import Usage
     from tether.surfaces.web.pages import timeline
 
-    facts = [
+    facts: list[Fact] = [
         ModelResponded(
             content=[{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "t1", "name": "fetch"}],
             stop_reason="tool_use",

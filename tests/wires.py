@@ -28,7 +28,7 @@ from tether.core.compaction import HistoryProcessor
 from tether.core.history import check_pairing
 from tether.core.state import RunState
 from tether.models import ModelAdapter, ModelSettings, Usage
-from tether.stores import Store
+from tether.stores import AsyncStore, Store
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI, validate_chat_request, validate_messages_request
 from tether.tools import Tool
 
@@ -271,7 +271,7 @@ class Harness:
         model: Any = None,
         limits: Limits | None = None,
         system: str | None = None,
-        store: Store | None = None,
+        store: Store | AsyncStore | None = None,
         settings: ModelSettings | None = None,
         approver: Any = None,
         output_type: type[pydantic.BaseModel] | None = None,
