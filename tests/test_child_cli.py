@@ -214,3 +214,37 @@ def test_the_inspectors_drive_closes_the_agent_it_made(tether: Tether) -> None:
     finally:
         store.close()
     assert (tether.cwd / "closed.log").read_text().splitlines() == ["reviewer's model"]
+
+
+@pytest.mark.parametrize("action", ["approve", "deny"])
+def test_the_inspector_decides_a_childs_call_and_drives_the_root_to_its_end(tether: Tether, action: str) -> None:
+    """As `tether approve`: the root's agent (whose agent tool leads to the child's) checks it, the root goes on."""
+    from starlette.testclient import TestClient
+
+    from tether.core.approvals import fingerprint
+    from tether.policy.access import Credentials
+    from tether.stores.sql import SQLStore
+    from tether.surfaces.web.app import create_app
+    from tether.surfaces.web.decisions import InProcess
+
+    root, child = parked(tether)
+    store = SQLStore(tether.db)
+    try:
+        app = create_app(store, Credentials({"operator-token-0123456789": None}), resume=InProcess(store).drive)
+        browser = TestClient(app, follow_redirects=False)
+        assert browser.get("/?token=operator-token-0123456789").status_code == 303
+        page = browser.get(f"/runs/{child}").text
+        csrf = page.split('name="csrf" value="')[1].split('"')[0]
+        form = {"csrf": csrf, "run_id": child, "call_id": "toolu_pub", "fingerprint": fingerprint({"name": "a"})}
+        decided = browser.post("/decide", data={**form, "action": action, "reason": "not yet"})
+        assert decided.status_code == 303, decided.text
+        assert store.load_run(root).status == "done"
+        assert store.load_run(child).status == "done"
+    finally:
+        store.close()
+    assert tether.effects() == (["publish a"] if action == "approve" else [])
+    said = tether.json("show", child)["output"]
+    if action == "approve":
+        assert said == "published a"
+    else:
+        assert "not yet" in said

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from tether import Agent, Runner, tool
+from tether.core.approvals import DecideLater
 from tether.core.events import ApprovalDecided, ToolFinished
 from tether.errors import ConfigError
 from tether.policy.access import Credentials
@@ -27,6 +29,7 @@ from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
 from tether.surfaces.web.decisions import InProcess
 from tether.surfaces.web.guard import check_bind, is_loopback
+from tether.testing import ScriptedModel
 from ui_runs import SHOWN_FINGERPRINT, Project
 
 OPERATOR = "operator-token-0123456789"
@@ -383,6 +386,90 @@ def test_a_decision_is_bound_to_what_was_shown_and_made_once(app: Any, store: SQ
     again = decide(browser, run.run_id, inbox, action="deny")  # a second tab, still showing the call
     assert again.status_code == 409
     assert [e.fact.approved for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)] == [True]
+
+
+def _cards(page: str) -> dict[str, str]:
+    """Each pending call's card on a page, by its run's id."""
+    cards = re.findall(r'<article class="pending card" id="pending-(run_[0-9a-f]+)-[^"]*".*?</article>', page, re.S)
+    bodies = re.findall(r'<article class="pending card".*?</article>', page, re.S)
+    return dict(zip(cards, bodies, strict=True))
+
+
+def test_a_refusal_shows_on_its_own_runs_card_when_two_runs_wait_on_one_call_id(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """Call ids are the model's (a fork keeps its original's): the error names one run's call, not every card's."""
+    first, second = project.park(store), project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    refused = decide(browser, first.run_id, inbox, action="edit", input='{"invoice": "INV-7"}')
+    assert refused.status_code == 422
+    cards = _cards(refused.text)
+    assert "decision-error" in cards[first.run_id]
+    assert "decision-error" not in cards[second.run_id]
+    assert "{&#34;invoice&#34;: &#34;INV-7&#34;}" in cards[first.run_id]  # the draft, kept beside its own form
+    assert "{&#34;invoice&#34;: &#34;INV-7&#34;}" not in cards[second.run_id]
+
+
+def test_a_refusal_about_a_call_no_longer_shown_is_said_atop_the_page(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    decided, waiting = project.park(store), project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    assert decide(browser, decided.run_id, inbox, action="approve").status_code == 303
+    again = decide(browser, decided.run_id, inbox, action="deny")  # a second tab, still showing the call
+    assert again.status_code == 409
+    assert list(_cards(again.text)) == [waiting.run_id]
+    [problem] = re.findall(r'<p class="problem" role="alert" data-testid="decision-error">(.*?)</p>', again.text, re.S)
+    assert "already decided" in html.unescape(problem)
+
+
+def _service_agent() -> Agent:
+    """A service's agent, made in Python: its runs' records name no tools module for the inspector to load."""
+    from ui_runs import script
+
+    @tool(approval=True)
+    def refund(invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        return f"refunded {amount} on {invoice}"
+
+    @tool
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return text
+
+    return Agent(ScriptedModel(script("checking", "")), tools=[echo, refund])
+
+
+def test_a_run_made_in_python_is_approved_with_the_agent_given_to_the_inspector(store: SQLStore) -> None:
+    agent = _service_agent()
+    run = Runner(agent, store, approver=DecideLater()).run("Refund INV-7.")
+    app = create_app(store, CREDENTIALS, agent=agent, resume=InProcess(store, max_wait=0, agent=agent).drive)
+    browser = client(app)
+    assert decide(browser, run.run_id, browser.get("/inbox").text, action="approve").status_code == 303
+    assert store.load_run(run.run_id).status == "done"
+    results = {
+        e.fact.call_id: e.fact.content for e in store.load_events(run.run_id) if isinstance(e.fact, ToolFinished)
+    }
+    assert results["toolu_refund"] == "refunded 20.0 on INV-7"
+
+
+def test_without_its_agent_a_python_runs_approval_is_refused_saying_why_and_a_denial_waits_for_its_program(
+    app: Any, store: SQLStore
+) -> None:
+    run = Runner(_service_agent(), store, approver=DecideLater()).run("Refund INV-7.")
+    browser = client(app)
+    refused = decide(browser, run.run_id, browser.get("/inbox").text, action="approve")
+    assert refused.status_code == 409
+    assert "started from Python" in html.unescape(refused.text)
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+
+    denied = decide(browser, run.run_id, browser.get("/inbox").text, action="deny", reason="no")
+    assert denied.status_code == 303
+    assert store.load_run(run.run_id).status == "executingTool"  # decided, not driven: its program resumes it
+    later = Runner(_service_agent(), store).drive(run.run_id)
+    assert later.status == "done"
 
 
 @pytest.mark.parametrize(

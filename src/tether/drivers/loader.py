@@ -115,6 +115,14 @@ def normalise_model_spec(spec: str | None) -> str:
     return spec if spec == DEMO_MODEL else providers.normalise(spec)
 
 
+NOT_FROM_SPEC = (
+    "this run was started from Python, not by `tether run`: its record names no tools module, so its tools "
+    "are the program's that started it. Resume or decide it there (Runner.drive, Runner.decide), or give that "
+    "agent to what drives it: create_app(agent=...) for the inspector, Worker(url, agent=...) for a worker"
+)
+"""Why a run's agent cannot be rebuilt from its record (it has no ``tools`` key: ``tether run`` always writes one)."""
+
+
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
     """The agent a run was started with.
 
@@ -125,7 +133,12 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     spec carries the rules' digest, which a new run records (see :func:`policy_change`).
     ``spec["toolsets"]`` are toolsets' records or options: they are made again, not yet
     connected (the first use of the agent's tools connects; the run records them anew).
+
+    Raises:
+        ConfigError: a run made in Python (:data:`NOT_FROM_SPEC`), a tools module or rule file that fails to load.
     """
+    if "tools" not in spec:
+        raise ConfigError(NOT_FROM_SPEC)
     env = {k: str(v) for k, v in (spec.get("env") or {}).items() if k.startswith(ENV_PREFIX)}
     os.environ.update(env)
     model_spec = str(spec.get("model") or normalise_model_spec(None))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,12 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
+from tether.agent import Agent
+from tether.drivers.queue import AgentFor
 from tether.drivers.telemetry import Telemetry
 from tether.errors import (
     ApprovalError,
+    ConfigError,
     InvalidEditedInput,
     InvalidForkPoint,
     RunNotFound,
@@ -166,6 +169,7 @@ class _Inspector:
             digest=digest,
             waiting=len(items),
             decided=request.query_params.get("decided"),
+            error_on_card=_on_a_card((item.call for item in items), problem),
             **_no_problem(problem),
         )
 
@@ -187,6 +191,7 @@ class _Inspector:
             graphviz=shutil.which("dot") is not None,
             graphviz_hint=diagram.GRAPHVIZ_HINT,
             decided=request.query_params.get("decided"),
+            error_on_card=_on_a_card(page.pending, problem),
             **_no_problem(problem),
         )
 
@@ -234,7 +239,7 @@ class _Inspector:
         try:
             form = DecisionForm.of(fields)
             await run_in_threadpool(self.decider.decide, run_id, call_id, form, tenant=viewer.tenant)
-        except (BadForm, ApprovalError, StaleRun) as error:
+        except (ConfigError, ApprovalError, StaleRun) as error:  # ConfigError: BadForm, or tools that cannot load
             status = (
                 422
                 if isinstance(error, BadForm | InvalidEditedInput)
@@ -242,7 +247,7 @@ class _Inspector:
                 if isinstance(error, UnknownCall)
                 else 409
             )
-            problem = {"error_call": call_id, "error": str(error), "draft": fields.get("input")}
+            problem = {"error_run": run_id, "error_call": call_id, "error": str(error), "draft": fields.get("input")}
             if back == INBOX:
                 return await self._inbox(request, viewer, status, **problem)
             return await self._run(request, viewer, run_id, status, **problem)
@@ -342,6 +347,7 @@ def create_app(
     credentials: Credentials,
     *,
     resume: Resume | None = None,
+    agent: Agent | AgentFor | None = None,
     max_wait: float = 5.0,
     poll: float = 0.5,
     telemetry: Telemetry | None = None,
@@ -357,12 +363,17 @@ def create_app(
             background threads (:class:`~tether.surfaces.web.decisions.InProcess`), sleeping at
             most ``max_wait`` seconds for a tool retry. Pass a function that queues the run to
             your worker instead where one is configured.
+        agent: the agent of the runs shown (or a function making it from a run's spec), to check
+            approvals and drive runs on; default: rebuilt from each run's record, as ``tether
+            resume`` does. A service whose runs were started in Python passes its own: their
+            records name no tools module (without it, their approvals are refused with that
+            reason, and their denials recorded for the service to resume).
         max_wait: seconds the default resume sleeps for a tool retry before parking the run.
         poll: seconds between the live streams' reads of the store.
         telemetry: traces the decisions, forks and drives made here (see :mod:`tether.drivers.otel`).
     """
-    in_process = InProcess(store, max_wait=max_wait, telemetry=telemetry) if resume is None else None
-    decider = Decider(store, resume or in_process or _never, telemetry=telemetry)
+    in_process = InProcess(store, max_wait=max_wait, agent=agent, telemetry=telemetry) if resume is None else None
+    decider = Decider(store, resume or in_process or _never, agent=agent, telemetry=telemetry)
     inspector = _Inspector(store, Guard(credentials), decider, poll=poll)
 
     @asynccontextmanager
@@ -430,7 +441,12 @@ def _when(at: float | None) -> str:
 
 def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
     """The error context a page shows beside one call's form (none by default)."""
-    return {"error_call": None, "error": None, "draft": None, "fork_error": None, **problem}
+    return {"error_run": None, "error_call": None, "error": None, "draft": None, "fork_error": None, **problem}
+
+
+def _on_a_card(calls: Iterable[Any], problem: Mapping[str, Any]) -> bool:
+    """Whether a refused decision's error shows beside its call's form (else it shows atop the page)."""
+    return any(call.run_id == problem.get("error_run") and call.call_id == problem.get("error_call") for call in calls)
 
 
 def _int(text: str | None) -> int | None:

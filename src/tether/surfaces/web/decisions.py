@@ -7,25 +7,33 @@ edited input against the tool's schema and the rules); a denial needs none. Once
 last pending call is decided, :class:`InProcess` drives it on in a background thread, as
 ``tether resume`` would; pass another :data:`Resume` to queue it to a worker instead. A fork
 (:meth:`tether.Runner.fork`, as ``tether fork`` makes it) is driven the same way once made.
+
+A call waiting in a child run is decided as ``tether approve`` decides it: with the root run's
+agent, whose agent tools lead down to the child's, and the root is what is driven on. The agent
+is rebuilt from the root's record (as ``tether resume`` does) unless one is given: a service
+whose runs were started in Python gives its own (:func:`~tether.surfaces.web.app.create_app`'s ``agent``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
+from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
 from tether.core.status import RunStatus
 from tether.drivers.loader import NoModel, agent_from_spec, reader_agent
-from tether.drivers.queue import queue_of
+from tether.drivers.queue import AgentFor, queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, TetherError
-from tether.stores import Store
+from tether.stores import RunRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -92,32 +100,73 @@ class DecisionForm:
 class Decider:
     """Records decisions for a viewer's tenant and resumes runs once nothing waits."""
 
-    def __init__(self, store: Store, resume: Resume, *, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        resume: Resume,
+        *,
+        agent: Agent | AgentFor | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.store = store
         self.resume = resume
+        self.agent = agent
+        """The agent that checks an approval of a root run's calls (or makes it from the root's spec); None: rebuilt."""
         self.telemetry = telemetry
         """Traces the decisions and forks made here (the wait for a person ends in a span)."""
 
     def decide(self, run_id: str, call_id: str, form: DecisionForm, *, tenant: str | None) -> RunResult:
-        """Record the form's decision; resume the run if it no longer waits for anyone.
+        """Record the form's decision; resume the run's root if nothing in its tree waits for anyone.
 
         Raises:
             RunNotFound: no such run for this tenant.
             ApprovalError: refused (already decided, stale fingerprint, invalid edit, denied by a rule...).
             BadForm: the form cannot be read.
-            ConfigError: the run's tools cannot be loaded to check an approval.
+            ConfigError: the run's tools cannot be loaded to check an approval (made in Python, no agent given).
         """
         actor = form.by or "tether ui"
         decision = form.decision(actor)
+        run = self.store.load_run(run_id, tenant=tenant)
+        root_id = chain_of(run_id, run.spec)[0]
+        root = run if root_id == run_id else self.store.load_run(root_id, tenant=tenant)
         if isinstance(decision, Deny):
-            runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a denial runs nothing: no tools
+            result = Runner(reader_agent(), self.store, telemetry=self.telemetry).decide(  # a denial runs nothing
+                run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant
+            )
         else:
-            spec = self.store.load_run(run_id, tenant=tenant).spec
-            runner = Runner(agent_from_spec(spec, model=NoModel()), self.store, telemetry=self.telemetry)
-        result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
-        if result.status != RunStatus.awaiting_approval.shown and not self._queued(run_id, tenant):
-            self.resume(run_id, tenant)
+            with self._checking(root) as agent:
+                runner = Runner(agent, self.store, telemetry=self.telemetry)
+                result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
+        if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root):
+            self.resume(root.id, tenant)
         return result
+
+    @contextmanager
+    def _checking(self, root: RunRecord) -> Iterator[Agent]:
+        """The agent checking an approval: the one given, else the root's rebuilt without a model, closed after."""
+        if isinstance(self.agent, Agent):
+            yield self.agent
+        elif self.agent is not None:
+            yield self.agent(root.spec)
+        else:
+            agent = agent_from_spec(root.spec, model=NoModel())
+            try:
+                yield agent
+            finally:
+                agent.close()
+
+    def _drives_here(self, root: RunRecord) -> bool:
+        """Whether this process drives the root on.
+
+        Not a submitted run (the decision queued it for ``tether worker``), nor one made in Python
+        when no agent was given (the program that made it resumes it).
+        """
+        if queue_of(root.spec) is not None:
+            return False
+        if self.agent is None and "tools" not in root.spec:
+            log.info("tether ui: run %s was made in Python: the program that made it drives it on", root.id)
+            return False
+        return True
 
     def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "", message: str = "-1") -> RunState:
         """Start a new run from step ``at`` of ``run_id`` (the original untouched) and drive it on.
@@ -144,10 +193,6 @@ class Decider:
         self.resume(fork.id, fork.tenant)
         return fork
 
-    def _queued(self, run_id: str, tenant: str | None) -> bool:
-        """A submitted run: the decision queued it for ``tether worker``, which drives it, not this process."""
-        return queue_of(self.store.load_run(run_id, tenant=tenant).spec) is not None
-
 
 class InProcess:
     """Drives decided runs in this process's background threads, as ``tether resume`` would.
@@ -158,10 +203,18 @@ class InProcess:
     """
 
     def __init__(
-        self, store: Store, *, max_wait: float = 5.0, workers: int = 2, telemetry: Telemetry | None = None
+        self,
+        store: Store,
+        *,
+        max_wait: float = 5.0,
+        workers: int = 2,
+        agent: Agent | AgentFor | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
         self.max_wait = max_wait
+        self.agent = agent
+        """Drives the runs (or makes the agent from a run's spec); None: rebuilt per drive, and closed."""
         self.telemetry = telemetry
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tether-ui-drive")
 
@@ -172,16 +225,25 @@ class InProcess:
     def drive(self, run_id: str, tenant: str | None) -> None:
         """Drive the run until it parks or ends (in the calling thread)."""
         try:
-            agent = agent_from_spec(self.store.load_run(run_id, tenant=tenant).spec)
-            try:
-                runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
-                runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
-            finally:
-                agent.close()  # an agent per drive: its toolsets' servers and model connections go with it
+            spec = self.store.load_run(run_id, tenant=tenant).spec
+            if isinstance(self.agent, Agent):
+                self._drive(self.agent, run_id, tenant)
+            elif self.agent is not None:
+                self._drive(self.agent(spec), run_id, tenant)
+            else:
+                agent = agent_from_spec(spec)
+                try:
+                    self._drive(agent, run_id, tenant)
+                finally:
+                    agent.close()  # an agent per drive: its toolsets' servers and model connections go with it
         except TetherError as error:  # busy elsewhere, ended meanwhile, tools gone: the row says the rest
             log.warning("tether ui: run %s was not driven on: %s", run_id, error)
         except Exception:  # a tool module that fails to import, a model without credentials...
             log.exception("tether ui: driving run %s failed", run_id)
+
+    def _drive(self, agent: Agent, run_id: str, tenant: str | None) -> None:
+        runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
+        runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
 
     def close(self) -> None:
         """Let running drives finish; drop the queued ones (their runs stay decided, for a resume)."""
