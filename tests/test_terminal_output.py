@@ -34,8 +34,9 @@ from support import (
 from tether.core.children import child_run_id
 from tether.core.engine import CallModel
 from tether.core.state import RunState
-from tether.surfaces.terminal import LiveView, printable, render_audit, render_runs
+from tether.surfaces.terminal import LiveView, render_audit, render_runs
 from tether.views.audit import AuditEntry
+from tether.views.printable import printable
 
 NASTY = "T\x1b]0;pwned\x07 C\x1b[2J R\x1b[31mRED X\rCR S\x9b6n"
 """A window title (OSC), a screen clear and a colour (CSI), a carriage return and an 8-bit CSI."""
@@ -101,6 +102,14 @@ def test_printable_shows_every_control_character_as_its_escape() -> None:
     assert shown.startswith(r"\u0000\u0001")
     assert "\\b\t\n\\u000b\\f\\r" in shown
     assert shown.endswith(r"\u009f")
+
+
+def test_printable_shows_invisible_and_direction_changing_characters_as_their_escapes() -> None:
+    """What the approver sees is what runs: a right-to-left override would show ``fdp.exe`` as ``exe.pdf``."""
+    hidden = "/srv/\u202efdp.exe\u202c -rf /\u2028; rm\u200b -rf\u2066 \ufeff\U000e0041"
+    assert printable(hidden) == r"/srv/\u202efdp.exe\u202c -rf /\u2028; rm\u200b -rf\u2066 \ufeff\udb40\udc41"
+    assert json.loads(f'"{printable(hidden)}"') == hidden  # still the JSON of the same text
+    assert printable("café 中文 😀 عربي") == "café 中文 😀 عربي"  # visible text, any script, is left as it is
 
 
 def test_streamed_text_is_shown_not_executed_even_split_mid_sequence() -> None:

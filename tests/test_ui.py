@@ -259,6 +259,18 @@ def test_text_from_models_and_tools_stays_text(app: Any, store: SQLStore, projec
     assert page.headers["x-content-type-options"] == "nosniff"
 
 
+def test_invisible_characters_in_a_calls_input_are_shown_as_escapes(app: Any, store: SQLStore, tmp_path: Path) -> None:
+    """The approver must see the input that runs: a right-to-left override would reorder what is shown."""
+    hidden = "INV-\u202e7-\u200bx\x1b[2J"
+    project = Project.make(tmp_path / "hidden", echoed=hidden)
+    run = project.park(store)
+    page = client(app).get(f"/runs/{run.run_id}").text
+    assert "\u202e" not in page
+    assert "\u200b" not in page
+    assert "\x1b" not in page
+    assert r"INV-\u202e7-\u200bx\u001b[2J" in page  # the tool's input and output, and the model's request
+
+
 def test_templates_never_turn_escaping_off() -> None:
     for template in TEMPLATES.glob("*.html"):
         text = template.read_text(encoding="utf-8")

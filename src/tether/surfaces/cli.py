@@ -451,7 +451,7 @@ class _Session:
 
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
-        from tether.surfaces.terminal import printable  # call ids come from the model
+        from tether.views.printable import printable  # call ids come from the model
 
         pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
         run, db, tether = result.run_id, self._db_hint(), invocation()
@@ -1293,7 +1293,7 @@ def _busy_message(error: RunBusy, session: _Session | None) -> str:
 
 def _print_error(label: str, error: Exception | str) -> None:
     """``label: message`` on stderr; the message is plain text (it may quote input like ``[/x]``)."""
-    from tether.surfaces.terminal import printable  # it may quote a model's or a tool's text too
+    from tether.views.printable import printable  # it may quote a model's or a tool's text too
 
     Console(stderr=True, soft_wrap=True).print(Text.assemble((f"{label}:", "red"), " ", printable(str(error))))
 

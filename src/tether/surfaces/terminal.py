@@ -52,6 +52,7 @@ from tether.drivers.runner import RunResult
 from tether.errors import DeniedByPolicy, InvalidEditedInput
 from tether.models import Usage
 from tether.views.audit import AuditEntry
+from tether.views.printable import printable
 from tether.views.tree import RunNode
 
 CHOICES = {
@@ -73,27 +74,6 @@ LEGEND = (
     "A approve the tool for the rest of the run · full words work too"
 )
 """Printed once above the prompts, which stay short enough for 80 columns."""
-
-_JSON_ESCAPES = {0x08: "\\b", 0x0C: "\\f", 0x0D: "\\r"}
-_CONTROLS = {
-    code: _JSON_ESCAPES.get(code, f"\\u{code:04x}")
-    for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
-    if chr(code) not in "\n\t"
-}
-"""Every C0 and C1 control character but newline and tab, and DEL, to its JSON escape."""
-
-
-def printable(text: str) -> str:
-    r"""``text`` made safe for a terminal: each control character shown as its JSON escape.
-
-    Model text, tool results and inputs can hold escape sequences (a window title, a screen
-    clear, a colour hiding what follows, a carriage return overwriting a line, the 8-bit CSI
-    ``\x9b``); printed raw, the terminal would obey them. Newline and tab stay; every other
-    control character is written as JSON writes it (``\u001b``, ``\r``), so the person
-    sees what is there, and JSON text stays valid JSON. One character at a time, so text
-    streamed in pieces is safe however a sequence is split.
-    """
-    return text.translate(_CONTROLS)
 
 
 def _preview(text: str, limit: int = 160) -> str:

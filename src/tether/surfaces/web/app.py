@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 try:
     import jinja2
+    from markupsafe import Markup  # Jinja2's own dependency
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -71,6 +72,7 @@ from tether.surfaces.web.guard import (
     cross_site,
 )
 from tether.views import diagram
+from tether.views.printable import printable
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +427,7 @@ def _templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown,
     )
     env.filters["when"] = _when
     env.filters["clock"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
@@ -433,6 +436,11 @@ def _templates() -> jinja2.Environment:
     env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"
     env.filters["segment"] = lambda value: quote(str(value), safe="")
     return env
+
+
+def _shown(value: Any) -> Any:
+    """Every text a page shows, with control and invisible characters as their JSON escapes (not markup: a macro's)."""
+    return printable(value) if isinstance(value, str) and not isinstance(value, Markup) else value
 
 
 def _when(at: float | None) -> str:
