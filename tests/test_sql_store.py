@@ -121,6 +121,24 @@ def test_locked_database_on_first_use_is_a_store_error(db_path: Path) -> None:
             store.close()
 
 
+def test_a_set_up_database_is_read_while_another_connection_holds_the_write_lock(db_path: Path) -> None:
+    """`tether runs` / `show` open the store: with the tables in place, opening takes no lock (WAL readers read)."""
+    first = SQLStore(f"sqlite:///{db_path}")
+    first.create_run(record(1), [event(0)])
+    first.close()
+    with raw_sqlite(db_path) as locker:
+        locker.execute("BEGIN EXCLUSIVE")
+        reader = SQLStore(f"sqlite:///{db_path}", busy_timeout=0.1)
+        try:
+            assert [run.id for run in reader.list_runs()] == ["run_1"]
+            assert [e.seq for e in reader.load_events("run_1")] == [0]
+            with pytest.raises(StoreError, match="locked"):  # a write still waits for the lock, and says so
+                reader.append(record(2), 1, [event(1)])
+        finally:
+            locker.execute("ROLLBACK")
+            reader.close()
+
+
 def test_missing_directory_is_a_config_error(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "dir"
     with pytest.raises(ConfigError, match=r"directory .*no/such/dir.* does not exist"):

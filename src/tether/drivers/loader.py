@@ -120,7 +120,15 @@ NOT_FROM_SPEC = (
     "are the program's that started it. Resume or decide it there (Runner.drive, Runner.decide), or give that "
     "agent to what drives it: create_app(agent=...) for the inspector, Worker(url, agent=...) for a worker"
 )
-"""Why a run's agent cannot be rebuilt from its record (it has no ``tools`` key: ``tether run`` always writes one)."""
+"""Why a run's agent cannot be rebuilt from its record (see :func:`made_in_python`)."""
+
+
+def made_in_python(spec: dict[str, Any]) -> bool:
+    """Whether ``spec`` is the record of a run whose agent was made in Python: its tools' schemas, but no tools module.
+
+    ``tether run`` (and any agent made by :func:`agent_from_spec`) records a ``tools`` key, even empty.
+    """
+    return "tools" not in spec and "tool_schemas" in spec
 
 
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
@@ -137,7 +145,7 @@ def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) 
     Raises:
         ConfigError: a run made in Python (:data:`NOT_FROM_SPEC`), a tools module or rule file that fails to load.
     """
-    if "tools" not in spec:
+    if made_in_python(spec):
         raise ConfigError(NOT_FROM_SPEC)
     env = {k: str(v) for k, v in (spec.get("env") or {}).items() if k.startswith(ENV_PREFIX)}
     os.environ.update(env)

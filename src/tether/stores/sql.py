@@ -513,10 +513,25 @@ class _SQLBase:
             return
         if self._read_only:  # nothing can be created or migrated: only read what is there
             self._check_schema(raw)
-        else:
+        elif not self._current(raw):
             with self._schema_transaction(raw) as connection:
                 _migrate(connection)
         self._ready = True
+
+    @staticmethod
+    def _current(raw: sa.Connection) -> bool:
+        """Whether the tables are already this tether's, read without the write lock.
+
+        So opening a database that another connection is writing to (SQLite's lock held) waits for
+        nothing unless there is something to create or migrate: ``tether runs`` reads at once.
+        """
+        try:
+            stored = _stored_version(raw)
+        finally:
+            raw.rollback()  # end the read before the schema's own transaction begins
+        if stored is not None:
+            _refuse_newer(stored)
+        return stored == SCHEMA_VERSION
 
     def _check_schema(self, connection: sa.Connection) -> None:
         """A read-only database must already be in this tether's layout."""

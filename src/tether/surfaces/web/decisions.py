@@ -28,7 +28,7 @@ from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
 from tether.core.status import RunStatus
-from tether.drivers.loader import NoModel, agent_from_spec, reader_agent
+from tether.drivers.loader import NoModel, agent_from_spec, made_in_python, reader_agent
 from tether.drivers.queue import AgentFor, queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
@@ -163,7 +163,7 @@ class Decider:
         """
         if queue_of(root.spec) is not None:
             return False
-        if self.agent is None and "tools" not in root.spec:
+        if self.agent is None and made_in_python(root.spec):
             log.info("tether ui: run %s was made in Python: the program that made it drives it on", root.id)
             return False
         return True
