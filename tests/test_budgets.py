@@ -312,6 +312,8 @@ def test_a_response_from_an_unpriced_model_is_warned_about_once_under_a_cost_bud
 def test_budget_limits_must_be_positive_and_known() -> None:
     with pytest.raises(ConfigError, match="max_cost_usd must be positive"):
         Budget(max_cost_usd=0)
+    with pytest.raises(ConfigError, match="max_seconds must be positive and finite"):
+        Budget(max_seconds=float("inf"))  # no limit is None: a run's record, which is JSON, cannot hold inf
     with pytest.raises(ConfigError, match="unknown budget field"):
         Budget.from_dict({"max_dollars": 5})
     assert Budget.from_dict(Budget(max_seconds=5).to_dict()) == Budget(max_seconds=5)

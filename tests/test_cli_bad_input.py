@@ -23,6 +23,8 @@ def test_bad_input_to_any_command_is_a_usage_error_without_a_traceback(tmp_path:
     cases = {
         ("run", "hi", "--model", "scripted:deep.json", *db): "cannot read scripted model file",
         ("run", "hi", "--model", "scripted:deep.json", "--max-steps", "0", *db): "--max-steps: '0' must be positive",
+        ("run", "hi", "--model", "scripted:deep.json", "--max-cost", "inf", *db): "--max-cost: 'inf' must be positive",
+        ("run", "hi", "--model", "scripted:deep.json", "--max-seconds", "nan", *db): "--max-seconds: 'nan' must be",
         ("demo", "--workspace", str(tmp_path / "a-file"), "--deny-all"): "cannot use the demo workspace",
         ("runs", "--db", "postgresql+psycopg://u:pw@host:port/db"): "invalid database URL",
         ("gc", "--older-than", "soon", *db): "--older-than 'soon': expected an age like 90s, 30min",

@@ -6,6 +6,7 @@ person?", and the engine turns the answer into a step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
@@ -245,8 +246,8 @@ class Budget:
         if self.on_limit not in ("final_answer", "fail"):
             raise ConfigError("Budget.on_limit must be 'final_answer' or 'fail'")
         for name, value in self.limits().items():
-            if not value > 0:
-                raise ConfigError(f"Budget.{name} must be positive, not {value!r}")
+            if not (value > 0 and math.isfinite(value)):  # inf is no limit, which None says (and JSON cannot hold)
+                raise ConfigError(f"Budget.{name} must be positive and finite (None: no limit), not {value!r}")
 
     def limits(self) -> dict[str, float]:
         """The limits set, by field name."""

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import io
 import json
+import math
 import os
 import shlex
 import shutil
@@ -945,6 +946,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite: leave the flag out for no limit")
         return value
 
     return parse
