@@ -498,6 +498,14 @@ class Cli:
         return [self(*command) for command in commands]
 
 
+def runs_made(cli: Cli) -> list[dict[str, Any]]:
+    """The runs in the default database of ``cli``'s directory: none when no command created it."""
+    if not (cli.cwd / "tether.db").exists():
+        return []
+    listed: list[dict[str, Any]] = cli("runs", "--json").data["runs"]
+    return listed
+
+
 @dataclass
 class Scenario:
     """A directory of its own, and the first command to run there: run when a test first reads ``first``."""

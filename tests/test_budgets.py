@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from support import Cli, tool_use, tool_use_turn
+from support import Cli, runs_made, tool_use, tool_use_turn
 from tether import Agent, ConfigError, Limits, Runner, tool
 from tether.models import ModelRequest, Usage
 from tether.policy.policies import Budget
@@ -365,7 +365,7 @@ def test_cli_refuses_a_cost_budget_it_cannot_count(tmp_path: Path) -> None:
     refused = cli("run", "go", "--tools", "budgettools:add", "--model", "scripted:script.json", "--max-cost", "1")
     assert refused.returncode == 2, refused
     assert "cost budget needs the model's price" in refused.err
-    assert cli("runs", "--json").data["runs"] == []  # refused before any run was created
+    assert runs_made(cli) == []  # refused before any run was created
 
 
 @pytest.mark.parametrize(
@@ -433,4 +433,4 @@ def test_cli_refuses_a_bad_price_before_creating_a_run(tmp_path: Path) -> None:
     refused = cli("run", "go", *base, "--price", "1,lots")
     assert refused.returncode == 2, refused
     assert "--price '1,lots': 'lots' is not a number" in refused.err
-    assert cli("runs", "--json").data["runs"] == []
+    assert runs_made(cli) == []

@@ -20,6 +20,7 @@ def test_bad_input_to_any_command_is_a_usage_error_without_a_traceback(tmp_path:
     (tmp_path / "deep.json").write_text(DEEP)
     (tmp_path / "a-file").write_text("not a directory")
     db = ["--db", f"sqlite:///{tmp_path / 'runs.db'}"]
+    SQLStore(db[1]).list_runs()  # commands but `run` use an existing database only (tested below)
     cases = {
         ("run", "hi", "--model", "scripted:deep.json", *db): "cannot read scripted model file",
         ("run", "hi", "--model", "scripted:deep.json", "--max-steps", "0", *db): "--max-steps: '0' must be positive",
@@ -51,3 +52,35 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "-c", shell], check=False, capture_output=True, text=True, env=clean_env())
     assert len(done.stdout) == 10
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_command_on_a_database_that_is_not_there_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    """A mistyped --db used to create an empty database, then say the run was not found."""
+    cli = Cli(tmp_path)
+    for command in (["show", "run_x"], ["runs"], ["approve", "run_x", "toolu_1"], ["pending"], ["ui"]):
+        result = cli(*command, "--db", "sqlite:///typo.db")
+        assert result.returncode == 2, result
+        assert f"there is no database at '{tmp_path / 'typo.db'}'" in result.err
+    assert cli("diagram").returncode == 0  # the graph alone reads no run
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_printed_commands_name_a_relative_database_by_its_absolute_path(tmp_path: Path) -> None:
+    """So `tether pending`'s hint can be pasted anywhere: without --db it would open (and create) ./tether.db."""
+    from tether import tool
+    from tether.core.approvals import DecideLater
+
+    @tool(approval=True)
+    def delete(name: str) -> str:
+        """Delete a file."""
+        return name
+
+    store = SQLStore(f"sqlite:///{tmp_path / 'rel.db'}")
+    turn = {"content": [{"type": "tool_use", "id": "t1", "name": "delete", "input": {"name": "a"}}]}
+    Runner(
+        Agent(model=ScriptedModel([{**turn, "stop_reason": "tool_use"}]), tools=[delete]), store, approver=DecideLater()
+    ).run("go")
+    store.close()
+    shown = " ".join(Cli(tmp_path)("pending", "--db", "sqlite:///rel.db").stdout.split())
+    assert f"approve RUN CALL --db sqlite:///{tmp_path / 'rel.db'}" in shown
+    assert f"resume RUN --db sqlite:///{tmp_path / 'rel.db'}" in shown

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fixtures.pets_api import TOKEN, make_app
-from support import DONE, Cli, closed_port, flat, serving_app, tool_use, tool_use_turn
+from support import DONE, Cli, closed_port, flat, runs_made, serving_app, tool_use, tool_use_turn
 from tether.stores.sql import SQLStore
 
 pytestmark = pytest.mark.slow  # whole `tether` commands and real MCP servers
@@ -166,7 +166,7 @@ def test_an_unreachable_server_is_an_error_and_no_run_is_made(cli: Cli) -> None:
     refused = cli("run", "go", "--mcp-url", url, "--model", script(cli.cwd))
     assert refused.returncode == 2, refused
     assert flat(f"error: MCP server '{url}': cannot list its tools:") in refused.err
-    assert cli("runs", "--json").data["runs"] == []
+    assert runs_made(cli) == []
 
 
 def test_the_readme_mcp_example_runs_as_it_says(cli: Cli) -> None:

@@ -590,6 +590,7 @@ def test_tether_ui_refuses_an_open_bind_without_a_token(
 
     monkeypatch.delenv("TETHER_UI_TOKEN", raising=False)
     db = f"sqlite:///{tmp_path / 'runs.db'}"
+    SQLStore(db).list_runs()  # the inspector opens an existing database only
     assert main(["ui", "--db", db, "--host", "0.0.0.0"]) == 2
     assert "--host 0.0.0.0 lets other machines reach the inspector: give it a token" in capsys.readouterr().err
     assert main(["ui", "--db", db, "--tokens", str(tmp_path / "absent.json")]) == 2

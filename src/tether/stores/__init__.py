@@ -375,15 +375,18 @@ def shown_url(url: str) -> str:
     return redact_url(url)
 
 
-def open_store(url: str | None) -> Store:
-    """A store for a URL: ``memory://`` or any SQLAlchemy URL (SQLite, PostgreSQL)."""
+def open_store(url: str | None, *, must_exist: bool = False) -> Store:
+    """A store for a URL: ``memory://`` or any SQLAlchemy URL (SQLite, PostgreSQL).
+
+    ``must_exist``: refuse a SQLite file that is not there (a command that only reads or decides runs).
+    """
     if url == "memory://":
         from tether.stores.memory import MemoryStore
 
         return MemoryStore()
     from tether.stores.sql import SQLStore
 
-    return SQLStore(url or DEFAULT_URL)
+    return SQLStore(url or DEFAULT_URL, must_exist=must_exist)
 
 
 def open_async_store(url: str | None) -> AsyncStore:

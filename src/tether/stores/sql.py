@@ -281,16 +281,25 @@ def _is_secret_param(name: str) -> bool:
     return re.fullmatch(_SECRET_PARAM, name, re.IGNORECASE) is not None
 
 
-def _check_sqlite_path(url: sa.engine.URL) -> None:
-    """A missing directory is a configuration mistake: say so now, not at the first write."""
+def _check_sqlite_path(url: sa.engine.URL, *, must_exist: bool) -> None:
+    """A missing directory is a configuration mistake: say so now, not at the first write.
+
+    With ``must_exist``, so is a missing file: a command that only uses runs must not create an
+    empty database where a mistyped path points (and then say the run is not found).
+    """
     database = url.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return
+    shown = redact_url(url.render_as_string(hide_password=False))
     directory = Path(database).parent
     if not directory.is_dir():
-        shown = redact_url(url.render_as_string(hide_password=False))
         raise ConfigError(
             f"cannot use database {shown!r}: directory {str(directory)!r} does not exist (create it first)"
+        )
+    if must_exist and not Path(database).exists():
+        raise ConfigError(
+            f"there is no database at {str(Path(database).resolve())!r} ({shown!r}): nothing was created; "
+            "check the URL (a run creates its database)"
         )
 
 
@@ -393,8 +402,12 @@ class _SQLBase:
         connect_timeout: int,
         snapshot_every: int,
         drivers: Mapping[str, str] | None = None,
+        must_exist: bool = False,
     ) -> None:
-        """``drivers``: the driver for each backend when the URL names none (None: SQLAlchemy's defaults)."""
+        """``drivers``: the driver for each backend when the URL names none (None: SQLAlchemy's defaults).
+
+        ``must_exist``: SQLite only, refuse a database file that is not there yet (instead of creating it).
+        """
         self.url = url
         self.busy_timeout = busy_timeout
         self.snapshot_every = snapshot_every
@@ -407,7 +420,7 @@ class _SQLBase:
         """SQLite only: the file or its directory cannot be written here, so it is opened read-only."""
         options: dict[str, Any] = {"json_serializer": _dump_json, "json_deserializer": _load_json}
         if self._sqlite:
-            _check_sqlite_path(parsed)
+            _check_sqlite_path(parsed, must_exist=must_exist)
             reader = _read_only_sqlite(parsed)
             self._read_only = reader is not None
             parsed = reader or parsed
@@ -585,9 +598,21 @@ class SQLStore(_SQLBase):
     """
 
     def __init__(
-        self, url: str, *, busy_timeout: float = 10.0, connect_timeout: int = 10, snapshot_every: int = SNAPSHOT_EVERY
+        self,
+        url: str,
+        *,
+        busy_timeout: float = 10.0,
+        connect_timeout: int = 10,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        must_exist: bool = False,
     ) -> None:
-        super().__init__(url, busy_timeout=busy_timeout, connect_timeout=connect_timeout, snapshot_every=snapshot_every)
+        super().__init__(
+            url,
+            busy_timeout=busy_timeout,
+            connect_timeout=connect_timeout,
+            snapshot_every=snapshot_every,
+            must_exist=must_exist,
+        )
         self.engine = self._sync_engine(self._options)
 
     def close(self) -> None:

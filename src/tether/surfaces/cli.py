@@ -146,6 +146,15 @@ def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
 
 
+def _absolute_sqlite(url: str) -> str:
+    """``sqlite:///runs.db`` as ``sqlite:////here/runs.db``; any other URL as it is."""
+    scheme, separator, rest = url.partition(":///")
+    if not separator or not scheme.startswith("sqlite") or rest.startswith("/") or rest.startswith(":memory:"):
+        return url
+    path, query, options = rest.partition("?")
+    return f"{scheme}:///{Path(path).resolve()}{query}{options}" if path else url
+
+
 def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per command, read top to bottom
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
@@ -321,6 +330,10 @@ def _add_ui(ui: argparse.ArgumentParser) -> None:
     )
 
 
+_CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
+"""The commands that may start the first run of a database; the others refuse a SQLite file not there."""
+
+
 class _Session:
     """What one command invocation shares: consoles, the store, output mode."""
 
@@ -330,7 +343,8 @@ class _Session:
         self.out = Console(soft_wrap=True)
         self.err = Console(stderr=True, soft_wrap=True)
         self.db_url = _db_url(getattr(args, "db", None))
-        self.store: Store = open_store(self.db_url)
+        reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
+        self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
         self.live: LiveView | None = None
         self.run_id: str | None = args.run_id if args.command == "resume" else None
         self.telemetry = _telemetry(args, self.err)
@@ -444,7 +458,7 @@ class _Session:
                         f"A tool retry is due at {when}: resume after it with ",
                         (f"{invocation()} resume {result.run_id}{self._db_hint()}", "bold"),
                         " (or let ",
-                        (f"{invocation()} runs --due", "bold"),
+                        (f"{invocation()} runs --due{self._db_hint()}", "bold"),
                         " find it)",
                     )
                 )
@@ -468,10 +482,13 @@ class _Session:
         )
 
     def _db_hint(self) -> str:
-        """`` --db URL`` for a follow-up command, unless it is the default; never with the password."""
+        """`` --db URL`` for a follow-up command, unless it is the default; never with the password.
+
+        A relative SQLite path is made absolute, so the command can be pasted in another directory.
+        """
         if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ:
             return ""
-        return f" --db {shlex.quote(shown_url(self.db_url))}"
+        return f" --db {shlex.quote(shown_url(_absolute_sqlite(self.db_url)))}"
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
@@ -796,7 +813,7 @@ def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation(), queues=queues)
+    render_pending(session.out, pending, command=invocation(), db=session._db_hint(), queues=queues)
     return EXIT_DONE
 
 

@@ -573,11 +573,13 @@ def render_pending(
     pending: Sequence[PendingApproval],
     *,
     command: str = "tether",
+    db: str = "",
     queues: Mapping[str, str] | None = None,
 ) -> None:
     """Calls waiting for a person, one block each, with the exact input they would approve.
 
-    ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied).
+    ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied),
+    and ``db`` ends them (`` --db URL`` unless the database is the default).
     ``queues``: the queue of each root run submitted to one (``run --detach``): a worker goes on
     with it once decided, so it needs no resume.
 
@@ -611,8 +613,8 @@ def render_pending(
             )
         console.print()
     decide = (
-        f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL[/] or "
-        f"[bold]{escape(command)} deny RUN CALL[/]"
+        f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL{escape(db)}[/] or "
+        f"[bold]{escape(command)} deny RUN CALL{escape(db)}[/]"
     )
     if all(call.root in queues for call in pending):
         console.print(decide + "; each run's worker goes on by itself")
@@ -620,7 +622,7 @@ def render_pending(
     root = " (for a call in a chain, the first run of its chain, which drives the others)"
     queued = "; a queued run's worker goes on by itself" if any(call.root in queues for call in pending) else ""
     console.print(
-        f"{decide}, then [bold]{escape(command)} resume RUN[/]"
+        f"{decide}, then [bold]{escape(command)} resume RUN{escape(db)}[/]"
         + (root if any(len(call.chain) > 1 for call in pending) else "")
         + queued
     )
