@@ -11,11 +11,13 @@ Screenshots of the pages go to the test's directory, or to ``$TETHER_UI_SCREENSH
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,3 +214,243 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_test_id(f"fork-edited-{at}").click()
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #")
     expect(page.locator("body")).to_contain_text("Refund INV-11 instead.")
+
+
+# Live pages keep what a person did; long text keeps to the screen ------------------------------
+LONG = "W" * 2_000
+"""A prompt, a tool input, a tool output and an answer with no space to break at."""
+EDITED = '{"invoice": "INV-7", "amount": 5}'
+"""A narrower refund, typed over the parked call's input."""
+
+
+@dataclass
+class Lively:
+    """A second ``tether ui``, whose runs the tests below change under its open pages."""
+
+    address: str
+    base: str
+    url: str
+    spec: dict[str, Any]
+    edited: str
+    """Its refund is approved with an edited input while the inbox refreshes."""
+    typed: str
+    """Stays parked: a name is typed on its card, then taken back."""
+    refused: str
+    panels: str
+    spares: list[str]
+    """Cancelled to make the inbox change."""
+    long_parked: str
+    long_done: str
+
+    def cancel(self, run_id: str) -> None:
+        """Changes a run from another process's side: every page showing it is told."""
+        store = SQLStore(self.url)
+        try:
+            Runner(agent_from_spec(self.spec), store).cancel(run_id, "the test moved on")
+        finally:
+            store.close()
+
+
+@contextmanager
+def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
+    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
+    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
+    with (
+        log.open("w") as errors,
+        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
+    ):
+        try:
+            assert server.stdout is not None
+            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())
+            assert found is not None, log.read_text()
+            yield found.group(0), found.group(1), found.group(2)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def lively(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lively]:
+    from support import model_reply, tool_use, tool_use_turn
+
+    root = tmp_path_factory.mktemp("lively")
+    project = Project.make(root / "project", echoed="Checking the invoice.", quoted="")
+    long = Project.make(root / "long")
+    turns = [
+        tool_use_turn(
+            tool_use("toolu_echo", "echo", {"text": LONG}),
+            tool_use("toolu_refund", "refund", {"invoice": LONG, "amount": 20}),
+        ),
+        model_reply([{"type": "text", "text": f"Refund handled. {LONG}"}], "end_turn"),
+    ]
+    (long.root / "script.json").write_text(json.dumps(turns), encoding="utf-8")
+    url = f"sqlite:///{root / 'runs.db'}"
+    store = SQLStore(url)
+    try:
+        long_done = long.park(store, prompt=LONG).run_id
+        Runner(agent_from_spec(long.spec), store, approver=AutoApprover(approve=True)).drive(long_done)
+        long_parked = long.park(store, prompt=LONG).run_id
+        parked = [project.park(store, prompt=f"Refund INV-7, run {n}.").run_id for n in range(6)]
+    finally:
+        store.close()
+    with serve(url, root / "ui.log") as (address, base, _):
+        edited, typed, refused, panels, *spares = parked
+        yield Lively(address, base, url, project.spec, edited, typed, refused, panels, spares, long_parked, long_done)
+
+
+def card_of(page: Any, run_id: str) -> Any:
+    return page.locator("article.pending").filter(has=page.locator(f"a[href='/runs/{run_id}']"))
+
+
+def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: Lively, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.goto(lively.address)
+    page.goto(lively.base + "inbox")
+    main = page.locator("main")
+    expect(main).to_have_attribute("data-state", "live")
+    card = card_of(page, lively.edited)
+    card.get_by_label("Decided by").fill("alice")
+    card.get_by_label("Reason").fill("five is enough")
+    card.get_by_text("Edit the input").click()
+    card.locator("textarea[name=input]").fill(EDITED)
+    page.locator("h1").click()  # nothing has the focus now: the edits alone hold the page
+    assert page.evaluate("document.activeElement === document.body")
+
+    lively.cancel(lively.spares[0])  # another run changes: the inbox is told
+    expect(main).to_have_attribute("data-state", "stale")  # newer state, held back
+    expect(card.locator("textarea[name=input]")).to_have_value(EDITED)
+    expect(card.get_by_label("Decided by")).to_have_value("alice")
+    expect(card.get_by_label("Reason")).to_have_value("five is enough")
+    expect(card_of(page, lively.spares[0])).to_have_count(1)
+
+    card.get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_role("status")).to_contain_text("Decision recorded")
+    expect(card_of(page, lively.spares[0])).to_have_count(0)
+    page.goto(f"{lively.base}runs/{lively.edited}")
+    call = page.locator("#call-toolu_refund")
+    expect(call).to_contain_text("Input as edited by a person")
+    expect(call.locator("pre.json").last).to_contain_text('"amount": 5')  # the edit, not the 20 asked for
+    expect(call).to_contain_text("approved by alice")
+
+
+def test_a_held_back_page_catches_up_once_the_typing_is_taken_back(lively: Lively, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.goto(lively.address)
+    page.goto(lively.base + "inbox")
+    main = page.locator("main")
+    expect(main).to_have_attribute("data-state", "live")
+    who = card_of(page, lively.typed).get_by_label("Decided by")
+    who.fill("bob")
+    page.locator("h1").click()
+    lively.cancel(lively.spares[1])
+    expect(main).to_have_attribute("data-state", "stale")
+    expect(card_of(page, lively.spares[1])).to_have_count(1)
+
+    who.fill("")  # taken back, and left: nothing typed is lost by showing the newer state now
+    page.locator("h1").click()
+    expect(card_of(page, lively.spares[1])).to_have_count(0)
+    expect(main).to_have_attribute("data-state", "live")
+
+
+def test_a_live_refresh_reopens_only_the_panels_that_were_open(lively: Lively, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    inbox = context.new_page()
+    inbox.goto(lively.address)
+    inbox.goto(lively.base + "inbox")
+    expect(inbox.locator("main")).to_have_attribute("data-state", "live")
+    assert inbox.locator("article.pending").count() > 2  # the cards share their call id: toolu_refund
+    card_of(inbox, lively.typed).get_by_text("Edit the input").click()
+
+    page = context.new_page()
+    page.goto(f"{lively.base}runs/{lively.panels}")
+    expect(page.locator("main")).to_have_attribute("data-state", "live")
+    page.get_by_test_id("fork-edit-1").click()
+    assert page.locator("main details[open]").count() == 1
+
+    lively.cancel(lively.panels)
+    expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    expect(page.locator("main details[open]")).to_have_count(1)
+    expect(page.locator("main details[open] summary")).to_have_attribute("data-testid", "fork-edit-1")
+
+    expect(card_of(inbox, lively.panels)).to_have_count(0)
+    expect(inbox.locator("main details[open]")).to_have_count(1)
+    expect(card_of(inbox, lively.typed).locator("details").first).to_have_attribute("open", "")
+
+
+def test_after_a_refused_decision_the_page_keeps_following_its_run(lively: Lively, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.goto(lively.address)
+    page.goto(f"{lively.base}runs/{lively.refused}")
+    page.get_by_text("Edit the input").click()
+    page.locator("textarea[name=input]").fill('{"amount": 20}')  # no invoice: the schema refuses it
+    page.get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_test_id("decision-error")).to_be_visible()
+    expect(page).to_have_url(f"{lively.base}runs/{lively.refused}")  # not /decide: what the page fetches again
+    expect(page.locator("main")).to_have_attribute("data-state", "live")
+
+    lively.cancel(lively.refused)
+    expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    expect(page.locator("main")).to_have_attribute("data-state", "ended")
+    page.reload()  # the run's page again, nothing posted twice
+    expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    expect(page.get_by_test_id("decision-error")).to_have_count(0)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_long_text_without_a_space_keeps_to_the_width_of_the_screen(lively: Lively, browser: Any, width: int) -> None:
+    context = browser.new_context(viewport={"width": width, "height": 860})
+    try:
+        page = context.new_page()
+        page.goto(lively.address)
+        where = {
+            "runs": "",
+            "inbox": "inbox",
+            "parked": f"runs/{lively.long_parked}",
+            "done": f"runs/{lively.long_done}",
+        }
+        wide = {}
+        for name, path in where.items():
+            page.goto(lively.base + path)
+            wide[name] = page.evaluate("document.documentElement.scrollWidth")
+        assert page.locator("body").inner_text().count(LONG) >= 3  # the prompt, the tool's input and its output
+        assert wide == dict.fromkeys(where, width)
+    finally:
+        context.close()
+
+
+def test_timeline_rows_that_link_to_a_call_keep_their_colour(lively: Lively, context: Any) -> None:
+    page = context.new_page()
+    page.goto(lively.address)
+    page.goto(f"{lively.base}runs/{lively.long_done}")
+    links = page.locator("table.timeline td:nth-child(3) a")
+    assert links.count() > 0
+    colours = links.evaluate_all(
+        "links => links.map(a => [getComputedStyle(a).color, getComputedStyle(a.parentElement).color])"
+    )
+    assert all(mine == cell for mine, cell in colours), colours
+
+
+def test_the_pages_load_with_no_console_error(lively: Lively, context: Any) -> None:
+    """Not even the browser's own request for an icon (the CSP allows images from the server only)."""
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(lively.address)
+    for path in ["inbox", f"runs/{lively.long_done}"]:
+        page.goto(lively.base + path)
+        expect(page.locator("h1")).to_be_visible()
+    page.wait_for_timeout(300)  # the icon is fetched after the page has loaded
+    assert errors == []

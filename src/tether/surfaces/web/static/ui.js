@@ -1,56 +1,166 @@
 // tether ui: live pages. A page whose <main> has data-live listens to that server-sent event
-// stream and, when it says "changed", fetches itself again and swaps its <main> in. Nothing
-// else runs here: forms post as plain HTML forms, and the server escapes every text it shows.
+// stream and, when it says "changed", fetches its own address again and swaps its <main> in.
+// Nothing else runs here: forms post as plain HTML forms, and the server escapes every text it shows.
+//
+// A swap never throws away what a person did on the page:
+// - While a field has the focus, or any field holds a value other than the one the server rendered
+//   (typed, picked, ticked), the swap waits: <main data-state="stale"> says newer state is held back
+//   until the form is sent or its edits undone. What a form sends is always what the person sees.
+// - The <details> panels that were open are opened again, each known by its form's hidden fields
+//   (the run, the call, the step), which of the forms with those it is (rows of the timeline share
+//   them; the timeline only grows at its end), and its place in that form; or by data-key if it has one.
+// The address fetched again is the page's own: data-page on <main> if the server gives it, else
+// the run's or the inbox's, from the stream. A refused form is answered at /decide or /fork, which
+// cannot be fetched again; the address bar is set to the page's own too, so a reload posts nothing.
 "use strict";
 
 (function () {
   const main = document.getElementById("live");
-  if (!main || !main.dataset.live || !window.EventSource) {
+  if (!main) {
     return;
   }
-  let pending = false;
+  const FORMS = ["/decide", "/fork"]; // where a refused form is answered with a page
+
+  function canonical() {
+    // The page's own address, as a path and query.
+    const here = window.location.pathname + window.location.search;
+    const page = main.dataset.page; // (its query, a list's filters, is the address bar's when the path is the same)
+    if (page) return new URL(page, window.location.href).pathname === window.location.pathname ? here : page;
+    if (!FORMS.includes(window.location.pathname) || !main.dataset.live) return here;
+    const stream = new URL(main.dataset.live, window.location.href).pathname;
+    const run = /^(\/runs\/[^/]+)\/live$/.exec(stream);
+    if (run) return run[1];
+    return stream === "/live" ? "/inbox" : here; // the only list a form answers with is the inbox
+  }
+
+  const home = canonical();
+  if (home !== window.location.pathname + window.location.search && window.history.replaceState) {
+    window.history.replaceState(window.history.state, "", home);
+  }
+  if (!main.dataset.live || !window.EventSource) {
+    return;
+  }
+
+  let pending = false; // a change came that the page does not show yet
+  let failed = false; // the page could not be fetched again
+  let ended = false; // the stream said the run ended
+  let ticket = 0; // the latest fetch: an older answer is dropped
+
+  function show() {
+    main.dataset.state = failed ? "offline" : pending ? "stale" : ended ? "ended" : "live";
+  }
+
+  function edited(field) {
+    // Whether a field holds something other than what the server rendered in it.
+    if (field.disabled || /^(hidden|submit|button|reset|image|file)$/.test(field.type)) return false;
+    if (field.type === "checkbox" || field.type === "radio") return field.checked !== field.defaultChecked;
+    if (field.tagName === "SELECT") {
+      const options = Array.from(field.options);
+      if (field.multiple) return options.some((option) => option.selected !== option.defaultSelected);
+      let initial = 0; // with no option marked selected, a single select shows its first
+      options.forEach((option, index) => {
+        if (option.defaultSelected) initial = index;
+      });
+      return options.length > 0 && field.selectedIndex !== initial;
+    }
+    return field.value !== field.defaultValue;
+  }
 
   function busy() {
-    // Someone is typing in a form: swapping the page now would lose it.
+    // Someone is typing in a form, or has typed in one: swapping the page now would lose it.
     const active = document.activeElement;
-    return active && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName);
+    if (active && main.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return true;
+    return Array.from(main.querySelectorAll("input, textarea, select")).some(edited);
+  }
+
+  function keys() {
+    // Each panel with a name for it that the page fetched again gives it too: its form's hidden
+    // fields (rows of the timeline share theirs: then which of those forms), and its place there.
+    const forms = new Map();
+    const seen = new Map();
+    main.querySelectorAll("form").forEach((form) => {
+      const fields = Array.from(form.querySelectorAll("input[type=hidden]")).filter((field) => field.name !== "csrf");
+      const named = [form.getAttribute("action") || ""].concat(fields.map((field) => field.name + "=" + field.value));
+      const signature = named.join("\n");
+      const nth = seen.get(signature) || 0;
+      seen.set(signature, nth + 1);
+      forms.set(form, signature + "\n" + nth);
+    });
+    return Array.from(main.querySelectorAll("details"), (details) => {
+      if (details.dataset.key) return [details, details.dataset.key];
+      const form = details.closest("form");
+      let scope = main;
+      let where = "";
+      if (forms.has(form)) {
+        scope = form;
+        where = forms.get(form);
+      } else {
+        const owner = details.parentElement && details.parentElement.closest("[id]");
+        if (owner && owner !== main && main.contains(owner)) {
+          scope = owner;
+          where = "#" + owner.id;
+        }
+      }
+      return [details, where + "\n" + Array.prototype.indexOf.call(scope.querySelectorAll("details"), details)];
+    });
+  }
+
+  function swap(page, fresh) {
+    const open = new Set(keys().filter(([details]) => details.open).map(([, name]) => name));
+    main.replaceChildren(...Array.from(fresh.childNodes, (node) => document.importNode(node, true)));
+    keys().forEach(([details, name]) => {
+      if (open.has(name)) details.open = true;
+    });
+    const header = page.querySelector("header.top");
+    const current = document.querySelector("header.top");
+    if (header && current) current.replaceWith(document.importNode(header, true));
+    document.title = page.title;
+    ended = ended || !fresh.dataset.live;
   }
 
   async function refresh() {
+    pending = true;
     if (busy()) {
-      pending = true;
+      show();
       return;
     }
-    pending = false;
-    const answer = await fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } });
-    if (!answer.ok) {
-      return;
+    const mine = ++ticket;
+    let page = null;
+    try {
+      const answer = await fetch(home, { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (answer.ok) page = new DOMParser().parseFromString(await answer.text(), "text/html");
+    } catch (error) {
+      page = null;
     }
-    const page = new DOMParser().parseFromString(await answer.text(), "text/html");
-    const fresh = page.getElementById("live");
-    if (fresh) {
-      const open = new Set(Array.from(main.querySelectorAll("details[open]"), (d) => d.closest("[id]")?.id));
-      main.replaceChildren(...Array.from(fresh.childNodes, (node) => document.importNode(node, true)));
-      main.querySelectorAll("details").forEach((d) => {
-        if (open.has(d.closest("[id]")?.id)) d.open = true;
-      });
-      const header = page.querySelector("header.top");
-      const current = document.querySelector("header.top");
-      if (header && current) current.replaceWith(document.importNode(header, true));
-      main.dataset.state = fresh.dataset.live ? "live" : "ended";
-      document.title = page.title;
+    if (mine !== ticket) return; // a later change fetched the page again
+    const fresh = page && page.getElementById("live");
+    if (!fresh) {
+      failed = true; // the next change tries again
+    } else if (!busy()) {
+      // (someone may have started typing while the page was fetched: then it waits)
+      failed = false;
+      pending = false;
+      swap(page, fresh);
     }
+    show();
   }
 
-  main.addEventListener("focusout", () => {
+  function retry() {
+    // A field was left, changed or reset: the held-back state may be shown now.
     if (pending) setTimeout(refresh, 0);
-  });
+  }
+
+  main.addEventListener("focusout", retry);
+  main.addEventListener("input", retry);
+  main.addEventListener("change", retry);
+  main.addEventListener("reset", retry);
 
   const stream = new EventSource(main.dataset.live);
-  main.dataset.state = "live";
+  show();
   stream.addEventListener("changed", refresh);
   stream.addEventListener("end", () => {
     stream.close();
-    main.dataset.state = "ended";
+    ended = true;
+    show();
   });
 })();
