@@ -137,6 +137,8 @@ def test_an_edit_of_a_message_without_text_or_out_of_range_is_refused() -> None:
     with pytest.raises(InvalidForkPoint, match="edited text is empty"):
         runner.fork(original, at_step=at, edit=MessageEdit(0, "  "), tenant="acme")
     assert [r.id for r in store.list_runs()] == [original]
+    prompt = runner.fork(original, at_step=at, edit=MessageEdit(None, "Add 4 and 4."), tenant="acme")
+    assert prompt.messages[0]["content"] == [{"type": "text", "text": "Add 4 and 4."}]  # None: the last user text
 
 
 def test_another_tenants_run_cannot_be_forked() -> None:

@@ -715,7 +715,7 @@ def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, proje
     assert mid_turn.status_code == 422  # refused, edited or not
 
 
-def test_a_fork_after_tool_results_may_edit_the_prompt_by_its_number(
+def test_a_fork_after_tool_results_edits_the_prompt_by_default_or_by_its_number(
     app: Any, store: SQLStore, project: Project
 ) -> None:
     """There the last message holds only tool results: the form's message number reaches the prompt."""
@@ -742,8 +742,13 @@ def test_a_fork_after_tool_results_may_edit_the_prompt_by_its_number(
     assert isinstance(started, RunStarted)
     assert started.messages[0] == {"role": "user", "content": [{"type": "text", "text": "Refund INV-9."}]}
     assert started.messages[1:] == forks.state_at(run.run_id, store.load_events(run.run_id), after_results).messages[1:]
+    by_default = post(text="Refund INV-10.")  # the form's blank number: the prompt, the last user text
+    assert by_default.status_code == 303
+    forked = store.load_events(by_default.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
+    assert isinstance(forked, RunStarted)
+    assert forked.messages[0] == {"role": "user", "content": [{"type": "text", "text": "Refund INV-10."}]}
     refused = {
-        "last": post(text="hi"),  # the tool results: no text to edit
+        "last": post(message="-1", text="hi"),  # the tool results: no text to edit
         "far": post(message="7", text="hi"),
         "nan": post(message="first", text="hi"),
     }

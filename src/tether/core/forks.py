@@ -32,8 +32,11 @@ its step (see :func:`spec_of`)."""
 class MessageEdit:
     """Replace the text of one message of the fork's history (its tool_use/tool_result blocks stay)."""
 
-    index: int
-    """Position in the fork's history: 0 is the first message, -1 the last (Python's indexing)."""
+    index: int | None
+    """Position in the fork's history: 0 is the first message, -1 the last (Python's indexing).
+
+    None: the last user message that holds text, the prompt the model answers next (after tool
+    results, whose message holds none, the one that began the turn)."""
     text: str
 
 
@@ -96,11 +99,17 @@ def edited(run_id: str, messages: list[Message], edit: MessageEdit) -> list[Mess
             new text is empty.
     """
     count = len(messages)
-    if not -count <= edit.index < count:
-        raise InvalidForkPoint(run_id, None, f"the fork's history has messages 0 to {count - 1}, not {edit.index}")
     if not edit.text.strip():
         raise InvalidForkPoint(run_id, None, "the edited text is empty")
-    index = edit.index % count
+    if edit.index is None:
+        prompts = [i for i, message in enumerate(messages) if message["role"] == "user" and _has_text(message)]
+        if not prompts:
+            raise InvalidForkPoint(run_id, None, "no user message of the fork's history holds text to edit")
+        index = prompts[-1]
+    elif not -count <= edit.index < count:
+        raise InvalidForkPoint(run_id, None, f"the fork's history has messages 0 to {count - 1}, not {edit.index}")
+    else:
+        index = edit.index % count
     message = messages[index]
     content = message["content"]
     if isinstance(content, str):
@@ -120,6 +129,11 @@ def edited(run_id: str, messages: list[Message], edit: MessageEdit) -> list[Mess
     except InvalidHistory as error:  # cannot happen for text; kept as the API's own rule
         raise InvalidForkPoint(run_id, None, str(error)) from error
     return changed
+
+
+def _has_text(message: Message) -> bool:
+    content = message["content"]
+    return isinstance(content, str) or any(block.get("type") == "text" for block in content)
 
 
 def spec_of(run_id: str, events: list[Event], then: RunState, step: int) -> dict[str, Any]:

@@ -270,7 +270,8 @@ def _add_fork(fork: argparse.ArgumentParser) -> None:
         "--edit-message",
         type=int,
         metavar="K",
-        help="the message of the fork's history to edit (0 the first, -1 the last: the default with --text)",
+        help="the message of the fork's history to edit (0 the first, -1 the last; default with --text: the "
+        "last user message holding text, the prompt the model answers next)",
     )
     fork.add_argument("--text", help="the edited message's new text (its tool calls or results stay)")
     fork.add_argument("--json", action="store_true", help="print the new run's JSON object")
@@ -707,7 +708,7 @@ def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
     """Start a new run from a step of an earlier one (not driven: its tools are loaded by ``resume``)."""
     if args.edit_message is not None and args.text is None:
         raise ConfigError("--edit-message K needs --text: the message's new text")
-    edit = None if args.text is None else MessageEdit(-1 if args.edit_message is None else args.edit_message, args.text)
+    edit = None if args.text is None else MessageEdit(args.edit_message, args.text)
     runner = Runner(reader_agent(), session.store, telemetry=session.telemetry)
     fork = runner.fork(args.run_id, at_step=args.at, edit=edit)
     if session.json:

@@ -266,7 +266,7 @@ class _Inspector:
                 fields.get("at", ""),
                 tenant=viewer.tenant,
                 text=fields.get("text", ""),
-                message=fields.get("message", "-1"),
+                message=fields.get("message", ""),
             )
         except (BadForm, InvalidForkPoint) as error:
             return await self._run(request, viewer, run_id, 422, fork_error=str(error))

@@ -168,11 +168,12 @@ class Decider:
             return False
         return True
 
-    def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "", message: str = "-1") -> RunState:
+    def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "", message: str = "") -> RunState:
         """Start a new run from step ``at`` of ``run_id`` (the original untouched) and drive it on.
 
         ``text``, unless blank, replaces the text of the fork's message number ``message`` (0 the
-        first, -1 the last: the user turn the model answers next; after tool results, the prompt).
+        first, -1 the last; blank: the last user message holding text, the prompt the model answers
+        next, which after tool results is the one that began the turn).
 
         Raises:
             RunNotFound: no such run for this tenant.
@@ -184,7 +185,7 @@ class Decider:
         except ValueError:
             raise BadForm(f"the step to fork at must be a number, not {at!r}") from None
         try:
-            index = int(message or "-1")
+            index = int(message) if message.strip() else None
         except ValueError:
             raise BadForm(f"the message to edit must be a number (0 the first, -1 the last), not {message!r}") from None
         runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a fork needs no tools
