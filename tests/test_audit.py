@@ -285,6 +285,19 @@ def test_a_parked_call_is_awaiting_approval() -> None:
     assert entry.decision["verdict"] == "pending"
 
 
+def test_a_call_whose_run_ended_while_it_waited_was_never_decided() -> None:
+    """Cancelled while parked: nobody will be asked any more, so it no longer reads as pending."""
+    store = MemoryStore()
+    script = [tool_use_turn(tool_use("toolu_risky", "risky", {"target": "x"})), ANSWER]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=make_tools()), store)
+    result = runner.run("go")
+    runner.cancel(result.run_id, "not today")
+    (entry,) = entries(result.run_id, store.load_events(result.run_id))
+    assert entry.status == "never_decided"
+    assert entry.decision is not None
+    assert (entry.decision["verdict"], entry.decision["reason"]) == ("never_decided", "the run ended cancelled")
+
+
 def test_events_of_other_kinds_or_unknown_calls_are_ignored() -> None:
     log = [
         Event(0, 1.0, Warned("run-level")),

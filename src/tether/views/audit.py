@@ -13,7 +13,8 @@ the model made:
 - **attempts** (``tool_started`` events) and each failed attempt's retry;
 - **outcome**: ``ok`` (the full result, even when the model saw a truncated one; from the
   cache or not), ``error`` (its message, exception type and class), ``denied``, or a call
-  still ``awaiting_approval`` / ``running`` / ``not_run``;
+  still ``awaiting_approval`` / ``running`` / ``not_run``, or ``never_decided`` (the run ended
+  while the call waited for a person);
 - **duration**: seconds spent running the tool, summed over its attempts;
 - **agent**: who made the call: the run's agent, or the one a handoff handed the run to (a child
   run's calls are its own agent's).
@@ -38,6 +39,7 @@ from tether.core.events import (
     ModelResponded,
     RequestedCall,
     RetryScheduled,
+    RunFinished,
     RunStarted,
     ToolFinished,
     ToolStarted,
@@ -63,9 +65,9 @@ class AuditEntry:
     requested_at: float
     """When the model asked for the call (its response was recorded)."""
     status: str = "not_run"
-    """ok, error, denied, awaiting_approval, running, or not_run."""
+    """ok, error, denied, awaiting_approval, running, not_run, or never_decided (the run ended first)."""
     decision: dict[str, Any] | None = None
-    """The last decision: ``verdict`` (allowed, approved, denied, pending), ``by``, ``at``,
+    """The last decision: ``verdict`` (allowed, approved, denied, pending, never_decided), ``by``, ``at``,
     ``reason``; for a person's decision also ``asked_because`` and ``edited_input``, and
     ``for_run_call`` when it was their approval of another call for the rest of the run.
     ``by`` is None for a tool that needs no approval (reason ``no approval needed``). None
@@ -109,8 +111,11 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
     approved_for_run: dict[str, str] = {}
     """Tool name -> the call whose approval covered the rest of the run (the first one)."""
     agent: str | None = None
+    ended: str | None = None
+    """How the run ended (done, cancelled, failed for good), if nothing came after."""
     for event in events:
         fact, at = event.fact, event.at
+        ended = fact.status if isinstance(fact, RunFinished) and not fact.retryable else None
         match fact:
             case RunStarted(spec=spec):
                 agent = spec.get("agent")
@@ -137,6 +142,12 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
             covering = calls.get(approved_for_run.get(entry.tool, ""))
             entry.decision = _allowed(allowed, at, covering)
         _fold(entry, fact, at)
+    if ended is not None:
+        for entry in calls.values():
+            if entry.status == "awaiting_approval":  # nobody will be asked any more
+                entry.status = "never_decided"
+                if entry.decision is not None:
+                    entry.decision = {**entry.decision, "verdict": "never_decided", "reason": f"the run ended {ended}"}
     return list(calls.values())
 
 

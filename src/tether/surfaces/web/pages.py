@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.core import forks
 from tether.core.approvals import PendingApproval, pending_of
-from tether.core.children import parent_of
+from tether.core.children import link_of, parent_of
 from tether.core.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -42,6 +42,7 @@ from tether.models import Usage
 from tether.stores import RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals
+from tether.views.tree import child_entries
 
 LIST_LIMIT = 200
 """Runs a list shows (newest first)."""
@@ -197,6 +198,10 @@ class RunPage:
     cost_usd: float | None = None
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
+    parent: dict[str, Any] | None = None
+    """The link to the run this child run serves (``run_id``, ``call_id``, ``tool``); None for a root run."""
+    children: list[dict[str, Any]] = field(default_factory=list)
+    """The child runs its agent tools started (``run_id``, ``call_id``, ``agent``, ``status``...), oldest first."""
 
 
 def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
@@ -219,6 +224,8 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         cost_usd=result.cost_usd,
         model_seconds=result.model_seconds,
         tool_seconds=result.tool_seconds,
+        parent=link_of(state.spec),
+        children=child_entries(store, run_id, tenant=viewer_tenant),
     )
 
 
