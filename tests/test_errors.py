@@ -93,6 +93,8 @@ def test_an_edit_the_schema_rejects_is_invalid_edited_input_in_plain_words(parke
     assert caught.value.tool == "delete"
     assert "recursive" in caught.value.problems
     assert "Input should be a valid boolean" in caught.value.problems
+    assert str(caught.value).endswith(caught.value.problems)  # the CLI and the inspector say it in these words
+    assert "errors.pydantic.dev" not in str(caught.value)
 
 
 def test_a_call_the_model_never_asked_for_is_unknown(parked: tuple[Runner, RunResult]) -> None:

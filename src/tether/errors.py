@@ -298,7 +298,9 @@ class InvalidEditedInput(ApprovalError):
     """The edited input does not validate against the tool's input schema."""
 
     def __init__(self, *, run_id: str, call_id: str, tool: str, problems: str, details: str) -> None:
-        super().__init__(f"edited input is invalid for tool {tool!r}: {details}", run_id=run_id, call_id=call_id)
+        super().__init__(f"edited input is invalid for tool {tool!r}: {problems}", run_id=run_id, call_id=call_id)
         self.tool = tool
         self.problems = problems
         """What is wrong, in plain words: ``recursive: Input should be a valid boolean``."""
+        self.details = details
+        """The validator's own report (pydantic's, with its documentation links): the message says ``problems``."""
