@@ -110,6 +110,7 @@ def test_printable_shows_invisible_and_direction_changing_characters_as_their_es
     assert printable(hidden) == r"/srv/\u202efdp.exe\u202c -rf /\u2028; rm\u200b -rf\u2066 \ufeff\udb40\udc41"
     assert json.loads(f'"{printable(hidden)}"') == hidden  # still the JSON of the same text
     assert printable("café 中文 😀 عربي") == "café 中文 😀 عربي"  # visible text, any script, is left as it is
+    assert printable("lone \ud800 surrogate") == r"lone \ud800 surrogate"  # as wide as it is drawn
 
 
 def test_streamed_text_is_shown_not_executed_even_split_mid_sequence() -> None:

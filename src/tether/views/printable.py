@@ -10,9 +10,10 @@ import json
 import unicodedata
 
 _JSON_ESCAPES = {0x08: "\\b", 0x0C: "\\f", 0x0D: "\\r"}
-_INVISIBLE = ("Cf", "Zl", "Zp")
+_INVISIBLE = ("Cf", "Zl", "Zp", "Cs")
 """Unicode's format characters (direction overrides and isolates, zero-width spaces and joiners,
-tags) and its line and paragraph separators: unseen, or reordering what is seen around them."""
+tags) and its line and paragraph separators: unseen, or reordering what is seen around them; and
+lone surrogates (text decoded with ``surrogateescape``), which no terminal can draw."""
 _CONTROLS = {
     code: _JSON_ESCAPES.get(code, f"\\u{code:04x}" if code <= 0xFFFF else json.dumps(chr(code))[1:-1])
     for code in (
@@ -21,6 +22,7 @@ _CONTROLS = {
             code
             for code in (
                 *range(0xA0, 0x2100),
+                *range(0xD800, 0xE000),
                 *range(0xFE00, 0x10000),
                 *range(0x1BCA0, 0x1BCA4),
                 *range(0xE0000, 0xE0080),
