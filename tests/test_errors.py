@@ -71,6 +71,16 @@ def test_a_second_decision_is_already_decided_naming_who_and_how(parked: tuple[R
     assert isinstance(caught.value, ApprovalError)
 
 
+def test_an_edit_back_to_the_input_shown_is_a_plain_approval(parked: tuple[Runner, RunResult]) -> None:
+    """The model is not told a reviewer edited what nobody changed (key order aside)."""
+    from tether.core.events import ApprovalDecided
+
+    runner, run = parked
+    runner.decide(run.run_id, "toolu_1", Approve(input={"path": "/tmp/x"}, actor="alice"))
+    [decided] = [e.fact for e in runner.store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert (decided.approved, decided.input) == (True, None)
+
+
 def test_a_wrong_fingerprint_is_stale_naming_both(parked: tuple[Runner, RunResult]) -> None:
     runner, run = parked
     with pytest.raises(StaleFingerprint, match="the arguments differ from those shown") as caught:

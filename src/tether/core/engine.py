@@ -842,6 +842,8 @@ def on_decision(
     shown = request.fingerprint  # what the person was shown: an earlier edit, if any
     if expected_fingerprint is not None and expected_fingerprint != shown:
         raise StaleFingerprint(run_id=state.id, call_id=call_id, expected=expected_fingerprint, shown=shown)
+    if edited_input is not None and fingerprint(edited_input) == shown:
+        edited_input = None  # "edited" to what was shown: an approval as it is, and the model is told of no edit
     if edited_input is not None:
         edited_input = check_edit(agent, request, edited_input)
     elif approved:
