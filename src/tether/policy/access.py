@@ -44,7 +44,8 @@ class Credentials:
             raise ConfigError("no tokens given: a token is what lets a request in")
         checked: list[tuple[bytes, str | None]] = []
         for number, (token, tenant) in enumerate(tokens.items(), start=1):
-            checked.append((_token_bytes(token, number), _tenant(tenant, number)))
+            which = f"token {number}" if len(tokens) > 1 else "the token"
+            checked.append((_token_bytes(token, which), _tenant(tenant, which)))
         self._tokens = checked
 
     @classmethod
@@ -110,22 +111,22 @@ def bearer(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def _token_bytes(token: object, number: int) -> bytes:
-    """A token checked for strength; the message names its position, never its text."""
+def _token_bytes(token: object, which: str) -> bytes:
+    """A token checked for strength; the message names its position (``which``), never its text."""
     if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(f"token {number} is too weak: a token needs at least {MIN_TOKEN_LENGTH} characters")
+        raise ConfigError(f"{which} is too weak: a token needs at least {MIN_TOKEN_LENGTH} characters")
     if any(char.isspace() for char in token):
-        raise ConfigError(f"token {number} holds spaces: a token goes in a header as one word")
+        raise ConfigError(f"{which} holds spaces: a token goes in a header as one word")
     return token.encode(errors="surrogatepass")
 
 
-def _tenant(tenant: object, number: int) -> str | None:
+def _tenant(tenant: object, which: str) -> str | None:
     if tenant is None:
         return None
     if not isinstance(tenant, str):
-        raise ConfigError(f"token {number}: its tenant must be a string or null (every tenant), not {tenant!r}")
+        raise ConfigError(f"{which}: its tenant must be a string or null (every tenant), not {tenant!r}")
     if not tenant.strip():
-        raise ConfigError(f"token {number} has an empty tenant: name one, or null for every tenant")
+        raise ConfigError(f"{which} has an empty tenant: name one, or null for every tenant")
     return tenant
 
 
