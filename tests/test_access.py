@@ -53,9 +53,9 @@ def test_weak_or_malformed_tokens_are_refused(tokens: dict[str, object], problem
 
 
 def test_the_error_names_a_token_by_its_place_among_several_only() -> None:
-    with pytest.raises(ConfigError, match="^the token is too weak"):
+    with pytest.raises(ConfigError, match=r"^the token is too weak"):
         Credentials({"short": None})  # one token: --token
-    with pytest.raises(ConfigError, match="^token 2 is too weak"):
+    with pytest.raises(ConfigError, match=r"^token 2 is too weak"):
         Credentials({ACME: "acme", "short": None})  # a --tokens file
 
 
