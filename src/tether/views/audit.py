@@ -144,10 +144,9 @@ def entries(run_id: str, events: Iterable[Event]) -> list[AuditEntry]:
         _fold(entry, fact, at)
     if ended is not None:
         for entry in calls.values():
-            if entry.status == "awaiting_approval":  # nobody will be asked any more
+            if entry.decision is not None and entry.decision["verdict"] == "pending":  # nobody will be asked now
                 entry.status = "never_decided"
-                if entry.decision is not None:
-                    entry.decision = {**entry.decision, "verdict": "never_decided", "reason": f"the run ended {ended}"}
+                entry.decision = {**entry.decision, "verdict": "never_decided", "reason": f"the run ended {ended}"}
     return list(calls.values())
 
 
