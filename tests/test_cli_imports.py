@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support import run_python
+from tether.stores.sql import SQLStore
 
 pytestmark = pytest.mark.slow  # one `tether` process
 
@@ -37,6 +38,7 @@ DRIVER = textwrap.dedent(
 
 
 def test_reading_commands_import_no_model_sdk_web_stack_or_mcp(tmp_path: Path) -> None:
+    SQLStore(f"sqlite:///{tmp_path / 'runs.db'}").list_runs()  # reading commands refuse a database not there
     done = run_python("-c", DRIVER, f"sqlite:///{tmp_path / 'runs.db'}", json.dumps(READING))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -162,6 +162,7 @@ def test_sequence_needs_a_run(tmp_path: Path) -> None:
 
 
 def test_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
+    open_store(f"sqlite:///{tmp_path / 'runs.db'}").list_runs()  # a database without that run
     done = run_tether(tmp_path, "diagram", "--run", "nope", "--db", "sqlite:///runs.db")
     assert done.returncode == 2
     assert "not found" in done.stderr

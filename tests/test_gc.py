@@ -81,6 +81,7 @@ def test_gc_deletes_old_parked_runs_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_gc_rejects_a_bad_age(tmp_path: Path) -> None:
+    SQLStore(f"sqlite:///{tmp_path / 'runs.db'}").list_runs()
     result = cli(tmp_path, "gc", "--older-than", "soon")
     assert result.returncode == 2
     assert "--older-than" in result.stderr

@@ -1,5 +1,5 @@
 """Text from people, tools and models is printed as text: brackets that look like rich markup
-(``[/x]``, pydantic's ``[type=missing, ...]``) neither crash the CLI nor disappear."""
+(``[/x]``, a key of an edited input) neither crash the CLI nor disappear."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_decisions_and_listings_print_bracketed_text_as_it_is(tmp_path: Path) ->
 
     missing = run_tether(tmp_path, "approve", run_id, "toolu_demo_run", "--input", "{}", "--db", db)
     assert missing.returncode == 1, missing
-    assert "[type=missing," in missing.err  # pydantic's detail, not swallowed as a style tag
+    assert "path: Field required" in missing.err  # said per field in plain words
 
     reason = "[/x] [bold]not today[/bold]"
     denied = run_tether(tmp_path, "deny", run_id, "toolu_demo_run", "--reason", reason, "--db", db)
