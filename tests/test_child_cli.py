@@ -248,3 +248,48 @@ def test_the_inspector_decides_a_childs_call_and_drives_the_root_to_its_end(teth
         assert said == "published a"
     else:
         assert "not yet" in said
+
+
+def test_a_fork_of_a_child_run_is_driven_with_the_childs_agent_from_the_cli_and_the_inspector(tether: Tether) -> None:
+    """Its record names no tools module (the child's agent is an agent tool's): the tree's root's agent is rebuilt."""
+    from tether.stores.sql import SQLStore
+    from tether.surfaces.web.decisions import InProcess
+
+    root, child = parked(tether)
+    assert tether("approve", child, "toolu_pub", "--by", "ann")[0] == 0
+    assert tether.json("resume", root)["status"] == "done"
+    forks = [tether.json("fork", child, "--at", "1")["run_id"] for _ in range(2)]
+
+    by_cli = tether.json("resume", forks[0], "--approve-all")
+    assert (by_cli["status"], by_cli["output"]) == ("done", "published a")
+    store = SQLStore(tether.db)
+    try:
+        InProcess(store, max_wait=0).drive(forks[1], None)  # parks at the publish, as the child did
+        assert store.load_run(forks[1]).status == "awaitingApproval"
+    finally:
+        store.close()
+    assert tether.effects() == ["publish a", "publish a"]
+
+
+def test_the_inspector_links_a_child_run_and_its_parent(tether: Tether) -> None:
+    from starlette.testclient import TestClient
+
+    from tether.policy.access import Credentials
+    from tether.stores.sql import SQLStore
+    from tether.surfaces.web.app import create_app
+
+    root, child = parked(tether)
+    store = SQLStore(tether.db)
+    try:
+        browser = TestClient(create_app(store, Credentials({"operator-token-0123456789": None})))
+        assert browser.get("/?token=operator-token-0123456789").status_code == 200
+        parent_page = browser.get(f"/runs/{root}").text
+        child_page = browser.get(f"/runs/{child}").text
+    finally:
+        store.close()
+    children = parent_page.split('data-testid="children"')[1].split("</section>")[0]
+    assert f'<a href="/runs/{child}">' in children
+    assert "reviewer" in children
+    assert "awaiting_approval" in children
+    assert f'child of <a href="/runs/{root}">' in child_page
+    assert "serving its call <code>toolu_review</code>" in child_page

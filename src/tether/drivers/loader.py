@@ -18,11 +18,13 @@ from types import ModuleType
 from typing import Any
 
 from tether.agent import Agent
+from tether.core import children, forks
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter, ModelSettings, providers
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
+from tether.stores import Store
 from tether.tools import Tool, tools_by_name
 from tether.toolsets import changes, from_record
 
@@ -129,6 +131,21 @@ def made_in_python(spec: dict[str, Any]) -> bool:
     ``tether run`` (and any agent made by :func:`agent_from_spec`) records a ``tools`` key, even empty.
     """
     return "tools" not in spec and "tool_schemas" in spec
+
+
+def agent_spec(store: Store, run_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    """The record the agent driving ``run_id`` is rebuilt from: the run's own, or its tree's root's.
+
+    A fork of a child run (``forked_from["agent_of"]``) records no tools module of its own: the
+    child's agent is an agent tool's, reached from the agent of the tree it was forked from, whose
+    root's record is returned (the drive then takes the child's agent from it).
+    """
+    spec = store.load_run(run_id, tenant=tenant).spec
+    link = forks.agent_link(spec)
+    if link is None or children.link_of(spec) is not None:  # a child run itself is driven by its root
+        return spec
+    root = (link.get("chain") or [link["run_id"]])[0]
+    return store.load_run(str(root), tenant=tenant).spec
 
 
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:

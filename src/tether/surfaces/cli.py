@@ -46,6 +46,7 @@ from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
     agent_from_spec,
+    agent_spec,
     continued_spec,
     normalise_model_spec,
     policy_change,
@@ -619,7 +620,7 @@ def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = N
 
     Warns on stderr of what changed since the run started: its rule file, its toolsets' tools.
     """
-    spec = session.store.load_run(run_id).spec
+    spec = agent_spec(session.store, run_id)
     agent = session.agent(spec, model=model)
     changed = policy_change(run_id, spec, agent)
     for warning in ([changed] if changed is not None else []) + toolset_changes(spec, agent):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
@@ -28,7 +29,7 @@ from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
 from tether.core.status import RunStatus
-from tether.drivers.loader import NoModel, agent_from_spec, made_in_python, reader_agent
+from tether.drivers.loader import NoModel, agent_from_spec, agent_spec, made_in_python, reader_agent
 from tether.drivers.queue import AgentFor, queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
@@ -134,28 +135,28 @@ class Decider:
                 run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant
             )
         else:
-            with self._checking(root) as agent:
+            with self._checking(agent_spec(self.store, root.id, tenant=tenant)) as agent:
                 runner = Runner(agent, self.store, telemetry=self.telemetry)
                 result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
-        if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root):
+        if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root, tenant):
             self.resume(root.id, tenant)
         return result
 
     @contextmanager
-    def _checking(self, root: RunRecord) -> Iterator[Agent]:
-        """The agent checking an approval: the one given, else the root's rebuilt without a model, closed after."""
+    def _checking(self, spec: dict[str, Any]) -> Iterator[Agent]:
+        """The agent checking an approval: the one given, else rebuilt from ``spec`` without a model, closed after."""
         if isinstance(self.agent, Agent):
             yield self.agent
         elif self.agent is not None:
-            yield self.agent(root.spec)
+            yield self.agent(spec)
         else:
-            agent = agent_from_spec(root.spec, model=NoModel())
+            agent = agent_from_spec(spec, model=NoModel())
             try:
                 yield agent
             finally:
                 agent.close()
 
-    def _drives_here(self, root: RunRecord) -> bool:
+    def _drives_here(self, root: RunRecord, tenant: str | None) -> bool:
         """Whether this process drives the root on.
 
         Not a submitted run (the decision queued it for ``tether worker``), nor one made in Python
@@ -163,7 +164,7 @@ class Decider:
         """
         if queue_of(root.spec) is not None:
             return False
-        if self.agent is None and made_in_python(root.spec):
+        if self.agent is None and made_in_python(agent_spec(self.store, root.id, tenant=tenant)):
             log.info("tether ui: run %s was made in Python: the program that made it drives it on", root.id)
             return False
         return True
@@ -226,7 +227,7 @@ class InProcess:
     def drive(self, run_id: str, tenant: str | None) -> None:
         """Drive the run until it parks or ends (in the calling thread)."""
         try:
-            spec = self.store.load_run(run_id, tenant=tenant).spec
+            spec = agent_spec(self.store, run_id, tenant=tenant)
             if isinstance(self.agent, Agent):
                 self._drive(self.agent, run_id, tenant)
             elif self.agent is not None:
