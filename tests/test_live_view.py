@@ -204,7 +204,7 @@ def test_live_view_shows_a_model_retry_wait_in_the_spinner() -> None:
     try:
         view.on_action(state, CallModel(request=None))  # type: ignore[arg-type]
         assert view.waiting_for_model(2.6, 2) is True
-        assert "thinking · step 3 · API asked to wait 3s (retry 2)…" in ANSI.sub("", out.getvalue())
+        assert "thinking · step 3 · API busy or unreachable: retrying in 3s (retry 2)…" in ANSI.sub("", out.getvalue())
     finally:
         view.stop()
     plain, _ = console(terminal=False)

@@ -143,11 +143,11 @@ def test_the_live_view_shows_retry_waits_in_its_spinner(api: FakeMessagesAPI, tm
         dimensions=(50, 200),
     )
     try:
-        child.expect("thinking · step 1 · API asked to wait 1s \\(retry 1\\)")
+        child.expect("thinking · step 1 · API busy or unreachable: retrying in 1s \\(retry 1\\)")
         child.expect(pexpect.EOF)
         rest = screen_text(child.before or "")
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
     assert "status: done" in rest
-    assert "retrying in" not in rest  # the spinner said it; no extra line
+    assert "the model API is busy" not in rest  # the spinner said it; no extra line

@@ -419,7 +419,7 @@ class _Session:
     def _show_retry_wait(self, seconds: float, retry: int) -> None:
         if self.live is not None and self.live.waiting_for_model(seconds, retry):
             return  # shown in the spinner; the event log keeps it (model_responded's retry_waits)
-        self.err.print(f"[yellow]the model API asked to wait: retrying in {seconds:.1f}s (retry {retry})[/]")
+        self.err.print(f"[yellow]the model API is busy or unreachable: retrying in {seconds:.1f}s (retry {retry})[/]")
 
     def close(self) -> None:
         """Clear a spinner left by an error, so the message and the cursor show; stop toolsets' servers.

@@ -193,11 +193,12 @@ class LiveView:
             live.refresh()
 
     def waiting_for_model(self, seconds: float, retry: int) -> bool:
-        """Say the model API asked to wait before retry number ``retry``; False if not shown."""
+        """Say the model API will be asked again (busy or unreachable) for retry ``retry``; False if not shown."""
         live, activity = self._live, self._activity
         if not self.enabled or live is None or activity is None:
             return False
-        activity.spinner.update(text=Text(f"{self._prefix} · API asked to wait {seconds:.0f}s (retry {retry})…"))
+        waiting = f"API busy or unreachable: retrying in {seconds:.0f}s (retry {retry})…"
+        activity.spinner.update(text=Text(f"{self._prefix} · {waiting}"))
         live.refresh()
         return True
 
