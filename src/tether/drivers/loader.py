@@ -52,6 +52,11 @@ def load_tools(specs: Sequence[str], *, cwd: str | None = None) -> list[Tool]:
             module = import_tools_module(module_name, base)
         except Exception as error:
             raise ConfigError(f"--tools {spec!r}: cannot import {module_name!r}: {error}") from error
+        except SystemExit as error:  # sys.exit() at import: a tools module cannot end the program (Ctrl-C still can)
+            raise ConfigError(
+                f"--tools {spec!r}: cannot import {module_name!r}: it called sys.exit() at import "
+                f"(raised SystemExit: {error.code})"
+            ) from error
         try:
             value = getattr(module, attribute)
         except AttributeError:
