@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.core.cache import canonical_json
+from tether.core.status import AWAITING, status_name
 from tether.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -130,6 +131,23 @@ def pending_of(state: RunState, agent: Agent | None = None) -> list[PendingAppro
     return [pending_call(state, call, agent) for call in state.pending_approvals()]
 
 
+def decided_elsewhere(state: RunState, call_id: str) -> str:
+    """What became of ``call_id`` of ``state`` since it was asked about, for an approver whose answer came too late.
+
+    ``already approved in another process (by bob)``, ``already denied in another process (by bob: why)``,
+    ``no longer waiting: the run is now cancelled``.
+    """
+    decision = state.decisions.get(call_id)
+    if decision is not None:
+        verdict = "approved" if decision.approved else "denied"
+        edited = " with edited input" if decision.approved and decision.input is not None else ""
+        why = f": {decision.reason}" if not decision.approved and decision.reason else ""
+        return f"already {verdict}{edited} in another process (by {decision.actor}{why})"
+    if state.status != AWAITING:
+        return f"no longer waiting: the run is now {status_name(state.status)}"
+    return "asked about again with other arguments"
+
+
 MAX_INPUT_DEPTH = 100
 """How deeply an edited input may nest: far beyond any tool's schema, well within what the
 JSON parser, pydantic (about 255) and the stores handle."""
@@ -196,7 +214,13 @@ Decision = Approve | Deny
 
 
 class Approver(Protocol):
-    """Decides pending calls; returns decisions for some, all or none of them."""
+    """Decides pending calls; returns decisions for some, all or none of them.
+
+    Another process may decide some of the calls (or cancel the run) while the approver takes
+    its time: the drive then records the approver's answers for the calls still waiting only.
+    An approver with a ``decided_elsewhere(notes)`` method is told of the others, each a
+    ``(call id, what became of it)`` pair (``("toolu_1", "approved by bob")``).
+    """
 
     def decide(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, Decision]:
         """Decisions keyed by call id."""

@@ -25,6 +25,7 @@ Effects and what performing one gives back:
 :class:`LookUpCache`   the cached tool result (a ``str``) or None
 :class:`StoreCache`    None
 :class:`Ask`           the approver's decisions, by call id
+:class:`DecidedElsewhere` None, once the approver was told which of its answers were not recorded
 :class:`Sleep`         None, after the time passed
 ``engine.CallModel``   the :class:`~tether.models.ModelResponse`; raises ModelError
 :class:`Attempt`       the tool's serialised result; raises what the tool raised
@@ -39,6 +40,7 @@ has several attempts under way: see :meth:`Flow._run_batch`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -48,11 +50,11 @@ from typing import Any, Generic, TypeVar
 
 from tether.agent import Agent
 from tether.core import cache, children, engine, forks, handoffs, snapshots
-from tether.core.approvals import Decision, PendingApproval, pending_of
+from tether.core.approvals import Decision, PendingApproval, decided_elsewhere, pending_of
 from tether.core.compat import check_compatible
 from tether.core.events import Event, Fact
 from tether.core.state import RunState
-from tether.core.status import AWAITING, RunStatus
+from tether.core.status import AWAITING, ENDED, RunStatus
 from tether.errors import IncompatibleRun, ModelError, RunBusy, StaleRun, StoreError, TetherError
 from tether.models import ModelResponse
 from tether.stores import RunLog, RunRecord
@@ -63,8 +65,23 @@ STORE_RETRY_WAITS = (0.1, 0.5, 2.0)
 PostgreSQL connection. The step's outcome (a tool's result, a paid model answer) is held
 meanwhile; the write is given up only after these."""
 STORE_LOG = logging.getLogger("tether.store")
+DECISION_TRIES = 5
+"""How many times a drive commits its approver's answers on a run other processes keep changing meanwhile."""
 
 T = TypeVar("T")
+
+
+ENDED_SHOWN = frozenset(status.shown for status in ENDED)
+"""The statuses of a run that has ended, as :class:`ShownStatus` says them."""
+
+
+class _Unsaved(StaleRun):
+    """A step's write refused because another process changed the run: what the step had done is lost."""
+
+    def __init__(self, error: StaleRun, happened: str, on_resume: str) -> None:
+        super().__init__(error.run_id, error.expected_version, detail=str(error))
+        self.happened = happened
+        self.on_resume = on_resume
 
 
 # Effects: what a driver performs for the flow ---------------------------------------------
@@ -167,6 +184,17 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class DecidedElsewhere:
+    """Tell the approver that answers it gave were not recorded: those calls were decided by another process.
+
+    ``notes`` holds ``(call id, what happened to it)``, e.g. ``("toolu_1", "approved by bob")``.
+    """
+
+    state: RunState
+    notes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Let ``seconds`` pass (a tool retry's schedule, or a pause before writing again)."""
 
@@ -211,6 +239,7 @@ Effect = (
     | LookUpCache
     | StoreCache
     | Ask
+    | DecidedElsewhere
     | Sleep
     | engine.CallModel
     | Attempt
@@ -397,17 +426,25 @@ class Flow:
         return state
 
     def _changed_meanwhile(self, state: RunState, error: StaleRun) -> Flowing[StaleRun]:
+        """What a drive stopped by another process's write says: what the run is now, and what this drive lost."""
+        status: str | None
         try:
-            status: str = yield ShownStatus(state.id, state.tenant)
+            status = yield ShownStatus(state.id, state.tenant)
             now = f"it is now {status}"
         except TetherError:
-            now = "it could not be read again"
+            status, now = None, "it could not be read again"
+        ended = status in ENDED_SHOWN
+        if isinstance(error, _Unsaved):
+            if ended:
+                what = f"{error.happened}, but its outcome was discarded: a run that has ended records nothing more"
+            else:
+                what = f"{error.happened}, but this process could not record its outcome; {error.on_resume}"
+        else:
+            what = "this process stopped and recorded nothing more" + ("" if ended else "; resume the run to go on")
         return StaleRun(
             state.id,
             error.expected_version,
-            detail=f"run {state.id!r} was changed by another process while this one drove it ({now}): this "
-            "process stopped and did not record its last step (a model answer or a tool result; a tool call it "
-            "ran is in doubt until the run resumes)",
+            detail=f"run {state.id!r} was changed by another process while this one drove it ({now}): {what}",
         )
 
     def load(self, run: str | RunState, tenant: str | None) -> Flowing[RunState]:
@@ -459,8 +496,9 @@ class Flow:
                 return (yield from children.resume_parked(self, state, max_wait))
             if state.status != AWAITING or not self.can_ask:
                 return False
-            decisions: Mapping[str, Decision] = yield Ask(pending_of(state, self.agent))
-            return (yield from self._apply_decisions(state, decisions))
+            asked = pending_of(state, self.agent)
+            decisions: Mapping[str, Decision] = yield Ask(asked)
+            return (yield from self._apply_decisions(state, decisions, asked))
         if isinstance(action, engine.WaitUntil) and max_wait is not None and action.due_at - self.clock() > max_wait:
             return False  # parked: a later drive runs the retry
         if not isinstance(action, engine.Commit):
@@ -615,15 +653,55 @@ class Flow:
             yield StoreCache(key, action.tool.name, outcome, self.clock() + action.tool.cache_ttl)
 
     # Decisions ----------------------------------------------------------------------------
-    def _apply_decisions(self, state: RunState, decisions: Mapping[str, Decision]) -> Flowing[bool]:
+    def _apply_decisions(
+        self, state: RunState, decisions: Mapping[str, Decision], asked: Sequence[PendingApproval]
+    ) -> Flowing[bool]:
+        """Commit the approver's answers, each bound to the arguments it was shown.
+
+        Another process may decide some of these calls (``tether approve``, a service) or
+        cancel the run while the approver takes its time: the write is then refused
+        (:class:`StaleRun`). The run is read again, the answers for calls still waiting with
+        the same arguments are committed on it, and the approver is told of the others
+        (:class:`DecidedElsewhere`): an answer nobody else gave is never lost to another's.
+        """
+        shown = {request.call_id: request.fingerprint for request in asked}
+        remaining = {call_id: decision for call_id, decision in decisions.items() if call_id in shown}
         applied = False
-        for request in pending_of(state, self.agent):
-            decision = decisions.get(request.call_id)
-            if decision is None or request.call_id in state.decisions:  # decided with a remember_for_run sibling
-                continue
-            yield from self.decide(state, request.call_id, decision, request.fingerprint, start_next=True)
-            applied = True
-        return applied
+        for _ in range(DECISION_TRIES):
+            try:
+                for request in self._waiting(state):
+                    decision = remaining.get(request.call_id)
+                    if decision is None:
+                        continue
+                    if request.call_id in state.decisions:  # decided here with a for-run sibling
+                        del remaining[request.call_id]
+                        continue
+                    yield from self.decide(state, request.call_id, decision, shown[request.call_id], start_next=True)
+                    del remaining[request.call_id]
+                    applied = True
+                return applied
+            except RunBusy:
+                raise
+            except StaleRun:
+                yield from self._reload(state)
+            still = {request.call_id: request.fingerprint for request in self._waiting(state)}
+            gone = [call_id for call_id in remaining if still.get(call_id) != shown[call_id]]
+            if gone:
+                notes = tuple((call_id, decided_elsewhere(state, call_id)) for call_id in gone)
+                yield DecidedElsewhere(state, notes)
+            remaining = {call_id: decision for call_id, decision in remaining.items() if call_id not in gone}
+            applied = True  # the run changed: the drive looks at it again
+        raise StaleRun(state.id, state.version)
+
+    def _waiting(self, state: RunState) -> list[PendingApproval]:
+        """The calls of ``state`` a decision can be given for now (none once it stopped waiting: cancelled)."""
+        return pending_of(state, self.agent) if state.status == AWAITING else []
+
+    def _reload(self, state: RunState) -> Flowing[None]:
+        """Make ``state`` the run as stored now (another process changed it), in place: its holder keeps it."""
+        fresh = yield from self._rebuild(state.id, state.tenant)
+        for kept in dataclasses.fields(RunState):
+            setattr(state, kept.name, getattr(fresh, kept.name))
 
     def decide(
         self, state: RunState, call_id: str, decision: Decision, fingerprint: str | None, *, start_next: bool = False
@@ -681,6 +759,10 @@ class Flow:
         """Commit a step whose outcome cannot be had again for free; if even the retries fail, say so."""
         try:
             yield from self.commit(state, step, start_next=start_next)
+        except RunBusy:
+            raise
+        except StaleRun as error:  # another process changed the run (a cancel): say what this write held
+            raise _Unsaved(error, happened, on_resume) from error
         except StoreError as error:  # never leave the user with "nothing was changed"
             raise StoreError(
                 f"run {state.id}: {happened}, but its result could not be saved: {error}; {on_resume}",

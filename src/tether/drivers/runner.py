@@ -47,6 +47,7 @@ from tether.core.flow import (
     Attempt,
     CheckLease,
     CreateRun,
+    DecidedElsewhere,
     Driven,
     Effect,
     Flow,
@@ -381,6 +382,12 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
             return effect.state.id, snapshots.take(effect.state)
         return None
 
+    def _overruled(self, effect: DecidedElsewhere) -> None:
+        """Tell the approver which of its answers were not recorded, if it listens (``decided_elsewhere``)."""
+        told = getattr(self.approver, "decided_elsewhere", None)
+        if callable(told):
+            told(effect.notes)
+
     def _tell(self, effect: Notify | Announce) -> None:
         """Tell the listeners (plain callbacks, on both drivers: for displays, they must not block)."""
         if isinstance(effect, Notify):
@@ -586,6 +593,8 @@ class Runner(_RunnerBase[Store, leases.Lease]):
                 return shown_status(self.store.load_run(run_id, tenant=tenant))
             case Notify() | Announce():
                 self._tell(effect)
+            case DecidedElsewhere():
+                self._overruled(effect)
             case Ask(requests) if self.approver is not None:
                 return self.approver.decide(requests)
             case Sleep(seconds):
@@ -801,6 +810,8 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
                 return shown_status(await self.store.load_run(run_id, tenant=tenant))
             case Notify() | Announce():
                 self._tell(effect)
+            case DecidedElsewhere():
+                self._overruled(effect)
             case Ask(requests) if self.approver is not None:
                 return await self._ask(self.approver, requests)
             case Sleep(seconds):

@@ -36,12 +36,22 @@ from rich.text import Text
 
 from tether import durations
 from tether.agent import Agent
-from tether.core.approvals import Approve, Approver, AutoApprover, DecideLater, Deny, edited_input
+from tether.core.approvals import (
+    Approve,
+    Approver,
+    AutoApprover,
+    DecideLater,
+    Deny,
+    PendingApproval,
+    decided_elsewhere,
+    edited_input,
+    pending_of,
+)
 from tether.core.children import chain_of, link_of, parent_of
 from tether.core.events import Event
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
-from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
+from tether.core.status import AWAITING, ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
@@ -371,8 +381,23 @@ class _Session:
 
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
-            return TerminalApprover(console, agent, actor=os.environ.get("USER") or "terminal")
+            actor = os.environ.get("USER") or "terminal"
+            return TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
+
+    def _decided_meanwhile(self, request: PendingApproval) -> str | None:
+        """Whether ``request`` still waits, as the store says now: None, else what became of it.
+
+        ``tether approve`` in another shell may decide a call while the prompt is open: it is not asked then.
+        """
+        try:
+            state = Runner(reader_agent(), self.store).load(request.run_id, tenant=request.tenant)
+        except TetherError:  # the store cannot say: ask, and the drive sorts it out when it records the answer
+            return None
+        waiting = {call.call_id: call.fingerprint for call in pending_of(state)} if state.status == AWAITING else {}
+        if waiting.get(request.call_id) == request.fingerprint:
+            return None
+        return decided_elsewhere(state, request.call_id)
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
@@ -406,15 +431,22 @@ class _Session:
         a script still gets one JSON object; none if no run was created yet.
         """
         self.close()
-        if self.json and self.run_id is not None:
-            try:
-                state = Runner(reader_agent(), self.store).load(self.run_id)
-            except TetherError:  # the store cannot say: the hint below still names the run
-                pass
-            else:
-                print(json.dumps(result_of(state).to_dict(), ensure_ascii=False))
+        self.print_as_it_stands()
         hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
         self.err.print(Text(f"interrupted{hint}", style="yellow"))
+
+    def print_as_it_stands(self, **extra: Any) -> None:
+        """With ``--json``, the run's object as the store has it now (plus ``extra``); none if no run.
+
+        A drive that stopped early (interrupted, busy, changed by another process) still prints its one object.
+        """
+        if not self.json or self.run_id is None:
+            return
+        try:
+            state = Runner(reader_agent(), self.store).load(self.run_id)
+        except TetherError:  # the store cannot say: the message on stderr still names the run
+            return
+        print(json.dumps({**result_of(state).to_dict(), **extra}, ensure_ascii=False))
 
     def _show_retry_wait(self, seconds: float, retry: int) -> None:
         if self.live is not None and self.live.waiting_for_model(seconds, retry):
@@ -1411,9 +1443,17 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_error("error", error)
         return EXIT_USAGE
     except RunBusy as error:
+        if session is not None:  # run/resume --json: one object still, saying who holds the run
+            holder = {"holder": error.owner, "expires_at": error.expires_at, "lost": error.lost}
+            session.print_as_it_stands(busy=holder)
         _print_error("busy", _busy_message(error, session))
         return EXIT_BUSY
-    except (ApprovalError, StaleRun) as error:
+    except StaleRun as error:  # a drive another process's write stopped (a cancel): the run as it stands
+        if session is not None:
+            session.print_as_it_stands()
+        _print_error("refused", error)
+        return EXIT_FAILED
+    except ApprovalError as error:
         _print_error("refused", error)
         return EXIT_FAILED
     except TetherError as error:

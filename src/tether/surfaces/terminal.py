@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -243,10 +243,20 @@ def describe_activity(state: RunState, action: Activity, *, now: float | None = 
 class TerminalApprover:
     """Asks a person at the terminal; EOF or Ctrl-C leaves the undecided calls pending, never approved."""
 
-    def __init__(self, console: Console, agent: Agent, *, actor: str = "terminal") -> None:
+    def __init__(
+        self,
+        console: Console,
+        agent: Agent,
+        *,
+        actor: str = "terminal",
+        still_waiting: Callable[[PendingApproval], str | None] | None = None,
+    ) -> None:
         self.console = console
         self.agent = agent
         self.actor = actor
+        self.still_waiting = still_waiting
+        """Asked before each call is put to the person: None if it still waits, else what became of it
+        (``approved by bob``: another process decided it meanwhile, so it is not asked)."""
         self.stopped = False
         """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
 
@@ -263,6 +273,7 @@ class TerminalApprover:
             return {}
         decisions: dict[str, Decision] = {}
         remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
+        skipped: set[str] = set()  # decided by another process before the person was asked
         title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
         self.console.rule(Text(title, style="bold yellow"))
         for request in requests:
@@ -279,15 +290,28 @@ class TerminalApprover:
                     covered = f"{label}: approved ({tool} approved for the run with {remembered[request.tool]})"
                     self.console.print(Text(covered, style="green"))
                     continue
+                elsewhere = self.still_waiting(request) if self.still_waiting is not None else None
+                if elsewhere is not None:
+                    skipped.add(request.call_id)
+                    said = f"{label}: not asked: {printable(elsewhere)}"
+                    self.console.print(Text(said, style="yellow"))
+                    continue
                 decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
                     remembered[request.tool] = printable(request.call_id)
         except (EOFError, KeyboardInterrupt):
             self.stopped = True
-            waiting = sum(1 for r in requests if r.call_id not in decisions and r.tool not in remembered)
+            answered = set(decisions) | skipped
+            waiting = sum(1 for r in requests if r.call_id not in answered and r.tool not in remembered)
             message = Text("\n" + _stopped_message(len(decisions), waiting), style="yellow")
             self.console.print(message, soft_wrap=False)  # wrapped between words
         return decisions
+
+    def decided_elsewhere(self, notes: Sequence[tuple[str, str]]) -> None:
+        """Say which answers were not recorded: another process decided those calls first (the drive's hook)."""
+        for call_id, what in notes:
+            said = f"{printable(call_id)}: your answer was not recorded: {printable(what)}"
+            self.console.print(Text(said, style="yellow"), soft_wrap=False)
 
     def _panel(self, request: PendingApproval) -> Panel:
         arguments = _json(request.input)
