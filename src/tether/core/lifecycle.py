@@ -20,7 +20,7 @@ from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.core.status import ENDED, RunStatus, status_name
-from tether.errors import RunEnded, RunNotFound
+from tether.errors import RunEnded, RunNotFound, StaleRun
 from tether.stores import PARENT_KEY, SCHEMA_VERSION, RunLog
 
 
@@ -139,6 +139,10 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     }
 
 
+DECIDE_TRIES = 5
+"""How many times one decision is written on a run other decisions keep changing meanwhile."""
+
+
 def decide(
     flow: Flow, run_id: str, call_id: str, decision: Decision, *, fingerprint: str | None, tenant: str | None
 ) -> Flowing[RunState]:
@@ -146,19 +150,32 @@ def decide(
 
     A call that waits in a child run may be decided on any run above it (its root included):
     the decision is recorded on the child's run, and that run is given back.
+
+    Two people deciding two calls of one batch at once both write the run: the one refused
+    (:class:`StaleRun`) reads the run again and decides on it, up to :data:`DECIDE_TRIES` times.
+    Its own call is checked afresh each time, so a decision someone else made on that very
+    call (or a run that moved on) is still refused, saying so.
     """
-    state = yield from read(run_id, tenant)
-    below = children.pending_below(state, call_id)
-    if below is not None:
-        state = yield from read(below, tenant)
-    if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
-        check_versions(state.id, state.spec)
-    else:  # a child run of this agent's tree is decided with the child's agent (the one in charge, after a handoff)
-        flow = yield from flow.for_run(state, tenant)
-        yield from flow.load(state, tenant)
-        flow = flow.in_charge(state)
-    yield from flow.decide(state, call_id, decision, fingerprint)
-    return state
+    tries_left = DECIDE_TRIES
+    while True:
+        tries_left -= 1
+        state = yield from read(run_id, tenant)
+        below = children.pending_below(state, call_id)
+        if below is not None:
+            state = yield from read(below, tenant)
+        deciding = flow
+        if isinstance(decision, Deny):  # runs nothing: needs no tools (they may be gone or changed)
+            check_versions(state.id, state.spec)
+        else:  # a child run of this agent's tree is decided with the child's agent (the one in charge, after a handoff)
+            deciding = yield from flow.for_run(state, tenant)
+            yield from deciding.load(state, tenant)
+            deciding = deciding.in_charge(state)
+        try:
+            yield from deciding.decide(state, call_id, decision, fingerprint)
+            return state
+        except StaleRun:
+            if not tries_left:
+                raise
 
 
 def create_child(flow: Flow, child: children.DriveChild, trace: dict[str, Any] | None = None) -> Flowing[None]:
