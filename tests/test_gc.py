@@ -87,6 +87,16 @@ def test_gc_rejects_a_bad_age(tmp_path: Path) -> None:
     assert "--older-than" in result.stderr
 
 
+def test_gc_refuses_a_cutoff_in_the_future_and_deletes_nothing(tmp_path: Path) -> None:
+    ids = finished_runs(tmp_path, days_ago=1)
+    result = cli(tmp_path, "gc", "--older-than", "2999-01-01", "--yes")
+    assert result.returncode == 2
+    assert "is in the future" in result.stderr
+    assert "--older-than 0s" in result.stderr
+    assert len(ids) == 2
+    assert sorted(r.id for r in SQLStore(f"sqlite:///{tmp_path / 'runs.db'}").list_runs()) == sorted(ids)
+
+
 def finished_runs(tmp_path: Path, *, days_ago: float) -> list[str]:
     """One done and one cancelled run in tmp_path/runs.db, last updated ``days_ago``."""
     store = SQLStore(f"sqlite:///{tmp_path / 'runs.db'}")

@@ -1223,7 +1223,13 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     lists the runs instead; a person at a terminal is asked first (a cron job, with stdin not a
     terminal, is not).
     """
-    cutoff = durations.parse_ago(args.older_than, now=time.time(), option="--older-than")
+    now = time.time()
+    cutoff = durations.parse_ago(args.older_than, now=now, option="--older-than")
+    if cutoff > now:  # a date mistyped into the future would take every run
+        raise ConfigError(
+            f"--older-than {args.older_than!r} is in the future: every run is older than that; "
+            "to delete every finished run, say so with --older-than 0s"
+        )
     statuses = {stored_status(name).value for name in args.status or ENDED_SHOWN}
     retryable, parked = args.include_retryable, args.include_parked
     kept = "" if retryable or RunStatus.failed not in statuses else "; transient failures kept"
