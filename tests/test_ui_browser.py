@@ -52,6 +52,28 @@ class Served:
     """Ended, its tool output and answer holding the XSS attempt (the parked runs hold none)."""
 
 
+@contextmanager
+def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
+    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
+    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
+    with (
+        log.open("w") as errors,
+        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
+    ):
+        try:
+            assert server.stdout is not None
+            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())  # once bound
+            assert found is not None, log.read_text()
+            yield found.group(0), found.group(1), found.group(2)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("ui")
@@ -67,26 +89,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         parked = project.park(store, tenant="acme", prompt="Refund INV-7, the 20 I was charged twice.")
     finally:
         store.close()
-    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
-    log = root / "ui.log"
-    with (
-        log.open("w") as errors,
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
-    ):
-        try:
-            assert server.stdout is not None
-            first = server.stdout.readline()  # printed once the port is bound
-            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", first)
-            assert found is not None, first + log.read_text()
-            base, token = found.group(1), found.group(2)
-            yield Served(f"{base}?token={token}", base, token, parked.run_id, done.run_id)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    assert "Traceback" not in log.read_text(), log.read_text()
+    with serve(url, root / "ui.log") as (address, base, token):
+        yield Served(address, base, token, parked.run_id, done.run_id)
 
 
 @pytest.fixture(scope="module")
@@ -249,28 +253,6 @@ class Lively:
             Runner(agent_from_spec(self.spec), store).cancel(run_id, "the test moved on")
         finally:
             store.close()
-
-
-@contextmanager
-def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
-    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
-    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
-    with (
-        log.open("w") as errors,
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
-    ):
-        try:
-            assert server.stdout is not None
-            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())
-            assert found is not None, log.read_text()
-            yield found.group(0), found.group(1), found.group(2)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.fixture(scope="module")
