@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tether.errors import ConfigError
-from tether.policy.access import MIN_TOKEN_LENGTH, Credentials, Grant, bearer, derive
+from tether.policy.access import MIN_TOKEN_LENGTH, Credentials, Grant, bearer
 
 ACME = "acme-token-0123456789"
 GLOBEX = "globex-token-0123456789"
@@ -100,13 +100,3 @@ def test_a_bad_token_file_is_named(tmp_path: Path, content: str, problem: str) -
 def test_a_missing_token_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         Credentials.from_file(tmp_path / "absent.json")
-
-
-def test_keyed_credentials_grant_the_same_under_derived_tokens_only() -> None:
-    credentials = Credentials({ACME: "acme", ROOT: None})
-    keyed = credentials.keyed(b"secret of this process")
-    assert keyed.grant(derive(b"secret of this process", ACME)) == Grant("acme")
-    assert keyed.grant(derive(b"secret of this process", ROOT)) == Grant(None)
-    assert keyed.grant(ACME) is None  # the token itself is not a session
-    assert keyed.grant(derive(b"another secret", ACME)) is None
-    assert credentials.grant(derive(b"secret of this process", ACME)) is None

@@ -117,7 +117,7 @@ def test_the_printed_address_signs_in_then_drops_the_token(app: Any) -> None:
     cookie = signed.headers["set-cookie"]
     assert "HttpOnly" in cookie
     assert "SameSite=strict" in cookie
-    assert ACME not in cookie  # the session is derived from the token, not the token itself
+    assert ACME not in cookie  # the session is a random id, not the token
     assert browser.get("/inbox").status_code == 200
 
     wrong = TestClient(app, follow_redirects=False).get("/?token=not-the-token-at-all", headers=HTML)
@@ -136,9 +136,14 @@ def test_signing_in_with_the_form_and_out_again(app: Any) -> None:
     page = browser.get("/")
     assert page.status_code == 200
     assert "tenant acme" in page.text
+    kept = dict(browser.cookies)  # a copy of the cookie, as another tab or a thief might hold it
     out = browser.post("/logout", data={"csrf": csrf_of(page.text)})
     assert out.status_code == 303
     assert browser.get("/", headers=HTML).status_code == 401
+    assert TestClient(app, follow_redirects=False, cookies=kept).get("/", headers=HTML).status_code == 401  # ended
+    again = TestClient(app, follow_redirects=False)
+    assert again.post("/login", data={"token": ACME}).status_code == 303  # a new session for the same token
+    assert again.get("/").status_code == 200
 
 
 def test_a_script_uses_the_bearer_header_and_needs_no_csrf(app: Any, store: SQLStore, project: Project) -> None:

@@ -71,16 +71,6 @@ class Credentials:
         except ConfigError as error:
             raise ConfigError(f"the token file {file}: {error}") from None
 
-    def keyed(self, secret: bytes) -> Credentials:
-        """The same grants under tokens derived from these with ``secret`` (HMAC-SHA256, hex).
-
-        A session cookie holds a derived token: it lets a browser back in while this
-        ``secret`` lasts, and never carries the token itself.
-        """
-        derived = Credentials.__new__(Credentials)
-        derived._tokens = [(derive(secret, token).encode(), tenant) for token, tenant in self._tokens]
-        return derived
-
     @property
     def tenants(self) -> set[str | None]:
         """Every tenant a token is bound to (None for an operator's)."""
@@ -99,7 +89,7 @@ class Credentials:
 
 
 def derive(secret: bytes, token: str | bytes) -> str:
-    """A token derived from ``token`` with ``secret`` (see :meth:`Credentials.keyed`)."""
+    """A token derived from ``token`` with ``secret`` (HMAC-SHA256, hex): the inspector's CSRF tokens."""
     raw = token if isinstance(token, bytes) else token.encode(errors="surrogatepass")
     return hmac.new(secret, raw, hashlib.sha256).hexdigest()
 

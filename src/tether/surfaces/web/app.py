@@ -59,7 +59,7 @@ from tether.errors import (
     TetherError,
     UnknownCall,
 )
-from tether.policy.access import Credentials
+from tether.policy.access import Credentials, Grant
 from tether.stores import Store
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.decisions import BadForm, Decider, DecisionForm, InProcess, Resume
@@ -293,13 +293,15 @@ class _Inspector:
     async def login(self, request: Request) -> Response:
         fields = await self.form(request, None)
         token = fields.get("token", "").strip()
-        if self.guard.credentials.grant(token) is None:
+        grant = self.guard.credentials.grant(token)
+        if grant is None:
             return self.render(request, "login.html", None, 401, problem="That token is not valid.")
-        return self.signed_in(request, token, "/")
+        return self.signed_in(request, grant, "/")
 
     async def logout(self, request: Request) -> Response:
         viewer = self.viewer(request)
         await self.form(request, viewer)
+        self.guard.end(request.cookies, request.url.port)
         answer = RedirectResponse("/login", status_code=303)
         answer.delete_cookie(self.guard.cookie_name(request.url.port), path="/")
         return answer
@@ -316,15 +318,16 @@ class _Inspector:
 
     async def token_in_address(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, _TokenInAddress)
-        if self.guard.credentials.grant(exc.token) is None:
+        grant = self.guard.credentials.grant(exc.token)
+        if grant is None:
             return await self.sign_in(request, _SignIn("The token in that address is not valid."))
         rest = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
-        return self.signed_in(request, exc.token, request.url.path + (f"?{urlencode(rest)}" if rest else ""))
+        return self.signed_in(request, grant, request.url.path + (f"?{urlencode(rest)}" if rest else ""))
 
-    def signed_in(self, request: Request, token: str, to: str) -> Response:
-        """Go to ``to`` with the session cookie set (script-proof, never sent by another site)."""
+    def signed_in(self, request: Request, grant: Grant, to: str) -> Response:
+        """Go to ``to`` with a new session's cookie set (script-proof, never sent by another site)."""
         answer = RedirectResponse(to, status_code=303)
-        cookie = self.guard.session(token)
+        cookie = self.guard.session(grant)
         answer.set_cookie(self.guard.cookie_name(request.url.port), cookie, httponly=True, samesite="strict", path="/")
         return answer
 

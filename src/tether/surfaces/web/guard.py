@@ -3,7 +3,7 @@
 - **A token, always.** Every route but the static files and the sign-in page needs one: in an
   ``Authorization: Bearer`` header (scripts), or as the session cookie a browser gets by opening
   the printed ``/?token=...`` address once or signing in (``HttpOnly``, ``SameSite=Strict``,
-  holding a value derived from the token, not the token).
+  holding a random session id, not the token; signing out ends the session).
   The token names the tenant whose runs it reaches (:mod:`tether.policy.access`).
 - **Loopback unless told.** :func:`check_bind` refuses a non-loopback address unless a token was
   given on purpose (a generated one is printed on the terminal of whoever started the server).
@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import ConfigError
-from tether.policy.access import Credentials, bearer, derive
+from tether.policy.access import Credentials, Grant, bearer, derive
 
 COOKIE = "tether_ui"
 """The session cookie's name (then ``_PORT``): unreadable to scripts, never sent by another site."""
 TOKEN_PARAM = "token"
 """``/?token=...``: the address ``tether ui`` prints, traded for the cookie on first use."""
+MAX_SESSIONS = 10_000
+"""Signed-in browsers one process remembers (a session is a few hundred bytes)."""
 CSRF_FIELD = "csrf"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -81,27 +83,37 @@ class Viewer:
 
 
 class Guard:
-    """Checks requests against the credentials; holds this process's session and CSRF secret.
+    """Checks requests against the credentials; holds this process's sessions and CSRF secret.
 
-    A browser's session cookie holds a token derived from the person's token with that secret
-    (:meth:`tether.policy.access.Credentials.keyed`): it is good until the server stops, and
-    the token itself never travels in a cookie (which every server on the same host receives).
-    The cookie's name carries the port, so two inspectors on one host do not sign each other out.
+    Signing in (with a token) opens a session: the browser's cookie holds a random id that this
+    process maps to the token's grant, so the token itself never travels in a cookie (which
+    every server on the same host receives). Signing out ends the session: its cookie, copied or
+    not, lets nobody in again. Sessions last until then, or until the server stops (at most
+    :data:`MAX_SESSIONS`, the oldest ended first). The cookie's name carries the port, so two
+    inspectors on one host do not sign each other out.
     """
 
     def __init__(self, credentials: Credentials, *, secret: bytes | None = None) -> None:
         self.credentials = credentials
         self._secret = secret if secret is not None else secrets.token_bytes(32)
-        self._sessions = credentials.keyed(self._secret)
+        self._sessions: dict[str, Grant] = {}
 
     @staticmethod
     def cookie_name(port: int | None) -> str:
         """The session cookie's name for a server on ``port``."""
         return f"{COOKIE}_{port}" if port else COOKIE
 
-    def session(self, token: str) -> str:
-        """The cookie value that signs a browser in as ``token``."""
-        return derive(self._secret, token)
+    def session(self, grant: Grant) -> str:
+        """Open a session for ``grant`` (a token checked by the caller): the cookie value that signs a browser in."""
+        while len(self._sessions) >= MAX_SESSIONS:
+            del self._sessions[next(iter(self._sessions))]
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = grant
+        return session
+
+    def end(self, cookies: Mapping[str, str], port: int | None) -> None:
+        """End the session a request's cookie holds (signing out): the cookie is refused from now on."""
+        self._sessions.pop(cookies.get(self.cookie_name(port)) or "", None)
 
     def viewer(self, headers: Mapping[str, str], cookies: Mapping[str, str], port: int | None) -> Viewer | None:
         """The viewer a request's header token or session cookie proves, or None."""
@@ -110,7 +122,7 @@ class Guard:
             grant = self.credentials.grant(token)
             return None if grant is None else Viewer(grant.tenant, csrf=None)
         cookie = cookies.get(self.cookie_name(port))
-        grant = self._sessions.grant(cookie)
+        grant = self._sessions.get(cookie) if cookie else None
         if grant is None or cookie is None:
             return None
         return Viewer(grant.tenant, csrf=derive(self._secret, "csrf:" + cookie)[:32])
