@@ -139,6 +139,11 @@ def test_a_set_up_database_is_read_while_another_connection_holds_the_write_lock
             reader.close()
 
 
+def test_a_directory_is_named_for_what_it_is(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory, not a database file"):
+        SQLStore(f"sqlite:///{tmp_path}")
+
+
 def test_missing_directory_is_a_config_error(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "dir"
     with pytest.raises(ConfigError, match=r"directory .*no/such/dir.* does not exist"):

@@ -296,6 +296,8 @@ def _check_sqlite_path(url: sa.engine.URL, *, must_exist: bool) -> None:
         raise ConfigError(
             f"cannot use database {shown!r}: directory {str(directory)!r} does not exist (create it first)"
         )
+    if Path(database).is_dir():
+        raise ConfigError(f"cannot use database {shown!r}: {database!r} is a directory, not a database file")
     if must_exist and not Path(database).exists():
         raise ConfigError(
             f"there is no database at {str(Path(database).resolve())!r} ({shown!r}): nothing was created; "
