@@ -216,6 +216,7 @@ def test_sequence_is_mermaid_only(workdir: Path, run_id: str) -> None:
         workdir, "diagram", "--run", run_id, "--kind", "sequence", "--format", "dot", "--db", "sqlite:///runs.db"
     )
     assert done.returncode == 2
+    assert "drawn in Mermaid only, not --format dot" in done.stderr  # the run was given: not asked for again
 
 
 # The demo's runs, drawn and checked against their events ----------------------------------------

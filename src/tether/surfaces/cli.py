@@ -894,8 +894,10 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
     if args.format == "png" and not args.output and sys.stdout.isatty():
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
-    if args.kind == "sequence" and (args.run is None or args.format != "mermaid"):
-        raise ConfigError("--kind sequence draws one run in Mermaid: give --run RUN_ID (and --format mermaid)")
+    if args.kind == "sequence" and args.run is None:
+        raise ConfigError("--kind sequence draws one run's timeline: give --run RUN_ID")
+    if args.kind == "sequence" and args.format != "mermaid":
+        raise ConfigError(f"--kind sequence is drawn in Mermaid only, not --format {args.format}: leave --format out")
     events, tools, children = None, None, []
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
