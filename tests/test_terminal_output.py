@@ -294,3 +294,6 @@ def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
     assert re.search(rf"awaiting_approval .* \d\d:\d\d:\d\d .* {parent} ", lines[3])
     assert f"└ {child}" in lines[4]
     assert re.search(r"waiting_retry .* \d{4}-\d\d-\d\d .* run_c", lines[5])
+    none = io.StringIO()
+    render_runs(Console(file=none, width=80, color_system=None), [])
+    assert none.getvalue() == "No runs match.\n"  # as audit and pending say it, not an empty table

@@ -752,6 +752,9 @@ def _outcome(entry: AuditEntry) -> Text:
 
 def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
     """A table of runs; a child run listed with its parent comes right under it, marked ``└``."""
+    if not rows:
+        console.print("No runs match.")
+        return
     table = Table("status", "steps", "tools", "updated")
     table.columns[0].no_wrap = True
     table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
