@@ -297,3 +297,14 @@ def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
     none = io.StringIO()
     render_runs(Console(file=none, width=80, color_system=None), [])
     assert none.getvalue() == "No runs match.\n"  # as audit and pending say it, not an empty table
+
+
+def test_show_says_an_events_moments_as_local_times_and_json_keeps_the_number() -> None:
+    from tether.core.events import Event, RetryScheduled
+    from tether.surfaces.terminal import _detail
+
+    at = time.mktime((2026, 11, 25, 1, 16, 6, 0, 0, -1)) + 0.882
+    fact = RetryScheduled("toolu_1", "fetch", 1, 0.1, "OSError", due_at=at, error="boom", error_class="transient")
+    event = Event(3, at, fact)
+    assert _detail(event, whole=True)["due_at"] == "2026-11-25 01:16:06.882"
+    assert event.data["due_at"] == at

@@ -532,6 +532,9 @@ def _print_event(console: Console, event: Event) -> None:
 def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
     """What an event says besides its measures; a tool's result whole, or its start only."""
     detail = {k: v for k, v in event.data.items() if k not in _MEASURES}  # every stored field, generically
+    for key, value in detail.items():  # a moment (created_at, due_at...) as a person reads it; --json keeps the number
+        if key.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+            detail[key] = _local_time(value)
     match event.fact:
         case ToolFinished(content=content):
             detail["content"] = content if whole or len(content) <= 80 else content[:79] + "…"
@@ -541,6 +544,11 @@ def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
         case RunFinished(status=status):
             detail["status"] = status_name(status)
     return detail
+
+
+def _local_time(at: float) -> str:
+    """``2026-11-25 01:16:06.882`` (this machine's time zone)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
 
 
 def _measures(event: Event) -> tuple[str, str, str, str]:
