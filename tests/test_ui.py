@@ -329,15 +329,15 @@ def test_approving_in_the_inbox_runs_the_call_and_the_run_ends(app: Any, store: 
     assert '"amount": 20' in html.unescape(inbox)
     decided = decide(browser, run.run_id, inbox, action="approve", by="alice")
     assert decided.status_code == 303
-    assert decided.headers["location"] == "/inbox?decided=toolu_refund"
+    assert decided.headers["location"] == f"/inbox?decided=toolu_refund&run={run.run_id}"
     assert store.load_run(run.run_id).status == "done"
     events = store.load_events(run.run_id)
     [approval] = [e.fact for e in events if isinstance(e.fact, ApprovalDecided)]
     assert (approval.approved, approval.actor, approval.fingerprint) == (True, "alice", SHOWN_FINGERPRINT)
     results = {e.fact.call_id: e.fact.content for e in events if isinstance(e.fact, ToolFinished)}
     assert results["toolu_refund"] == "refunded 20.0 on INV-7"
-    after = browser.get("/inbox?decided=toolu_refund").text
-    assert "Decision recorded for <code>toolu_refund</code>" in after
+    after = browser.get(decided.headers["location"]).text
+    assert f'Decision recorded for <code>toolu_refund</code> of run <a href="/runs/{run.run_id}">' in after
     assert "Nothing waits for a decision." in after
 
 

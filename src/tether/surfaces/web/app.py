@@ -171,6 +171,7 @@ class _Inspector:
             digest=digest,
             waiting=len(items),
             decided=request.query_params.get("decided"),
+            decided_run=request.query_params.get("run"),
             error_on_card=_on_a_card((item.call for item in items), problem),
             **_no_problem(problem),
         )
@@ -253,7 +254,8 @@ class _Inspector:
             if back == INBOX:
                 return await self._inbox(request, viewer, status, **problem)
             return await self._run(request, viewer, run_id, status, **problem)
-        return RedirectResponse(f"{back}?{urlencode({'decided': call_id})}", status_code=303)
+        where = {"decided": call_id, **({"run": run_id} if back == INBOX else {})}  # the inbox lists many runs
+        return RedirectResponse(f"{back}?{urlencode(where)}", status_code=303)
 
     async def fork(self, request: Request) -> Response:
         viewer = self.viewer(request)
