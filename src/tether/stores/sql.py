@@ -523,41 +523,32 @@ class _SQLBase:
 
     # The schema --------------------------------------------------------------------------
     def _set_up(self, raw: sa.Connection) -> None:
-        """Create or migrate the tables on a connection of their own (or, read-only, check them), once."""
+        """Create or migrate the tables on a connection of their own (or, read-only, check them), once.
+
+        The version is read first without the write lock, so opening a database another connection
+        is writing to (SQLite's lock held) waits for nothing unless there is something to create or
+        migrate: ``tether runs`` reads at once.
+        """
         if self._ready:
             return
-        if self._read_only:  # nothing can be created or migrated: only read what is there
-            self._check_schema(raw)
-        elif not self._current(raw):
-            with self._schema_transaction(raw) as connection:
-                _migrate(connection)
-        self._ready = True
-
-    @staticmethod
-    def _current(raw: sa.Connection) -> bool:
-        """Whether the tables are already this tether's, read without the write lock.
-
-        So opening a database that another connection is writing to (SQLite's lock held) waits for
-        nothing unless there is something to create or migrate: ``tether runs`` reads at once.
-        """
         try:
             stored = _stored_version(raw)
         finally:
             raw.rollback()  # end the read before the schema's own transaction begins
         if stored is not None:
             _refuse_newer(stored)
-        return stored == SCHEMA_VERSION
-
-    def _check_schema(self, connection: sa.Connection) -> None:
-        """A read-only database must already be in this tether's layout."""
-        stored = _stored_version(connection)
-        if stored is None or stored < SCHEMA_VERSION:
-            layout = "has no tether tables" if stored is None else f"uses tether schema {stored}, not {SCHEMA_VERSION}"
-            raise StoreError(
-                f"database {self._where()!r} is read-only here and {layout}: open it once where it can be "
-                "written, so tether can set it up"
-            )
-        _refuse_newer(stored)
+        if stored != SCHEMA_VERSION:
+            if self._read_only:  # nothing can be created or migrated: only read what is there
+                layout = (
+                    "has no tether tables" if stored is None else f"uses tether schema {stored}, not {SCHEMA_VERSION}"
+                )
+                raise StoreError(
+                    f"database {self._where()!r} is read-only here and {layout}: open it once where it can be "
+                    "written, so tether can set it up"
+                )
+            with self._schema_transaction(raw) as connection:
+                _migrate(connection)
+        self._ready = True
 
     @contextmanager
     def _schema_transaction(self, raw: sa.Connection) -> Iterator[sa.Connection]:
