@@ -131,12 +131,14 @@ def pending_of(state: RunState, agent: Agent | None = None) -> list[PendingAppro
     return [pending_call(state, call, agent) for call in state.pending_approvals()]
 
 
-def decided_elsewhere(state: RunState, call_id: str) -> str:
-    """What became of ``call_id`` of ``state`` since it was asked about, for an approver whose answer came too late.
+def overruled(state: RunState, call_id: str, shown: str) -> str | None:
+    """What became of ``call_id`` since it was shown (fingerprint ``shown``); None while it still waits as shown.
 
-    ``already approved in another process (by bob)``, ``already denied in another process (by bob: why)``,
-    ``no longer waiting: the run is now cancelled``.
+    For an approver whose answer came too late: ``already approved in another process (by bob)``,
+    ``already denied in another process (by bob: why)``, ``no longer waiting: the run is now cancelled``.
     """
+    if state.status == AWAITING and any(p.call_id == call_id and p.fingerprint == shown for p in pending_of(state)):
+        return None
     decision = state.decisions.get(call_id)
     if decision is not None:
         verdict = "approved" if decision.approved else "denied"

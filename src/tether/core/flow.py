@@ -50,7 +50,7 @@ from typing import Any, Generic, TypeVar
 
 from tether.agent import Agent
 from tether.core import cache, children, engine, forks, handoffs, snapshots
-from tether.core.approvals import Decision, PendingApproval, decided_elsewhere, pending_of
+from tether.core.approvals import Decision, PendingApproval, overruled, pending_of
 from tether.core.compat import check_compatible
 from tether.core.events import Event, Fact
 from tether.core.state import RunState
@@ -684,12 +684,10 @@ class Flow:
                 raise
             except StaleRun:
                 yield from self._reload(state)
-            still = {request.call_id: request.fingerprint for request in self._waiting(state)}
-            gone = [call_id for call_id in remaining if still.get(call_id) != shown[call_id]]
-            if gone:
-                notes = tuple((call_id, decided_elsewhere(state, call_id)) for call_id in gone)
+            notes = tuple((call_id, why) for call_id in remaining if (why := overruled(state, call_id, shown[call_id])))
+            if notes:
                 yield DecidedElsewhere(state, notes)
-            remaining = {call_id: decision for call_id, decision in remaining.items() if call_id not in gone}
+            remaining = {call_id: decision for call_id, decision in remaining.items() if call_id not in dict(notes)}
             applied = True  # the run changed: the drive looks at it again
         raise StaleRun(state.id, state.version)
 

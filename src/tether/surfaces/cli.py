@@ -43,15 +43,14 @@ from tether.core.approvals import (
     DecideLater,
     Deny,
     PendingApproval,
-    decided_elsewhere,
     edited_input,
-    pending_of,
+    overruled,
 )
 from tether.core.children import chain_of, link_of, parent_of
 from tether.core.events import Event
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
+from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
@@ -394,10 +393,7 @@ class _Session:
             state = Runner(reader_agent(), self.store).load(request.run_id, tenant=request.tenant)
         except TetherError:  # the store cannot say: ask, and the drive sorts it out when it records the answer
             return None
-        waiting = {call.call_id: call.fingerprint for call in pending_of(state)} if state.status == AWAITING else {}
-        if waiting.get(request.call_id) == request.fingerprint:
-            return None
-        return decided_elsewhere(state, request.call_id)
+        return overruled(state, request.call_id, request.fingerprint)
 
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
