@@ -54,7 +54,7 @@ from tether.core.approvals import Decision, PendingApproval, overruled, pending_
 from tether.core.compat import check_compatible
 from tether.core.events import Event, Fact
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, RunStatus
+from tether.core.status import AWAITING, ENDED, RunStatus, stored_status
 from tether.errors import IncompatibleRun, ModelError, RunBusy, StaleRun, StoreError, TetherError
 from tether.models import ModelResponse
 from tether.stores import RunLog, RunRecord
@@ -66,13 +66,10 @@ PostgreSQL connection. The step's outcome (a tool's result, a paid model answer)
 meanwhile; the write is given up only after these."""
 STORE_LOG = logging.getLogger("tether.store")
 DECISION_TRIES = 5
-"""How many times a drive commits its approver's answers on a run other processes keep changing meanwhile."""
+"""How many times decisions are written on a run other processes keep changing meanwhile: a drive's
+approver's answers, or one decision from anywhere (:func:`tether.core.lifecycle.decide`)."""
 
 T = TypeVar("T")
-
-
-ENDED_SHOWN = frozenset(status.shown for status in ENDED)
-"""The statuses of a run that has ended, as :class:`ShownStatus` says them."""
 
 
 class _Unsaved(StaleRun):
@@ -433,7 +430,7 @@ class Flow:
             now = f"it is now {status}"
         except TetherError:
             status, now = None, "it could not be read again"
-        ended = status in ENDED_SHOWN
+        ended = status is not None and stored_status(status) in ENDED
         if isinstance(error, _Unsaved):
             if ended:
                 what = f"{error.happened}, but its outcome was discarded: a run that has ended records nothing more"

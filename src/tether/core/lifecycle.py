@@ -15,7 +15,7 @@ from typing import Any
 from tether.core import children, engine, forks, snapshots
 from tether.core.approvals import Decision, Deny
 from tether.core.compat import check_versions
-from tether.core.flow import CreateRun, Flow, Flowing, LoadLog, LoadRun, Notify
+from tether.core.flow import DECISION_TRIES, CreateRun, Flow, Flowing, LoadLog, LoadRun, Notify
 from tether.core.history import append_user_text, close_unanswered
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
@@ -139,10 +139,6 @@ def _conversation_spent(parent: RunState) -> dict[str, float]:
     }
 
 
-DECIDE_TRIES = 5
-"""How many times one decision is written on a run other decisions keep changing meanwhile."""
-
-
 def decide(
     flow: Flow, run_id: str, call_id: str, decision: Decision, *, fingerprint: str | None, tenant: str | None
 ) -> Flowing[RunState]:
@@ -152,11 +148,11 @@ def decide(
     the decision is recorded on the child's run, and that run is given back.
 
     Two people deciding two calls of one batch at once both write the run: the one refused
-    (:class:`StaleRun`) reads the run again and decides on it, up to :data:`DECIDE_TRIES` times.
+    (:class:`StaleRun`) reads the run again and decides on it, up to :data:`~tether.core.flow.DECISION_TRIES` times.
     Its own call is checked afresh each time, so a decision someone else made on that very
     call (or a run that moved on) is still refused, saying so.
     """
-    tries_left = DECIDE_TRIES
+    tries_left = DECISION_TRIES
     while True:
         tries_left -= 1
         state = yield from read(run_id, tenant)
