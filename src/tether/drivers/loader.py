@@ -12,10 +12,11 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.agent import Agent
 from tether.core import children, forks
@@ -24,9 +25,12 @@ from tether.models import ModelAdapter, ModelSettings, providers
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import Price
 from tether.policy.rules import Policy
-from tether.stores import Store
+from tether.stores import RunRecord, Store
 from tether.tools import Tool, tools_by_name
 from tether.toolsets import changes, from_record
+
+if TYPE_CHECKING:
+    from tether.drivers.queue import AgentFor
 
 ENV_PREFIX = "TETHER_"
 """Only these environment settings are stored with a run: never credentials."""
@@ -138,19 +142,39 @@ def made_in_python(spec: dict[str, Any]) -> bool:
     return "tools" not in spec and "tool_schemas" in spec
 
 
-def agent_spec(store: Store, run_id: str, *, tenant: str | None = None) -> dict[str, Any]:
-    """The record the agent driving ``run_id`` is rebuilt from: the run's own, or its tree's root's.
+def agent_spec(store: Store, run: RunRecord) -> dict[str, Any]:
+    """The spec the agent driving ``run`` is rebuilt from: the run's own, or its tree's root's.
 
     A fork of a child run (``forked_from["agent_of"]``) records no tools module of its own: the
     child's agent is an agent tool's, reached from the agent of the tree it was forked from, whose
-    root's record is returned (the drive then takes the child's agent from it).
+    root's spec is returned (read from ``store``; the drive then takes the child's agent from it).
     """
-    spec = store.load_run(run_id, tenant=tenant).spec
-    link = forks.agent_link(spec)
-    if link is None or children.link_of(spec) is not None:  # a child run itself is driven by its root
-        return spec
+    link = forks.agent_link(run.spec)
+    if link is None or children.link_of(run.spec) is not None:  # a child run itself is driven by its root
+        return run.spec
     root = (link.get("chain") or [link["run_id"]])[0]
-    return store.load_run(str(root), tenant=tenant).spec
+    return store.load_run(str(root), tenant=run.tenant).spec
+
+
+@contextmanager
+def agent_for(
+    given: Agent | AgentFor | None, spec: dict[str, Any], *, model: ModelAdapter | None = None
+) -> Iterator[Agent]:
+    """The agent for a run of ``spec``: ``given`` (an agent, or a function of the spec making one), else one rebuilt.
+
+    A rebuilt agent (:func:`agent_from_spec`, with ``model``) is closed when the block ends: its
+    toolsets' servers, its model's connections. A given agent is its owner's to close.
+    """
+    if isinstance(given, Agent):
+        yield given
+    elif given is not None:
+        yield given(spec)
+    else:
+        agent = agent_from_spec(spec, model=model)
+        try:
+            yield agent
+        finally:
+            agent.close()
 
 
 def agent_from_spec(spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:

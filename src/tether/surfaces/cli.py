@@ -648,7 +648,7 @@ def _agent_for(session: _Session, run_id: str, *, model: ModelAdapter | None = N
 
     Warns on stderr of what changed since the run started: its rule file, its toolsets' tools.
     """
-    spec = agent_spec(session.store, run_id)
+    spec = agent_spec(session.store, session.store.load_run(run_id))
     agent = session.agent(spec, model=model)
     changed = policy_change(run_id, spec, agent)
     for warning in ([changed] if changed is not None else []) + toolset_changes(spec, agent):

@@ -17,9 +17,8 @@ whose runs were started in Python gives its own (:func:`~tether.surfaces.web.app
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
 from tether.core.status import RunStatus
-from tether.drivers.loader import NoModel, agent_from_spec, agent_spec, made_in_python, reader_agent
+from tether.drivers.loader import NoModel, agent_for, agent_spec, made_in_python, reader_agent
 from tether.drivers.queue import AgentFor, queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
@@ -130,41 +129,28 @@ class Decider:
         run = self.store.load_run(run_id, tenant=tenant)
         root_id = chain_of(run_id, run.spec)[0]
         root = run if root_id == run_id else self.store.load_run(root_id, tenant=tenant)
+        spec = agent_spec(self.store, root)
         if isinstance(decision, Deny):
             result = Runner(reader_agent(), self.store, telemetry=self.telemetry).decide(  # a denial runs nothing
                 run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant
             )
-        else:
-            with self._checking(agent_spec(self.store, root.id, tenant=tenant)) as agent:
+        else:  # the agent checking the approval: no model is called
+            with agent_for(self.agent, spec, model=NoModel()) as agent:
                 runner = Runner(agent, self.store, telemetry=self.telemetry)
                 result = runner.decide(run_id, call_id, decision, fingerprint=form.fingerprint, tenant=tenant)
-        if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root, tenant):
+        if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root, spec):
             self.resume(root.id, tenant)
         return result
 
-    @contextmanager
-    def _checking(self, spec: dict[str, Any]) -> Iterator[Agent]:
-        """The agent checking an approval: the one given, else rebuilt from ``spec`` without a model, closed after."""
-        if isinstance(self.agent, Agent):
-            yield self.agent
-        elif self.agent is not None:
-            yield self.agent(spec)
-        else:
-            agent = agent_from_spec(spec, model=NoModel())
-            try:
-                yield agent
-            finally:
-                agent.close()
-
-    def _drives_here(self, root: RunRecord, tenant: str | None) -> bool:
-        """Whether this process drives the root on.
+    def _drives_here(self, root: RunRecord, spec: dict[str, Any]) -> bool:
+        """Whether this process drives the root on (its agent rebuilt from ``spec``, unless one was given).
 
         Not a submitted run (the decision queued it for ``tether worker``), nor one made in Python
         when no agent was given (the program that made it resumes it).
         """
         if queue_of(root.spec) is not None:
             return False
-        if self.agent is None and made_in_python(agent_spec(self.store, root.id, tenant=tenant)):
+        if self.agent is None and made_in_python(spec):
             log.info("tether ui: run %s was made in Python: the program that made it drives it on", root.id)
             return False
         return True
@@ -227,25 +213,14 @@ class InProcess:
     def drive(self, run_id: str, tenant: str | None) -> None:
         """Drive the run until it parks or ends (in the calling thread)."""
         try:
-            spec = agent_spec(self.store, run_id, tenant=tenant)
-            if isinstance(self.agent, Agent):
-                self._drive(self.agent, run_id, tenant)
-            elif self.agent is not None:
-                self._drive(self.agent(spec), run_id, tenant)
-            else:
-                agent = agent_from_spec(spec)
-                try:
-                    self._drive(agent, run_id, tenant)
-                finally:
-                    agent.close()  # an agent per drive: its toolsets' servers and model connections go with it
+            spec = agent_spec(self.store, self.store.load_run(run_id, tenant=tenant))
+            with agent_for(self.agent, spec) as agent:  # one rebuilt per drive goes with it, servers and connections
+                runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
+                runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
         except TetherError as error:  # busy elsewhere, ended meanwhile, tools gone: the row says the rest
             log.warning("tether ui: run %s was not driven on: %s", run_id, error)
         except Exception:  # a tool module that fails to import, a model without credentials...
             log.exception("tether ui: driving run %s failed", run_id)
-
-    def _drive(self, agent: Agent, run_id: str, tenant: str | None) -> None:
-        runner = Runner(agent, self.store, approver=DecideLater(), telemetry=self.telemetry)
-        runner.drive(run_id, tenant=tenant, max_wait=self.max_wait)
 
     def close(self) -> None:
         """Let running drives finish; drop the queued ones (their runs stay decided, for a resume)."""
