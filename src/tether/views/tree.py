@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.core.children import link_of
-from tether.core.events import ChildStarted
+from tether.core.events import ChildStarted, Event
 from tether.core.state import RunState
 from tether.drivers.runner import shown_status
 from tether.errors import RunNotFound
@@ -91,6 +91,11 @@ def child_entries(store: Store, run_id: str, *, tenant: str | None = None) -> li
     return [child.entry() for child in _Reader(store, tenant).node(run_id, None, depth=1).children]
 
 
+def started_by(store: Store, events: list[Event], *, tenant: str | None = None) -> list[dict[str, Any]]:
+    """:func:`child_entries` of a run whose log (``events``) is already read: only its children are read."""
+    return [child.entry() for child in _Reader(store, tenant).children(events, depth=0)[0]]
+
+
 class _Reader:
     """Reads a tree's rows and logs, at most :data:`MAX_RUNS` of them."""
 
@@ -125,12 +130,16 @@ class _Reader:
         )
         if depth == 0:
             return node
+        node.children, node.cut = self.children(events, depth=None if depth is None else depth - 1)
+        return node
+
+    def children(self, events: list[Event], *, depth: int | None) -> tuple[list[RunNode], bool]:
+        """The runs a log's events started, ``depth`` levels below them (None: all); and whether that was cut."""
+        found: list[RunNode] = []
         for event in events:
             if not isinstance(event.fact, ChildStarted):
                 continue
             if self.left <= 0:
-                node.cut = True
-                break
-            below = None if depth is None else depth - 1
-            node.children.append(self.node(event.fact.run_id, event.fact, depth=below))
-        return node
+                return found, True
+            found.append(self.node(event.fact.run_id, event.fact, depth=depth))
+        return found, False

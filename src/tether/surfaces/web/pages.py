@@ -42,7 +42,7 @@ from tether.models import Usage
 from tether.stores import RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals
-from tether.views.tree import child_entries
+from tether.views.tree import started_by
 
 LIST_LIMIT = 200
 """Runs a list shows (newest first)."""
@@ -225,7 +225,7 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         model_seconds=result.model_seconds,
         tool_seconds=result.tool_seconds,
         parent=link_of(state.spec),
-        children=child_entries(store, run_id, tenant=viewer_tenant),
+        children=started_by(store, log.events, tenant=viewer_tenant),
     )
 
 
