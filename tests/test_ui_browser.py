@@ -288,7 +288,8 @@ def card_of(page: Any, run_id: str) -> Any:
     return page.locator("article.pending").filter(has=page.locator(f"a[href='/runs/{run_id}']"))
 
 
-def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: Lively, context: Any) -> None:
+def live_inbox(lively: Lively, context: Any) -> tuple[Any, Any]:
+    """A signed-in page on the inbox, listening to its stream: the page and its ``<main>``."""
     from playwright.sync_api import expect
 
     page = context.new_page()
@@ -296,6 +297,13 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     page.goto(lively.base + "inbox")
     main = page.locator("main")
     expect(main).to_have_attribute("data-state", "live")
+    return page, main
+
+
+def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: Lively, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page, main = live_inbox(lively, context)
     card = card_of(page, lively.edited)
     card.get_by_label("Decided by").fill("alice")
     card.get_by_label("Reason").fill("five is enough")
@@ -324,11 +332,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
 def test_a_held_back_page_catches_up_once_the_typing_is_taken_back(lively: Lively, context: Any) -> None:
     from playwright.sync_api import expect
 
-    page = context.new_page()
-    page.goto(lively.address)
-    page.goto(lively.base + "inbox")
-    main = page.locator("main")
-    expect(main).to_have_attribute("data-state", "live")
+    page, main = live_inbox(lively, context)
     who = card_of(page, lively.typed).get_by_label("Decided by")
     who.fill("bob")
     page.locator("h1").click()
