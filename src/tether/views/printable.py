@@ -10,28 +10,30 @@ import json
 import unicodedata
 
 _JSON_ESCAPES = {0x08: "\\b", 0x0C: "\\f", 0x0D: "\\r"}
-_INVISIBLE = ("Cf", "Zl", "Zp", "Cs")
-"""Unicode's format characters (direction overrides and isolates, zero-width spaces and joiners,
-tags) and its line and paragraph separators: unseen, or reordering what is seen around them; and
-lone surrogates (text decoded with ``surrogateescape``), which no terminal can draw."""
-_CONTROLS = {
-    code: _JSON_ESCAPES.get(code, f"\\u{code:04x}" if code <= 0xFFFF else json.dumps(chr(code))[1:-1])
-    for code in (
-        *(code for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(code) not in "\n\t"),
-        *(
-            code
-            for code in (
-                *range(0xA0, 0x2100),
-                *range(0xD800, 0xE000),
-                *range(0xFE00, 0x10000),
-                *range(0x1BCA0, 0x1BCA4),
-                *range(0xE0000, 0xE0080),
-            )
-            if unicodedata.category(chr(code)) in _INVISIBLE
-        ),
-    )
-}
-"""Every C0 and C1 control character but newline and tab, DEL, and every invisible one, to its JSON escape."""
+_HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs")
+"""Control characters (C0, DEL, C1); Unicode's format characters (direction overrides and isolates,
+zero-width spaces and joiners, tags) and its line and paragraph separators, unseen or reordering
+what is seen around them; and lone surrogates (text decoded with ``surrogateescape``), which no
+terminal can draw."""
+
+
+class _Shown(dict[int, str]):
+    """Each character as :func:`printable` shows it, worked out the first time it is met.
+
+    Nothing is built at start-up (every command imports this), and every plane is covered.
+    """
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if char in "\n\t" or unicodedata.category(char) not in _HIDDEN:
+            shown = char
+        else:
+            shown = _JSON_ESCAPES.get(code, f"\\u{code:04x}" if code <= 0xFFFF else json.dumps(char)[1:-1])
+        self[code] = shown
+        return shown
+
+
+_SHOWN = _Shown()
 
 
 def printable(text: str) -> str:
@@ -46,7 +48,7 @@ def printable(text: str) -> str:
     sees what is there, and JSON text stays valid JSON. One character at a time, so text
     streamed in pieces is safe however a sequence is split.
     """
-    return text.translate(_CONTROLS)
+    return text.translate(_SHOWN)
 
 
 __all__ = ["printable"]
