@@ -22,10 +22,10 @@ import tether
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
 from tether.core.approvals import DecideLater
-from tether.core.history import check_pairing
 from tether.core.state import RunState
-from tether.core.status import ENDED
 from tether.errors import ApprovalError, ModelError
+from tether.facts.history import check_pairing
+from tether.facts.status import ENDED
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.testing import validate_messages_request

@@ -73,7 +73,7 @@ def test_a_second_decision_is_already_decided_naming_who_and_how(parked: tuple[R
 
 def test_an_edit_back_to_the_input_shown_is_a_plain_approval(parked: tuple[Runner, RunResult]) -> None:
     """The model is not told a reviewer edited what nobody changed (key order aside)."""
-    from tether.core.events import ApprovalDecided
+    from tether.facts.events import ApprovalDecided
 
     runner, run = parked
     runner.decide(run.run_id, "toolu_1", Approve(input={"path": "/tmp/x"}, actor="alice"))

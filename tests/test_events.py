@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tether.core import events as ev
-from tether.core.events import Event
+from tether.facts import events as ev
+from tether.facts.events import Event
 from tether.models import Usage
 from tether.stores import RunRecord, Store
 from tether.stores.memory import MemoryStore

@@ -18,11 +18,11 @@ from rich.console import Console  # noqa: TID251 - the view is checked on rich c
 
 from support import ANSI, DEMO_PROMPT, FIBONACCI, demo_db_url, model_reply, run_tether, screen_text, spawn_tether
 from tether import Agent, AsyncRunner, Runner, tool
-from tether.core import events as ev
 from tether.core.engine import CallModel, RunTool, WaitUntil
-from tether.core.events import Event
 from tether.core.flow import Activity, RunningTools
 from tether.core.state import PendingCall, RunState
+from tether.facts import events as ev
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.surfaces.terminal import LiveView, describe_activity
 

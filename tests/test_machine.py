@@ -14,8 +14,8 @@ import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
 from tether.core.machine import AgentMachine, bind
-from tether.core.status import FINAL, RunStatus
 from tether.errors import IncompatibleRun
+from tether.facts.status import FINAL, RunStatus
 
 STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
 EVENTS = [

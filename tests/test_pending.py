@@ -14,8 +14,8 @@ import pytest
 from support import model_reply, run_tether, tool_use
 from tether import Agent, Approve, Deny, Runner, tool
 from tether.core.approvals import fingerprint
-from tether.core.events import Event
 from tether.errors import ApprovalError, RunNotFound
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore

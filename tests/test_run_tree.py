@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.core.events import ChildStarted, Event
+from tether.facts.events import ChildStarted, Event
 from tether.stores import RunRecord
 from tether.stores.memory import MemoryStore
 from tether.views import tree

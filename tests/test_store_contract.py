@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from support import Blocking, opened_store
-from tether.core.events import Event, RunStarted, ToolStarted, Warned
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
+from tether.facts.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import RunLease, RunLog, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore

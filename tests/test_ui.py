@@ -20,8 +20,8 @@ from starlette.testclient import TestClient
 
 from tether import Agent, Runner, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import ApprovalDecided, ToolFinished
 from tether.errors import ConfigError
+from tether.facts.events import ApprovalDecided, ToolFinished
 from tether.policy.access import Credentials
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
@@ -623,7 +623,7 @@ def _escaped(text: str) -> str:
 
 
 def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
-    from tether.core.events import (
+    from tether.facts.events import (
         BudgetExhausted,
         CacheHit,
         CallAbandoned,
@@ -697,7 +697,7 @@ def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
 
 
 def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, project: Project) -> None:
-    from tether.core.events import RunStarted
+    from tether.facts.events import RunStarted
 
     run = project.park(store, tenant="acme")
     browser = client(app, ACME)
@@ -725,7 +725,7 @@ def test_a_fork_after_tool_results_edits_the_prompt_by_default_or_by_its_number(
 ) -> None:
     """There the last message holds only tool results: the form's message number reaches the prompt."""
     from tether.core import forks
-    from tether.core.events import RunStarted
+    from tether.facts.events import RunStarted
 
     run = project.park(store, tenant="acme")
     browser = client(app, ACME)

@@ -19,10 +19,11 @@ from typing import Any
 
 import pydantic
 
-from tether.core import engine, events, history, machine, state
-from tether.core.events import Event
+from tether.core import engine, machine, state
 from tether.core.state import RunState
-from tether.models import Usage
+from tether.facts import events, history
+from tether.facts.events import Event
+from tether.facts.usage import Usage
 from tether.stores import RunLog, Snapshot
 
 _ADAPTER = pydantic.TypeAdapter(RunState)

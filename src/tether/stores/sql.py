@@ -35,9 +35,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from tether.core.events import Event, decode
-from tether.core.status import WAITING_RETRY_STATUS, RunStatus
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
+from tether.facts.events import Event, decode
+from tether.facts.status import WAITING_RETRY_STATUS, RunStatus
 from tether.redact import MASK, scrub
 from tether.stores import (
     DUE_KEY,

@@ -46,11 +46,9 @@ from tether.core.approvals import (
     edited_input,
     overruled,
 )
-from tether.core.children import chain_of, link_of, parent_of
-from tether.core.events import Event
 from tether.core.forks import MessageEdit
+from tether.core.links import chain_of, link_of, parent_of
 from tether.core.state import RunState
-from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
@@ -65,14 +63,13 @@ from tether.drivers.loader import (
 from tether.drivers.queue import (
     DEFAULT_QUEUE,
     DEFAULT_STALLED_AFTER,
-    Worker,
-    WorkerNote,
     check_can_queue,
     ensure_schema,
     queue_of,
     requeue,
 )
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
+from tether.drivers.worker import Worker, WorkerNote
 from tether.errors import (
     ApprovalError,
     ConfigError,
@@ -84,6 +81,8 @@ from tether.errors import (
     StaleRun,
     TetherError,
 )
+from tether.facts.events import Event
+from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price

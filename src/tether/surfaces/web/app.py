@@ -47,7 +47,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
 from tether.agent import Agent
-from tether.drivers.queue import AgentFor
+from tether.drivers.loader import AgentFor
 from tether.drivers.telemetry import Telemetry
 from tether.errors import (
     ApprovalError,

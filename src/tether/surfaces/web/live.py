@@ -17,9 +17,9 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from tether.core.status import ENDED
 from tether.drivers.runner import shown_status
 from tether.errors import RunNotFound
+from tether.facts.status import ENDED
 from tether.stores import Store
 from tether.surfaces.web import pages
 
