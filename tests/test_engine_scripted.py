@@ -559,7 +559,7 @@ def test_approve_with_edited_input_is_validated_and_used(kind: str, ran: Calls) 
         h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe", "force": True}))
     # the refused edits changed nothing
     still = h.settle(h.runner.load(parked.run_id))
-    assert still.status == "awaitingApproval"
+    assert still.status == "awaiting_approval"
     assert still.decisions == {}
     h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe"}))
     result = h.drive(parked.run_id)
@@ -592,7 +592,7 @@ def test_a_decision_with_a_wrong_fingerprint_is_refused(kind: str, ran: Calls) -
     shown = parked.pending_approvals[0]["fingerprint"]
     with pytest.raises(ApprovalError, match="differ"):
         h.decide(parked.run_id, "toolu_1", Approve(), fingerprint="0" * 16)
-    assert h.settle(h.runner.load(parked.run_id)).status == "awaitingApproval"
+    assert h.settle(h.runner.load(parked.run_id)).status == "awaiting_approval"
     h.decide(parked.run_id, "toolu_1", Approve(), fingerprint=shown)
     assert h.drive(parked.run_id).status == "done"
     h.verify()

@@ -84,7 +84,7 @@ def parked_log() -> RunLog:
     for _ in range(2):  # the model's answer, then the gate
         effects, _ = perform(drive.step(state), {CallModel: answer})
         events += [event for effect in effects if isinstance(effect, Persist) for event in effect.events]
-    assert state.status == "awaitingApproval"
+    assert state.status == "awaiting_approval"
     return RunLog(state.version, "acme", events)
 
 

@@ -78,7 +78,8 @@ def test_sets_and_names_are_derived_from_the_enum_and_the_machine() -> None:
     assert status_name("executingTool") == "executing_tool"
     assert status_name(None) == "unknown"
     assert status_name("someday") == "someday"  # a stored value this version does not know is shown as it is
-    assert stored_status("awaiting_approval") == "awaitingApproval"
+    assert stored_status("awaiting_approval") == "awaiting_approval"
+    assert stored_status("awaitingApproval") == "awaiting_approval"  # as a database keeps it
     assert stored_status(WAITING_RETRY) == RunStatus.executing_tool
     assert stored_filter("awaiting_approval") == (RunStatus.awaiting_approval, None)
     assert stored_filter(WAITING_RETRY) == (RunStatus.executing_tool, True)

@@ -105,7 +105,7 @@ def test_every_page_needs_a_token(app: Any, store: SQLStore, project: Project) -
     assert stranger.get(f"/runs/{run.run_id}/live").status_code == 401
     refused = stranger.post("/decide", data={"run_id": run.run_id, "call_id": "toolu_refund", "action": "approve"})
     assert refused.status_code == 401
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
     assert stranger.get("/static/ui.css").status_code == 200  # the sign-in page needs its style
 
 
@@ -173,7 +173,7 @@ def test_a_tenant_token_reaches_its_tenant_only(app: Any, store: SQLStore, proje
         assert acme.get(path).status_code == 404, path
     hidden = decide(acme, theirs.run_id, inbox, action="approve")
     assert hidden.status_code == 404
-    assert store.load_run(theirs.run_id).status == "awaitingApproval"
+    assert store.load_run(theirs.run_id).status == "awaiting_approval"
 
     everyone = client(app, OPERATOR).get("/").text
     assert mine.run_id in everyone
@@ -207,11 +207,11 @@ def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLS
 
 def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLStore) -> None:
     """A run waiting for a retry is stored executing tools: the filter must not spend the list's limit on it."""
-    store.create_run(RunRecord(id="run_executing", status="executingTool", version=1, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_executing", status="executing_tool", version=1, created_at=1.0), [])
     for n in range(3):
         waiting = {"next_due_at": 9e9}
         store.create_run(
-            RunRecord(id=f"run_w{n}", status="executingTool", version=1, summary=waiting, created_at=2.0 + n), []
+            RunRecord(id=f"run_w{n}", status="executing_tool", version=1, summary=waiting, created_at=2.0 + n), []
         )
 
     def listed(status: str) -> list[str]:
@@ -223,7 +223,7 @@ def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLS
 
 def test_the_runs_list_says_which_run_a_child_serves(app: Any, store: SQLStore) -> None:
     link = {"run_id": "run_root", "call_id": "toolu_1", "tool": "review", "depth": 1, "chain": ["run_root"]}
-    store.create_run(RunRecord(id="run_root", status="executingTool", version=1, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_root", status="executing_tool", version=1, created_at=1.0), [])
     store.create_run(RunRecord(id="run_child", status="done", version=1, spec={"parent": link}, created_at=2.0), [])
     page = client(app).get("/").text
     child_row = page[page.index('data-run="run_child"') :].split("</tr>")[0]
@@ -374,7 +374,7 @@ def test_an_edit_the_schema_or_the_rules_refuse_changes_nothing(
     [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
     assert said in error.replace("&#39;", "'")
     assert f">{_escaped(edited)}</textarea>" in refused.text  # what they typed is kept, to fix
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
     assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
 
 
@@ -480,11 +480,11 @@ def test_without_its_agent_a_python_runs_approval_is_refused_saying_why_and_a_de
     refused = decide(browser, run.run_id, browser.get("/inbox").text, action="approve")
     assert refused.status_code == 409
     assert "started from Python" in html.unescape(refused.text)
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
     denied = decide(browser, run.run_id, browser.get("/inbox").text, action="deny", reason="no")
     assert denied.status_code == 303
-    assert store.load_run(run.run_id).status == "executingTool"  # decided, not driven: its program resumes it
+    assert store.load_run(run.run_id).status == "executing_tool"  # decided, not driven: its program resumes it
     later = Runner(_service_agent(), store).drive(run.run_id)
     assert later.status == "done"
 
@@ -514,7 +514,7 @@ def test_a_forged_decision_is_refused_unread(
     }
     refused = browser.post("/decide", data=form, headers=headers)
     assert refused.status_code == 403
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
 
 def test_an_unknown_action_or_a_form_without_fingerprint_is_422(app: Any, store: SQLStore, project: Project) -> None:
@@ -524,7 +524,7 @@ def test_an_unknown_action_or_a_form_without_fingerprint_is_422(app: Any, store:
     assert decide(browser, run.run_id, inbox, action="maybe").status_code == 422
     assert decide(browser, run.run_id, inbox, action="approve", fingerprint="").status_code == 422
     assert decide(browser, run.run_id, inbox, action="approve", call_id="toolu_nope").status_code == 404
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
 
 # Live updates -----------------------------------------------------------------------------------
@@ -690,7 +690,7 @@ def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
     fork_id = made.headers["location"].removeprefix("/runs/")
     forked = store.load_run(fork_id)
     assert (forked.tenant, forked.spec["forked_from"]) == ("acme", {"run_id": run.run_id, "step": 1})
-    assert forked.status == "awaitingApproval"  # driven on: the model asked for the refund again
+    assert forked.status == "awaiting_approval"  # driven on: the model asked for the refund again
     shown = browser.get(made.headers["location"]).text
     assert f'forked from <a href="/runs/{run.run_id}">{run.run_id}</a> at #1' in shown
     assert store.load_events(run.run_id) == before  # the original is untouched

@@ -5,7 +5,7 @@ does not run a function: it commits the call's start with a :class:`~tether.fact
 naming the child run, then yields :class:`~tether.core.flow.DriveRun`, which a driver performs by creating
 that child (if it does not exist yet) and driving it like any run, with the child's own agent
 (its tools, policy and limits), the same store and the same approver. The parent's call stays in
-``executingTool`` meanwhile. What the child gives back becomes the call's result:
+``executing_tool`` meanwhile. What the child gives back becomes the call's result:
 
 - done: its typed result (as JSON) or its answer, an ordinary result;
 - parked awaiting a person: the parent parks too (``approval_needed`` with a

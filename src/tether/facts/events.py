@@ -551,7 +551,7 @@ class ChildStarted:
 
 @_frozen
 class ChildParked:
-    """The child serving a call waits for a person: the parent waits with it (``awaitingApproval``)."""
+    """The child serving a call waits for a person: the parent waits with it (``awaiting_approval``)."""
 
     kind: ClassVar[Literal["child_parked"]] = "child_parked"
     call_id: str

@@ -1,9 +1,11 @@
 """Run statuses: the one place a status is spelt.
 
-:class:`RunStatus` is what a run's row and its ``transition`` events store (the member's
-value, ``"executingTool"``); people read the member's name (``executing_tool``) everywhere:
-``--json``, ``tether runs``, the terminal. :class:`tether.core.machine.AgentMachine` is built from
-this enum, so the machine, the store and the CLI cannot disagree on the set. Nothing here
+:class:`RunStatus` is a run's machine state, spelt as the machine's state ids
+(``executing_tool``) everywhere people and programs read it: ``--json``, ``tether runs``, the
+terminal, the web inspector, OpenTelemetry. Databases keep the spelling every tether has written
+(``executingTool``, ``awaitingApproval``): the stores map it at their edge (:func:`to_stored`,
+:func:`from_stored`) and nothing else sees it. :class:`tether.core.machine.AgentMachine` is built
+from this enum, so the machine, the store and the CLI cannot disagree on the set. Nothing here
 imports anything of tether's: every layer, down to the stores, may use it.
 """
 
@@ -13,13 +15,13 @@ from enum import StrEnum
 
 
 class RunStatus(StrEnum):
-    """A run's machine state, as persisted. A ``str``: compare it with stored values directly."""
+    """A run's machine state. A ``str``: compare it with a run's ``status`` directly."""
 
     thinking = "thinking"
     """The model is asked next (the initial state)."""
-    executing_tool = "executingTool"
+    executing_tool = "executing_tool"
     """The batch's tool calls run, one at a time."""
-    awaiting_approval = "awaitingApproval"
+    awaiting_approval = "awaiting_approval"
     """Parked: a person decides the batch's gated calls."""
     done = "done"
     """Finished with an answer (final)."""
@@ -30,8 +32,8 @@ class RunStatus(StrEnum):
 
     @property
     def shown(self) -> str:
-        """The name people read (``executing_tool``): the machine's state id."""
-        return self.name
+        """The name people read (``executing_tool``): the machine's state id, which is the value."""
+        return self.value
 
 
 INITIAL = RunStatus.thinking
@@ -47,38 +49,54 @@ WAITING_RETRY = "waiting_retry"
 """Shown only, never stored: a run in ``executing_tool`` whose next step is a tool retry due
 later (a drive with ``max_wait`` parked it there; its row has ``next_due_at``)."""
 WAITING_RETRY_STATUS = RunStatus.executing_tool
-"""The stored status of a run shown as :data:`WAITING_RETRY`."""
+"""The status of a run shown as :data:`WAITING_RETRY`."""
 SHOWN: tuple[str, ...] = (*sorted(status.shown for status in RunStatus), WAITING_RETRY)
 """Every status people can see or ask for (``tether runs --status``), sorted, then waiting_retry."""
 
+STORED_SPELLING: dict[str, str] = {
+    RunStatus.executing_tool: "executingTool",
+    RunStatus.awaiting_approval: "awaitingApproval",
+}
+"""How databases spell the statuses whose spelling differs (as every tether has written them)."""
+_FROM_STORED = {stored: status for status, stored in STORED_SPELLING.items()}
+
+
+def to_stored(status: str) -> str:
+    """A status as a database keeps it (``executing_tool`` → ``executingTool``): for the stores' writes only."""
+    return STORED_SPELLING.get(status, status)
+
+
+def from_stored(value: str) -> str:
+    """A status a database kept, as everything else spells it (``executingTool`` → ``executing_tool``)."""
+    return _FROM_STORED.get(value, value)
+
 
 def status_name(value: str | None) -> str:
-    """A stored status as people read it (``"executingTool"`` → ``executing_tool``); unknown ones as they are."""
+    """A status as people read it, ``"unknown"`` for none; one spelt as a database keeps it is spelt as the rest."""
     if not value:
         return "unknown"
-    return RunStatus(value).shown if value in _VALUES else value
+    return from_stored(value)
 
 
 def stored_status(name: str) -> RunStatus:
-    """The stored status of a shown name (``executing_tool`` or ``waiting_retry`` → ``executingTool``).
+    """The status a shown name asks for (``executing_tool``; ``waiting_retry`` → ``executing_tool``).
+
+    The database spelling (``executingTool``) is taken too, for whoever copied it from an older tether.
 
     Raises:
         KeyError: ``name`` is no status's shown name.
     """
-    return WAITING_RETRY_STATUS if name == WAITING_RETRY else RunStatus[name]
+    return WAITING_RETRY_STATUS if name == WAITING_RETRY else RunStatus[from_stored(name)]
 
 
 def stored_filter(name: str) -> tuple[RunStatus, bool | None]:
     """What to ask a store's ``list_runs`` for the runs shown as ``name``: (``status``, ``waiting_retry``).
 
-    A run waiting for a retry is stored ``executingTool``: ``executing_tool`` asks for those
-    without a due retry, ``waiting_retry`` for those with one (the store filters before its limit).
+    A run waiting for a retry is ``executing_tool``: ``executing_tool`` asks for those without a
+    due retry, ``waiting_retry`` for those with one (the store filters before its limit).
 
     Raises:
         KeyError: ``name`` is no status's shown name.
     """
-    stored = stored_status(name)
-    return stored, (name == WAITING_RETRY) if stored == WAITING_RETRY_STATUS else None
-
-
-_VALUES = frozenset(status.value for status in RunStatus)
+    status = stored_status(name)
+    return status, (name == WAITING_RETRY) if status == WAITING_RETRY_STATUS else None
