@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from support import clean_env
 from tether.core.approvals import AutoApprover
 from tether.drivers.loader import agent_from_spec
 from tether.drivers.runner import Runner
 from tether.stores.sql import SQLStore
 from ui_runs import XSS, Project
+from ui_servers import ui_server
 
 pytestmark = pytest.mark.slow
 
@@ -55,23 +52,9 @@ class Served:
 @contextmanager
 def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
     """``tether ui`` on ``url``: the printed address, the base URL and the token."""
-    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
-    with (
-        log.open("w") as errors,
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
-    ):
-        try:
-            assert server.stdout is not None
-            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())  # once bound
-            assert found is not None, log.read_text()
-            yield found.group(0), found.group(1), found.group(2)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    assert "Traceback" not in log.read_text(), log.read_text()
+    with ui_server(url, log) as server:
+        assert server.token is not None
+        yield server.address, server.base, server.token
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +167,7 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     expect(page.get_by_role("alert")).to_have_text("That token is not valid.")
     page.get_by_label("Token").fill(served.token)
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    expect(page.get_by_role("heading", name="Inbox")).to_be_visible()  # the page it asked for
 
 
 def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served, context: Any) -> None:
