@@ -6,13 +6,13 @@ in the inbox, and watches the run page, left open, follow the run to its end ove
 events without a reload; text a model and a tool wrote holding ``<script>`` stays text.
 
 Screenshots of the pages go to the test's directory, or to ``$TETHER_UI_SCREENSHOTS``
-(``scripts/ui-screenshots`` sets it to diagrams/ for the README).
+(``scripts/ui-screenshots`` sets it to diagrams/ for the README); the browser, its fresh
+profiles and that directory are conftest.py's fixtures.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,10 +29,6 @@ from ui_runs import XSS, Project
 from ui_servers import ui_server
 
 pytestmark = pytest.mark.slow
-
-SCREENSHOTS = "TETHER_UI_SCREENSHOTS"
-WAIT_MS = 30_000
-"""How long an expectation waits for the page (a shared 2-core machine can be slow); not a speed check."""
 
 
 @dataclass
@@ -74,34 +70,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         store.close()
     with serve(url, root / "ui.log") as (address, base, token):
         yield Served(address, base, token, parked.run_id, done.run_id)
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def context(browser: Any) -> Iterator[Any]:
-    """A fresh browser profile (no cookie yet) whose expectations wait up to WAIT_MS."""
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=WAIT_MS)
-    made = browser.new_context(viewport={"width": 1280, "height": 860})
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Served, context: Any, shots: Path) -> None:

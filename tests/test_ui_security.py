@@ -270,6 +270,12 @@ def test_signing_in_goes_back_to_the_page_asked_for_and_only_ours(store: SQLStor
         )
         assert answer.headers["location"] == "/", elsewhere
 
+    expired = TestClient(app_of(store), follow_redirects=False)  # a form sent once the session had ended
+    sent = expired.post("/decide", data={"action": "approve"}, headers={"Referer": "http://testserver/runs/run_1"})
+    assert 'name="next" value="/runs/run_1"' in sent.text  # back to the page the form was on
+    sent = expired.post("/decide", data={"action": "approve"}, headers={"Referer": "http://evil.example/x"})
+    assert 'name="next" value="/"' in sent.text
+
     linked = TestClient(app_of(store), follow_redirects=False).get("/inbox", headers={**HTML, **FROM_ELSEWHERE})
     assert linked.status_code == 401
     assert "Signed in already? A link from another site does not bring your session along" in linked.text

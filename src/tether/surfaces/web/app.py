@@ -32,7 +32,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 try:
     import jinja2
@@ -351,8 +351,7 @@ class _Inspector:
     async def sign_in(self, request: Request, exc: Exception) -> Response:
         problem = exc.problem if isinstance(exc, _SignIn) else ""
         if _wants_html(request):
-            here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            answer = self.login_form(request, 401, problem=problem, next_page=_local(here))
+            answer = self.login_form(request, 401, problem=problem, next_page=_back(request))
         else:
             answer = PlainTextResponse("sign in: send Authorization: Bearer TOKEN", status_code=401)
         answer.headers["www-authenticate"] = "Bearer"
@@ -574,6 +573,16 @@ def _local(page: str | None) -> str:
     if not page or not page.startswith("/") or page.startswith(("//", "/\\")):
         return "/"
     return page
+
+
+def _back(request: Request) -> str:
+    """Where signing in leads back to: the page asked for, or for a form the page that sent it (``Referer``)."""
+    if request.method == "GET":
+        return _local(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    sender = urlsplit(request.headers.get("referer") or "")
+    if sender.netloc != request.headers.get("host"):
+        return "/"
+    return _local(sender.path + (f"?{sender.query}" if sender.query else ""))
 
 
 def _who(grant: Grant) -> str:
