@@ -365,7 +365,7 @@ def test_sign_in_answers_429_after_too_many_wrong_tokens_whichever_way_they_come
     for number in range(6):  # five are free; the sixth earns a second's wait (each further one doubles it)
         assert guesser.post("/login", data={"token": f"wrong-token-{number:012d}"}).status_code == 401
     attempts = [
-        guesser.post("/login", data={"token": OPERATOR}, headers=HTML),  # the right one, too soon
+        guesser.post("/login", data={"token": OPERATOR, "next": "/inbox"}, headers=HTML),  # the right one, too soon
         guesser.get(f"/?token={OPERATOR}", headers=HTML),
         guesser.get("/", headers={"Authorization": f"Bearer {OPERATOR}"}),
     ]
@@ -374,6 +374,7 @@ def test_sign_in_answers_429_after_too_many_wrong_tokens_whichever_way_they_come
         assert refused.headers["retry-after"] == "1"
         assert "Too many wrong tokens from your address: wait 1 second, then try again." in refused.text
         assert "set-cookie" not in refused.headers
+    assert 'name="next" value="/inbox"' in attempts[0].text  # the form still leads where it was going
     elsewhere = TestClient(app, follow_redirects=False, client=("198.51.100.7", 50000))
     assert elsewhere.post("/login", data={"token": OPERATOR}).status_code == 303  # the others are not slowed
 
@@ -455,7 +456,16 @@ def test_tether_ui_takes_no_token_on_its_command_line_and_reads_a_file(
     assert "in clear: give --certfile and --keyfile (TLS), or --insecure" in capsys.readouterr().err
     missing = ["--certfile", str(tmp_path / "no.pem"), "--keyfile", str(tmp_path / "no.key")]
     assert main(["ui", "--db", db, *missing]) == 2
-    assert f"cannot serve TLS with --certfile {tmp_path / 'no.pem'}" in capsys.readouterr().err
+    assert f"cannot read --certfile {tmp_path / 'no.pem'}: No such file or directory" in capsys.readouterr().err
+    cert, key = self_signed(tmp_path)
+    assert main(["ui", "--db", db, "--certfile", str(key), "--keyfile", str(key)]) == 2
+    assert f"--certfile {key} holds no PEM certificate" in capsys.readouterr().err
+    assert main(["ui", "--db", db, "--certfile", str(cert), "--keyfile", str(cert)]) == 2
+    assert f"--keyfile {cert} holds no PEM private key" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    _, other_key = self_signed(tmp_path / "other")
+    assert main(["ui", "--db", db, "--certfile", str(cert), "--keyfile", str(other_key)]) == 2
+    assert f"the key in --keyfile {other_key} is not the certificate's" in capsys.readouterr().err
 
 
 # On a real server ---------------------------------------------------------------------------------

@@ -335,7 +335,7 @@ class _Inspector:
         try:
             grant = self.guard.check(fields.get("token", "").strip(), request)
         except Throttled as error:
-            return await self.throttled(request, error)
+            return self.slow_down(request, error, next_page)
         if grant is None:
             return self.login_form(request, 401, problem="That token is not valid.", next_page=next_page)
         return self.signed_in(request, grant, next_page)
@@ -368,7 +368,7 @@ class _Inspector:
             grant = self.guard.check(exc.token, request)
             current = self.guard.viewer(request)
         except Throttled as error:
-            return await self.throttled(request, error)
+            return self.slow_down(request, error, _local(here))
         if grant is None:
             return await self.sign_in(request, _SignIn("The token in that address is not valid."))
         if current is None or current.session is None:
@@ -390,12 +390,15 @@ class _Inspector:
         return answer
 
     async def throttled(self, request: Request, exc: Exception) -> Response:
-        """429: the address sent too many wrong tokens; it may try again after ``Retry-After`` seconds."""
         assert isinstance(exc, Throttled)
+        return self.slow_down(request, exc, _back(request))
+
+    def slow_down(self, request: Request, exc: Throttled, next_page: str) -> Response:
+        """429: the address sent too many wrong tokens; it may try again after ``Retry-After`` seconds."""
         seconds = "1 second" if exc.wait == 1 else f"{exc.wait} seconds"
         message = f"Too many wrong tokens from your address: wait {seconds}, then try again."
         if _wants_html(request):
-            answer = self.login_form(request, 429, problem=message)
+            answer = self.login_form(request, 429, problem=message, next_page=next_page)
         else:
             answer = PlainTextResponse(message, status_code=429)
         answer.headers["retry-after"] = str(exc.wait)

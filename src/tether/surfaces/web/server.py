@@ -6,6 +6,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -25,15 +26,24 @@ class Tls:
         """Load both now, so a wrong path or a key that does not match says so before anything listens.
 
         Raises:
-            ConfigError: naming the files and what is wrong.
+            ConfigError: naming the file and what is wrong with it.
         """
+        for option, path, marker, holds in (
+            ("--certfile", self.certfile, "-----BEGIN CERTIFICATE-----", "PEM certificate"),
+            ("--keyfile", self.keyfile, "PRIVATE KEY-----", "PEM private key"),
+        ):
+            try:
+                text = Path(path).read_text(encoding="ascii", errors="replace")
+            except OSError as error:
+                raise ConfigError(f"cannot read {option} {path}: {error.strerror or error}") from None
+            if marker not in text:
+                raise ConfigError(f"{option} {path} holds no {holds}")
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.certfile, self.keyfile)
-        except (OSError, ssl.SSLError) as error:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-            raise ConfigError(
-                f"cannot serve TLS with --certfile {self.certfile} and --keyfile {self.keyfile}: {reason}"
-            ) from None
+        except ssl.SSLError as error:
+            mismatch = error.reason == "KEY_VALUES_MISMATCH"
+            problem = "is not the certificate's" if mismatch else f"cannot be used: {error}"
+            raise ConfigError(f"the key in --keyfile {self.keyfile} {problem} (--certfile {self.certfile})") from None
 
 
 def address(host: str, port: int, *, tls: bool = False) -> str:
