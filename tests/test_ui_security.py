@@ -559,3 +559,39 @@ def test_over_tls_with_named_tokens(tmp_path: Path) -> None:
             assert "alice · every tenant" in browser.get("/").text
         with pytest.raises(httpx.TransportError):  # no plain HTTP on that port
             httpx.get(server.base.replace("https://", "http://"), timeout=30).raise_for_status()
+
+
+# What the README shows ---------------------------------------------------------------------------
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_block(opening: str) -> str:
+    """The README's code block that begins with ``opening`` (its fence line included), without the fences."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(opening)
+    body = start + len(opening.split("\n", 1)[0]) + 1
+    return text[body : text.index("```\n", body)]
+
+
+def test_the_readmes_tokens_file_is_one_tether_ui_reads(tmp_path: Path) -> None:
+    block = readme_block("```toml\n  # tokens.toml\n")  # (in a list item: indented)
+    path = tmp_path / "tokens.toml"
+    path.write_text("\n".join(line.removeprefix("  ") for line in block.splitlines()), encoding="utf-8")
+    credentials = Credentials.from_file(path)
+    alice, bob = credentials.grant("alice-token-at-least-16-chars"), credentials.grant("bob-token-at-least-16-chars")
+    assert alice is not None
+    assert (alice.name, alice.tenant, alice.may_decide) == ("alice", None, True)
+    assert bob is not None
+    assert (bob.name, bob.tenant, bob.may_decide) == ("bob", "acme", False)
+
+
+def test_the_readmes_create_app_serves_named_tokens(store: SQLStore, project: Project) -> None:
+    found: dict[str, Any] = {"store": store, "alice_token": ALICE, "bob_token": BOB}
+    block = readme_block("```python\nfrom tether.policy.access import Credentials, NamedToken")
+    exec(compile(block, "README.md", "exec"), found)
+    run = project.park(store, tenant="globex")
+    app = found["app"]
+    ours = TestClient(app, follow_redirects=False, base_url="https://inspector.example.com")
+    assert ours.post("/login", data={"token": BOB}).status_code == 303
+    assert run.run_id not in ours.get("/").text  # bob sees acme's runs only
+    assert TestClient(app, base_url="http://localhost").get("/").status_code == 400  # not one of its names
