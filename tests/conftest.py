@@ -111,9 +111,13 @@ def chromium() -> str:
     return str(shutil.which("chromium"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[Any]:
-    """Debian's Chromium, headless, driven by Playwright: one per worker process, for every module."""
+    """Debian's Chromium, headless, driven by Playwright: one per module.
+
+    Not one per session: Playwright's sync API keeps an event loop running in the thread while
+    it is open, and a later module's ``asyncio.run`` would then refuse to start.
+    """
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
