@@ -85,7 +85,6 @@ from tether.errors import (
     TetherError,
 )
 from tether.models import ModelAdapter
-from tether.policy.access import Credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
@@ -93,6 +92,7 @@ from tether.toolsets import from_record
 
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
+    from tether.policy.access import Credentials
     from tether.surfaces.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
@@ -1007,6 +1007,8 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
 
 def _ui_credentials(args: argparse.Namespace) -> tuple[Credentials, str | None]:
     """The tokens ``tether ui`` lets in, and the one it made to print (None when they were given)."""
+    from tether.policy.access import Credentials  # (only `ui` pays for reading token files)
+
     if args.token is not None:
         raise ConfigError(
             "--token puts the token where every user of this machine can read it (ps): "
