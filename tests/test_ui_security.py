@@ -27,8 +27,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from tether.core.events import ApprovalDecided
 from tether.errors import ConfigError
+from tether.facts.events import ApprovalDecided
 from tether.policy.access import Credentials
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live
