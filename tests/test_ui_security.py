@@ -331,7 +331,7 @@ def test_a_viewer_sees_the_waiting_call_but_cannot_decide_or_fork(
     assert bob.post("/fork", data={"csrf": form["csrf"], "run_id": run.run_id, "at": "1"}).status_code == 403
     script = TestClient(app_of(store, named), headers={"Authorization": f"Bearer {BOB}"}, follow_redirects=False)
     assert script.post("/decide", data={**form, "fingerprint": SHOWN_FINGERPRINT}).status_code == 403
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
     assert len(store.list_runs()) == 1  # no fork either
 
 
