@@ -66,11 +66,11 @@ def fetch_invoice(invoice_id: str) -> dict[str, object]:
     return {"id": invoice_id, "amount": 120.0}
 
 
-def test_the_readme_example_runs() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+def test_the_testing_guide_example_runs() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "testing.md").read_text(encoding="utf-8")
     start = readme.index("```python\nfrom tether import Agent, Runner\nfrom tether.models.anthropic import")
     block = readme[start + len("```python\n") : readme.index("```\n", start + 10)]
     found: dict[str, Any] = {"fetch_invoice": fetch_invoice}
-    exec(compile(block, "README.md", "exec"), found)
+    exec(compile(block, "docs/guides/testing.md", "exec"), found)
     assert found["result"].status == "done"
     assert found["api"].requests[1]["messages"][-1]["content"][0]["tool_use_id"] == "toolu_fake_1"
