@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from tether import Agent, Runner, tool
 from tether.testing import ScriptedModel
-from tether.views.diagram import COUNT_MARK
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -34,26 +32,6 @@ def test_readme_quick_start_is_the_two_scripts() -> None:
     assert commands == ["scripts/demo", "scripts/test"]
     for script in commands:
         assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
-
-
-def test_the_diagram_example_runs_on_a_real_run() -> None:
-    """The ``from tether.views import diagram`` block, run on a finished run of a scripted agent."""
-    text = page("concepts/machine.md")
-    start = text.index("```python\nfrom tether.views import diagram\n")
-    block = text[start + len("```python\n") : text.index("```\n", start + 10)]
-    agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
-    runner = Runner(agent)
-    result = runner.run("Say hi.")
-    found: dict[str, Any] = {"result": result, "runner": runner, "agent": agent}
-    if shutil.which("dot") is None:  # render needs Graphviz: check the rest without it
-        block = "\n".join(line for line in block.splitlines() if "diagram.render(" not in line)
-    exec(compile(block, "docs/concepts/machine.md", "exec"), found)
-    assert found["graph"].startswith("stateDiagram-v2\n")
-    assert f"thinking --> done : Answered {COUNT_MARK}1" in found["path"]
-    assert found["timeline"].endswith("Note over User,Model: run done\n")
-    assert "penwidth" in found["dot"]
-    if "svg" in found:
-        assert found["svg"].startswith(b"<?xml")
 
 
 def test_the_docs_call_a_step_what_steps_in_json_counts() -> None:
