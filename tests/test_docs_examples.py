@@ -31,6 +31,7 @@ showing it. What it did that we need is the few lines below.)
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import itertools
 import os
@@ -44,7 +45,7 @@ from typing import Any
 import pytest
 
 from support import PgSchema, graphviz_missing, need_tool
-from tether import Agent
+from tether import Agent, AsyncRunner, Runner
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,10 +175,14 @@ def require(what: str, request: pytest.FixtureRequest) -> None:
 
 
 def close_agents(namespace: dict[str, Any]) -> None:
-    """Let go of the models' connections (an unclosed socket would warn, and warnings fail the suite)."""
+    """Let go of the models' connections, then of the page's objects: an unclosed socket warns (and
+    warnings fail the suite), so what a page leaves open fails that page, not a later test."""
     for value in namespace.values():
-        if isinstance(value, Agent):
-            value.close()
+        agent = value.agent if isinstance(value, Runner | AsyncRunner) else value
+        if isinstance(agent, Agent):
+            agent.close()
+    namespace.clear()  # its functions hold it in a cycle: only the collector frees it
+    gc.collect()
 
 
 @pytest.mark.parametrize("page", pages_with_code(), ids=lambda page: str(page.relative_to(ROOT)))

@@ -59,10 +59,10 @@ def test_the_docs_call_a_step_what_steps_in_json_counts() -> None:
 
 
 def test_the_reference_lists_exactly_the_keys_json_prints() -> None:
-    """``--json prints exactly one object: `a, b, ...``` names the keys of every run's object;
-    ``next_due_at`` is said to come only while a retry waits, as it does."""
+    """``prints the run as it stands when the command ends: `a, b, ...``` names the keys of every run's
+    object; ``next_due_at`` is said to come only while a retry waits, as it does."""
     readme = " ".join(page("reference/json.md").split())
-    listed = readme.split("`--json` prints exactly one object: `", 1)[1].split("`", 1)[0]
+    listed = readme.split("prints the run as it stands when the command ends: `", 1)[1].split("`", 1)[0]
     agent = Agent(model=ScriptedModel([{"content": [{"type": "text", "text": "Hi."}], "stop_reason": "end_turn"}]))
     shown = Runner(agent).run("Say hi.").to_dict()
     assert [key.strip() for key in listed.split(",")] == list(shown)
@@ -84,3 +84,14 @@ def test_the_readmes_links_into_the_repository_lead_somewhere() -> None:
     targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in t]
     assert "docs/tutorial.md" in targets
     assert [t for t in targets if not (ROOT / t).is_file()] == []
+
+
+def test_the_api_reference_of_tether_lists_every_public_name() -> None:
+    """docs/reference/api/tether.md names its members (in the order a reader needs them); the errors
+    have their own page. Together they are ``tether.__all__``, so a new public name shows up there."""
+    import tether
+    from tether import errors
+
+    listed = re.findall(r"^::: tether\.(\w+)$", page("reference/api/tether.md"), re.M)
+    exported_errors = {name for name in tether.__all__ if hasattr(errors, name)}
+    assert sorted([*listed, *exported_errors]) == sorted(tether.__all__)

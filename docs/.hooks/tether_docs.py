@@ -1,20 +1,52 @@
-"""MkDocs hook: the pictures in diagrams/ (kept there, beside the scripts that regenerate them) join the site.
+"""MkDocs hook: the parts of the docs that are generated from the code, at every build.
 
-``scripts/diagrams`` and ``scripts/ui-screenshots`` write into the repository's ``diagrams/``;
-the pages link to ``diagrams/NAME`` as if it were inside ``docs/``, and this hook adds those
-files to the build, so there is one copy of each picture and ``strict`` still checks the links.
+- The pictures in ``diagrams/`` (kept there, beside the scripts that regenerate them) join the
+  site at ``diagrams/NAME``, so the pages link to one copy and ``strict`` still checks the links.
+- ``<!-- generated: cli -->`` becomes every ``tether`` command's ``--help``, as the installed
+  command prints it, so the CLI reference cannot go stale.
+- ``<!-- generated: events -->`` becomes one section per fact a run can record
+  (``tether.core.events.Fact``), each rendered by mkdocstrings from its class.
+- ``<!-- generated: json-schemas -->`` becomes the JSON Schema of each command's ``--json`` output,
+  read from the files the package ships (``tether/surfaces/schemas/``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import typing
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
 
 ROOT = Path(__file__).resolve().parents[2]
 PICTURES = ("*.svg", "*.png")
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+HELP_WIDTH = "100"
+"""Columns argparse wraps the help to (it reads $COLUMNS): what a reader's page holds without a scrollbar."""
+HELPS = """
+import contextlib, io, json, re, sys
+from tether.surfaces.cli import main
+
+def helped(args):
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), contextlib.suppress(SystemExit):
+        main([*args, "--help"])
+    return shown.getvalue()
+
+top = helped([])
+names = re.search(r"\\{([a-z,-]+)\\}", top).group(1).split(",")
+json.dump({"": top, **{name: helped([name]) for name in names}}, sys.stdout)
+"""
+"""Run in a process of its own: ``tether --help`` and each command's, by the entry point itself."""
 
 
 def on_files(files: Files, config: MkDocsConfig, **_: Any) -> Files:
@@ -30,3 +62,75 @@ def on_files(files: Files, config: MkDocsConfig, **_: Any) -> Files:
                 )
             )
     return files
+
+
+def on_page_markdown(markdown: str, page: Page, **_: Any) -> str:
+    """Replace each ``<!-- generated: NAME -->`` line with what NAME generates."""
+
+    def generated(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in GENERATORS:
+            raise ValueError(f"{page.file.src_uri}: no generator named {name!r} (known: {', '.join(GENERATORS)})")
+        return GENERATORS[name]()
+
+    return MARKER.sub(generated, markdown)
+
+
+@cache
+def command_helps() -> dict[str, str]:
+    """``tether --help`` (key ``""``) and each command's ``--help``, by command name."""
+    env = {**os.environ, "COLUMNS": HELP_WIDTH}
+    done = subprocess.run(
+        [sys.executable, "-c", HELPS], capture_output=True, text=True, check=True, env=env, timeout=120
+    )
+    helps: dict[str, str] = json.loads(done.stdout)
+    return helps
+
+
+def cli() -> str:
+    """A section per command: its one-line purpose, then its whole ``--help``."""
+    helps = command_helps()
+    purposes = dict(re.findall(r"^    ([a-z-]+)\s{2,}(.+)$", helps[""], re.M))
+    sections = [f"## `tether`\n\n```text\n{helps['']}```\n"]
+    for name, text in helps.items():
+        if name:
+            sections.append(f"## `tether {name}`\n\n{purposes.get(name, '').capitalize()}.\n\n```text\n{text}```\n")
+    return "\n".join(sections)
+
+
+def events() -> str:
+    """A section per kind of fact, in the order ``Fact`` lists them, rendered from its class."""
+    from tether.core import events as facts
+
+    sections = []
+    for fact in typing.get_args(facts.Fact):
+        sections.append(
+            f"## `{fact.kind}`\n\n::: tether.core.events.{fact.__name__}\n"
+            "    options:\n      show_root_heading: false\n      heading_level: 3\n"
+            '      filters: ["!^_", "!^to_json$", "!^kind$"]\n'
+        )
+    return "\n".join(sections)
+
+
+def json_schemas() -> str:
+    """Each ``--json`` output's schema, as the package ships it: its title, description and text."""
+    folder = resources.files("tether.surfaces") / "schemas"
+    sections = []
+    for schema in sorted(folder.iterdir(), key=lambda entry: entry.name):
+        if not schema.name.endswith(".json"):
+            continue
+        text = schema.read_text(encoding="utf-8")
+        data = json.loads(text)
+        sections.append(
+            f"### `{data['title']}`\n\n{data['description']}\n\n"
+            f'??? note "Its JSON Schema: `tether/surfaces/schemas/{schema.name}`"\n\n'
+            f"    ```json\n{_indented(text.rstrip(), 4)}\n    ```\n"
+        )
+    return "\n".join(sections)
+
+
+def _indented(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
+
+
+GENERATORS = {"cli": cli, "events": events, "json-schemas": json_schemas}
