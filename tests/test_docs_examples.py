@@ -37,7 +37,7 @@ import itertools
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ from typing import Any
 import pytest
 
 from support import PgSchema, graphviz_missing, need_tool
-from tether import Agent, AsyncRunner, Runner
+from tether.models.anthropic import AnthropicModel
+from tether.models.openai import OpenAIModel
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,21 +175,31 @@ def require(what: str, request: pytest.FixtureRequest) -> None:
         raise AssertionError(f"unknown requirement {what!r} (known: graphviz, postgres)")
 
 
-def close_agents(namespace: dict[str, Any]) -> None:
-    """Let go of the models' connections, then of the page's objects: an unclosed socket warns (and
-    warnings fail the suite), so what a page leaves open fails that page, not a later test."""
-    for value in namespace.values():
-        agent = value.agent if isinstance(value, Runner | AsyncRunner) else value
-        if isinstance(agent, Agent):
-            agent.close()
-    namespace.clear()  # its functions hold it in a cycle: only the collector frees it
-    gc.collect()
+@pytest.fixture
+def models_made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AnthropicModel | OpenAIModel]]:
+    """Every SDK model a page makes, closed when the page ends: an unclosed socket warns (and warnings
+    fail the suite), so what a page leaves open would fail whichever test ran next."""
+    made: list[AnthropicModel | OpenAIModel] = []
+    for adapter in (AnthropicModel, OpenAIModel):
+        monkeypatch.setattr(adapter, "__init__", recording(adapter.__init__, made))
+    yield made
+    for model in made:
+        model.close()
+
+
+def recording(init: Callable[..., None], made: list[Any]) -> Callable[..., None]:
+    def init_and_record(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    return init_and_record
 
 
 @pytest.mark.parametrize("page", pages_with_code(), ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_python_block_of_the_page_runs(
     page: Path,
     fake_apis: tuple[FakeMessagesAPI, FakeChatCompletionsAPI],
+    models_made: list[AnthropicModel | OpenAIModel],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
@@ -218,6 +229,7 @@ def test_every_python_block_of_the_page_runs(
                 script_openai(openai, block.directives["openai"])
             run_block(block, page, namespace)
     finally:
-        close_agents(namespace)
+        namespace.clear()  # its functions hold it in a cycle: only the collector frees it
+        gc.collect()
     assert claude.pending == 0, f"{page.name}: {claude.pending} scripted Claude turn(s) never asked for"
     assert openai.pending == 0, f"{page.name}: {openai.pending} scripted OpenAI turn(s) never asked for"
