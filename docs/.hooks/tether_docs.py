@@ -5,7 +5,7 @@
 - ``<!-- generated: cli -->`` becomes every ``tether`` command's ``--help``, as the installed
   command prints it, so the CLI reference cannot go stale.
 - ``<!-- generated: events -->`` becomes one section per fact a run can record
-  (``tether.core.events.Fact``), each rendered by mkdocstrings from its class.
+  (``tether.core.events.Fact``), with a table of its fields read from the source.
 - ``<!-- generated: json-schemas -->`` becomes the JSON Schema of each command's ``--json`` output,
   read from the files the package ships (``tether/surfaces/schemas/``).
 """
@@ -99,17 +99,43 @@ def cli() -> str:
 
 
 def events() -> str:
-    """A section per kind of fact, in the order ``Fact`` lists them, rendered from its class."""
+    """A section per kind of fact, in the order ``Fact`` lists them: what it says, and a table of its fields.
+
+    Each field's type and docstring are read from the source by griffe (as mkdocstrings reads
+    the API pages), so a new field or fact shows here at the next build.
+    """
+    import griffe
+
     from tether.core import events as facts
 
+    module = griffe.load("tether.core.events", search_paths=[str(ROOT / "src")])
     sections = []
     for fact in typing.get_args(facts.Fact):
-        sections.append(
-            f"## `{fact.kind}`\n\n::: tether.core.events.{fact.__name__}\n"
-            "    options:\n      show_root_heading: false\n      heading_level: 3\n"
-            '      filters: ["!^_", "!^to_json$", "!^kind$"]\n'
-        )
+        source = module[fact.__name__]
+        rows = [
+            f"| `{name}` | `{member.annotation}` | {_field_note(member)} |"
+            for name, member in source.members.items()
+            if member.is_attribute and name != "kind"
+        ]
+        table = "| field | type | meaning |\n|---|---|---|\n" + "\n".join(rows) if rows else "No fields."
+        summary = _markdown(source.docstring.value.split("\n\n")[0]) if source.docstring else ""
+        sections.append(f"## `{fact.kind}`\n\n{summary}\n\n{table}\n")
     return "\n".join(sections)
+
+
+RST = re.compile(r"``([^`]+)``|:[a-z]+:`~?([^`]+)`")
+"""A reStructuredText literal, or a Sphinx role (shown as its target's last part)."""
+
+
+def _markdown(text: str) -> str:
+    """``text`` on one line, its reStructuredText literals and roles as Markdown code."""
+    return RST.sub(lambda found: f"`{found[1] or found[2].rsplit('.', 1)[-1]}`", " ".join(text.split()))
+
+
+def _field_note(member: Any) -> str:
+    """A field's docstring for a table cell, saying when the field may be left out of the JSON."""
+    text = _markdown(member.docstring.value).replace("|", "\\|") if member.docstring else ""
+    return f"{text} *(optional)*".strip() if member.value is not None else text
 
 
 def json_schemas() -> str:
