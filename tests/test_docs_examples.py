@@ -233,3 +233,19 @@ def test_every_python_block_of_the_page_runs(
         gc.collect()
     assert claude.pending == 0, f"{page.name}: {claude.pending} scripted Claude turn(s) never asked for"
     assert openai.pending == 0, f"{page.name}: {openai.pending} scripted OpenAI turn(s) never asked for"
+
+
+CODE_WIDTH = 88
+"""Characters of code a docs page shows without a scrollbar, next to the navigation (as black's default)."""
+
+
+def test_every_python_line_of_the_docs_fits_the_page() -> None:
+    too_wide = [
+        f"{page.relative_to(ROOT)}:{block.line + i}"
+        for page in PAGES
+        for block in blocks_of(page)
+        if block.is_python
+        for i, line in enumerate(block.code.splitlines())
+        if len(line) > CODE_WIDTH and not line.lstrip().startswith("#>")  # what it prints is what it prints
+    ]
+    assert too_wide == []
