@@ -695,7 +695,7 @@ SQLITE_ONE_WRITER: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_ti
 """AsyncSQLStore on a SQLite file: one connection, used by the store's one thread, which every run's
 operations take in turn. SQLite has one writer at a time anyway; 15 pooled connections contending for
 its lock sleep in its busy handler instead (fewer steps per second at K >= 16 concurrent runs, see the
-README's benchmarks)."""
+benchmarks' history, docs/benchmarks/history.md)."""
 
 
 def _in_memory(url: sa.engine.URL) -> bool:
@@ -711,8 +711,8 @@ class AsyncSQLStore(_SQLBase):
     'tether[async]'``, and ``tether[postgres]``). A SQLite URL is reached through the standard
     library's driver on one thread of the store's own: each operation runs there whole, one hop
     from the loop, on one connection (SQLite has one writer anyway). Through aiosqlite every
-    statement was a hop of its own: a step cost about 1.5 times as much (see the README's
-    benchmarks). Await :meth:`close` when done.
+    statement was a hop of its own: a step cost about 1.5 times as much (see the benchmarks'
+    history, docs/benchmarks/history.md). Await :meth:`close` when done.
 
     ``pool_size``: PostgreSQL connections kept open (SQLAlchemy's default, 5, when None). Size it
     to the runs driven at once: each connection above it is opened for one use and closed again.
