@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import os
 import re
 import socket
 import ssl
@@ -561,13 +562,13 @@ def test_over_tls_with_named_tokens(tmp_path: Path) -> None:
             httpx.get(server.base.replace("https://", "http://"), timeout=30).raise_for_status()
 
 
-# What the README shows ---------------------------------------------------------------------------
-README = Path(__file__).resolve().parent.parent / "README.md"
+# What the docs show -----------------------------------------------------------------------------
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "inspector.md"
 
 
 def readme_block(opening: str) -> str:
-    """The README's code block that begins with ``opening`` (its fence line included), without the fences."""
-    text = README.read_text(encoding="utf-8")
+    """The inspector guide's code block that begins with ``opening`` (its fence line included), without the fences."""
+    text = GUIDE.read_text(encoding="utf-8")
     start = text.index(opening)
     body = start + len(opening.split("\n", 1)[0]) + 1
     return text[body : text.index("```\n", body)]
@@ -586,11 +587,16 @@ def test_the_readmes_tokens_file_is_one_tether_ui_reads(tmp_path: Path) -> None:
 
 
 def test_the_readmes_create_app_serves_named_tokens(store: SQLStore, project: Project) -> None:
-    found: dict[str, Any] = {"store": store, "alice_token": ALICE, "bob_token": BOB}
-    block = readme_block("```python\nfrom tether.policy.access import Credentials, NamedToken")
-    exec(compile(block, "README.md", "exec"), found)
+    found: dict[str, Any] = {}
+    block = readme_block("```python\nimport os\n\nfrom tether.policy.access import Credentials, NamedToken")
+    os.environ.update(TETHER_DB=store.url, ALICE_TOKEN=ALICE, BOB_TOKEN=BOB)
+    try:
+        exec(compile(block, str(GUIDE), "exec"), found)
+    finally:
+        for name in ("TETHER_DB", "ALICE_TOKEN", "BOB_TOKEN"):
+            os.environ.pop(name)
     run = project.park(store, tenant="globex")
-    app = found["app"]
+    app = create_app(store, found["credentials"], allowed_hosts=["inspector.example.com"])
     ours = TestClient(app, follow_redirects=False, base_url="https://inspector.example.com")
     assert ours.post("/login", data={"token": BOB}).status_code == 303
     assert run.run_id not in ours.get("/").text  # bob sees acme's runs only
