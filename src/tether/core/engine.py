@@ -81,6 +81,10 @@ class CallModel:
     """The call writes a summary of the history (see :mod:`tether.policy.compaction`), not the agent's next turn."""
     model: ModelAdapter | None = None
     """Who answers: the adapter of the agent in charge (after a handoff, not the driver's own); None: the driver's."""
+    run_id: str = ""
+    """The run it is made for: whose followers the text of the answer goes to as it arrives."""
+    cursor: int = -1
+    """The seq of the run's last event when the call is made: the answer's text belongs right after it in its stream."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ def next_action(
         tool_choice=_tool_choice(state, agent),
         settings=agent.settings,
     )
-    return CallModel(request, model=agent.model)
+    return CallModel(request, model=agent.model, run_id=state.id, cursor=state.next_seq - 1)
 
 
 def _compaction(state: RunState, agent: Agent) -> Action | None:
@@ -207,7 +211,7 @@ def _compaction(state: RunState, agent: Agent) -> Action | None:
             max_tokens=planned.processor.max_tokens,
             invocation=state.steps,
         )
-        return CallModel(request, summary=planned, model=agent.model)
+        return CallModel(request, summary=planned, model=agent.model, run_id=state.id, cursor=state.next_seq - 1)
     processor, messages = planned
     removed = len(state.messages) - len(messages)
     return Commit(Step("compacted", [HistoryCompacted(processor.name, messages, removed, forced)]))
