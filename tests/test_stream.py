@@ -443,6 +443,45 @@ def wait_for_run(store: Store) -> str:
     raise AssertionError("the other process made no run")
 
 
+# tether ui's run pages ---------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_inspector_s_run_page_listens_to_the_run_s_stream(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    pytest.importorskip("starlette", reason="tether ui needs the 'ui' extra")
+    from tether.surfaces.web import live
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema").url
+    store = SQLStore(url)
+
+    @tool(approval=True)
+    def publish(text: str) -> str:
+        """Publish (a person decides)."""
+        return f"published {text}"
+
+    script = [tool_use_turn(tool_use("toolu_p", "publish", {"text": "hi"})), DONE]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[publish]), store, approver=DecideLater())
+    parked = runner.run("publish")
+    shown = store.load_run(parked.run_id).version  # the version the page was rendered at
+
+    async def gone() -> bool:
+        return False
+
+    def decide_elsewhere() -> None:  # as another request (or process) would, while the page listens
+        runner.decide(parked.run_id, "toolu_p", Approve(actor="alice"))
+        runner.drive(parked.run_id)
+
+    following = live.run_changes(store, parked.run_id, None, shown, poll=0.05, gone=gone)
+    deciding = asyncio.create_task(asyncio.to_thread(decide_elsewhere))
+    said = [message async for message in following]  # to the run's end
+    await deciding
+    assert said[0].startswith("event: changed\n")
+    final = store.load_run(parked.run_id)
+    assert said[-1] == f'event: end\ndata: {{"version": {final.version}, "status": "done"}}\n\n'
+    assert all(message.startswith("event: changed\n") for message in said[:-1])
+    store.close()
+
+
 # The README's example --------------------------------------------------------------------------
 async def test_the_readme_s_watch_example_drives_a_run_to_its_gate_and_on(capsys: pytest.CaptureFixture[str]) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
