@@ -11,15 +11,17 @@ parses leniently), so what reaches the adapter is what a broken API or proxy wou
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from support import fake_api_env, fake_api_model, run_tether
-from tether import Agent, AsyncRunner, Runner, tool
+from tether import Agent, AsyncRunner, Runner, RunResult, tool
 from tether.errors import ModelError
 from tether.models import ModelRequest
+from tether.models.anthropic import AnthropicModel
 from tether.policy.compaction import KeepLastTurns
 from tether.testing import FakeMessagesAPI, ScriptedModel
 from tether.testing.fake_messages_api import sse_events
@@ -69,26 +71,61 @@ MALFORMED: dict[str, tuple[dict[str, Any], str]] = {
 CASES = pytest.mark.parametrize(("body", "named"), MALFORMED.values(), ids=MALFORMED.keys())
 
 
+def failed_run(api: FakeMessagesAPI) -> tuple[Runner, RunResult, AnthropicModel]:
+    """A run of an agent on the real client, asked once against the fake's script: it must fail."""
+    adapter = fake_api_model(api)
+    runner = Runner(Agent(model=adapter, model_name="claude-test"))
+    failed = runner.run("hi")
+    assert failed.status == "failed"
+    assert failed.error is not None
+    return runner, failed, adapter
+
+
+def resumes(api: FakeMessagesAPI, runner: Runner, run_id: str, adapter: AnthropicModel) -> None:
+    """Resuming asks the model again, which answers this time: the run is done."""
+    api.reply_text("fine now")
+    resumed = runner.drive(run_id)
+    adapter.close()
+    assert (resumed.status, resumed.output) == ("done", "fine now")
+
+
+def failed_streamed_run(api: FakeMessagesAPI) -> RunResult:
+    """A run whose one call is streamed (someone listens to the text), not asked again unstreamed: it must fail."""
+    adapter = fake_api_model(api, stream_fallback=False)
+    failed = Runner(Agent(model=adapter, model_name="claude-test"), on_text=lambda _: None).run("hi")
+    adapter.close()
+    assert api.requests[0]["stream"] is True
+    assert failed.status == "failed"
+    return failed
+
+
+def cli_fails_then_resumes(api: FakeMessagesAPI, tmp_path: Path, named: str) -> None:
+    """``tether run`` fails on the fake's reply, naming it; with the script fixed, ``tether resume`` ends the run."""
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    env = fake_api_env(api)
+    failed = run_tether(tmp_path, "run", "hi", "--model", "claude-test", "--db", db, "--json", env=env)
+    assert failed.returncode == 1, failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert named in failed.data["error"]
+    api.reply_text("fine now")  # the fake API's script, fixed
+    resumed = run_tether(tmp_path, "resume", failed.data["run_id"], "--db", db, "--json", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (resumed.data["status"], resumed.data["output"]) == ("done", "fine now")
+
+
 @CASES
 def test_the_run_fails_resumably_naming_what_was_malformed(
     api: FakeMessagesAPI, body: dict[str, Any], named: str
 ) -> None:
     api.reply(body)
-    adapter = fake_api_model(api)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"))
-    failed = runner.run("hi")
-    assert failed.status == "failed"
+    runner, failed, adapter = failed_run(api)
     assert failed.error is not None
     assert "malformed response msg_fake_1" in failed.error
     assert named in failed.error
     assert "resume the run to try again" in failed.error
     assert len(runner.load(failed.run_id).messages) == 1  # nothing of the response entered the history
 
-    api.reply_text("fine now")  # a resume asks again, as after any transient model failure
-    resumed = runner.drive(failed.run_id)
-    adapter.close()
-    assert resumed.status == "done"
-    assert resumed.output == "fine now"
+    resumes(api, runner, failed.run_id, adapter)  # a resume asks again, as after any transient model failure
     finished = [e.data for e in runner.store.load_events(failed.run_id) if e.type == "run_finished"]
     assert named in finished[0]["error"]  # the failed attempt stays in the log
 
@@ -99,12 +136,7 @@ STREAMED = ["tool_use without id", "an unknown block type", "a content block tha
 @pytest.mark.parametrize("case", STREAMED)
 def test_a_streamed_malformed_response_fails_the_same_way(api: FakeMessagesAPI, case: str) -> None:
     api.reply(MALFORMED[case][0])
-    adapter = fake_api_model(api, stream_fallback=False)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"), on_text=lambda _: None)
-    failed = runner.run("hi")
-    adapter.close()
-    assert api.requests[0]["stream"] is True
-    assert failed.status == "failed"
+    failed = failed_streamed_run(api)
     assert failed.error is not None
     assert "malformed response" in failed.error
     assert "resume the run to try again" in failed.error
@@ -120,14 +152,24 @@ async def test_a_streamed_malformed_response_fails_the_same_way_async(api: FakeM
     assert "malformed response stream" in failed.error
 
 
-async def test_the_async_adapter_validates_too(api: FakeMessagesAPI) -> None:
-    api.reply(MALFORMED["usage as a list"][0])
+@pytest.mark.parametrize(
+    ("script", "named"),
+    [
+        (lambda api: api.reply(MALFORMED["usage as a list"][0]), "usage: input should be a valid dictionary"),
+        (lambda api: api.reply_raw(deep_reply(3500)), "a value nested too deeply to read"),
+    ],
+    ids=["usage as a list", "nested 3,500 deep"],
+)
+async def test_the_async_adapter_validates_too(
+    api: FakeMessagesAPI, script: Callable[[FakeMessagesAPI], None], named: str
+) -> None:
+    script(api)
     adapter = fake_api_model(api)
     failed = await AsyncRunner(Agent(model=adapter, model_name="claude-test")).run("hi")
     await adapter.aclose()
     assert failed.status == "failed"
     assert failed.error is not None
-    assert "usage: input should be a valid dictionary" in failed.error
+    assert named in failed.error
 
 
 @CASES
@@ -177,20 +219,13 @@ def test_a_tool_input_nested_thousands_deep_fails_the_run_resumably(
     api: FakeMessagesAPI, depth: int, named: str
 ) -> None:
     api.reply_raw(deep_reply(depth))
-    adapter = fake_api_model(api)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"))
-    failed = runner.run("hi")
-    assert failed.status == "failed"
+    runner, failed, adapter = failed_run(api)
     assert failed.error is not None
     assert "the Anthropic API sent a malformed response" in failed.error
     assert named in failed.error
     assert "resume the run to try again" in failed.error
     assert runner.store.load_run(failed.run_id).summary["retryable"] is True
-
-    api.reply_text("fine now")
-    resumed = runner.drive(failed.run_id)
-    adapter.close()
-    assert (resumed.status, resumed.output) == ("done", "fine now")
+    resumes(api, runner, failed.run_id, adapter)
 
 
 def test_a_streamed_tool_input_nested_thousands_deep_fails_the_same_way(api: FakeMessagesAPI) -> None:
@@ -208,28 +243,13 @@ def test_a_streamed_tool_input_nested_thousands_deep_fails_the_same_way(api: Fak
         if event["type"] == "content_block_delta" and event["delta"]["partial_json"]:
             event["delta"]["partial_json"] = f'{{"value": {deep_json(3500)}}}'
     api.reply_events(events)
-    adapter = fake_api_model(api, stream_fallback=False)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"), on_text=lambda _: None)
-    failed = runner.run("hi")
-    adapter.close()
-    assert api.requests[0]["stream"] is True
-    assert failed.status == "failed"
+    failed = failed_streamed_run(api)
     assert failed.error is not None
     assert "the response stream could not be read" in failed.error
     assert "recursion limit exceeded" in failed.error
     assert failed.error.endswith("characters) (transient: resume the run to try again)")  # not the whole input
     assert len(failed.error) < 1000
     assert "resume the run to try again" in failed.error
-
-
-async def test_the_async_adapter_reads_a_deep_reply_the_same_way(api: FakeMessagesAPI) -> None:
-    api.reply_raw(deep_reply(3500))
-    adapter = fake_api_model(api)
-    failed = await AsyncRunner(Agent(model=adapter, model_name="claude-test")).run("hi")
-    await adapter.aclose()
-    assert failed.status == "failed"
-    assert failed.error is not None
-    assert "a value nested too deeply to read" in failed.error
 
 
 def test_the_scripted_model_refuses_a_deep_reply_too() -> None:
@@ -245,16 +265,7 @@ def test_the_scripted_model_refuses_a_deep_reply_too() -> None:
 
 def test_the_cli_fails_a_deep_reply_resumably_and_resume_carries_on(api: FakeMessagesAPI, tmp_path: Path) -> None:
     api.reply_raw(deep_reply(3500))
-    db = f"sqlite:///{tmp_path / 'r.db'}"
-    env = fake_api_env(api)
-    failed = run_tether(tmp_path, "run", "hi", "--model", "claude-test", "--db", db, "--json", env=env)
-    assert failed.returncode == 1, failed.stderr
-    assert "Traceback" not in failed.stderr
-    assert "a value nested too deeply to read" in failed.data["error"]
-    api.reply_text("fine now")
-    resumed = run_tether(tmp_path, "resume", failed.data["run_id"], "--db", db, "--json", env=env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert (resumed.data["status"], resumed.data["output"]) == ("done", "fine now")
+    cli_fails_then_resumes(api, tmp_path, "a value nested too deeply to read")
 
 
 # Stop reasons the engine cannot act on -----------------------------------------------------
@@ -277,29 +288,19 @@ def test_a_stop_reason_the_engine_cannot_act_on_fails_the_run_resumably(
     api: FakeMessagesAPI, body: dict[str, Any], named: str
 ) -> None:
     api.reply(body)
-    adapter = fake_api_model(api)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"))
-    failed = runner.run("hi")
-    assert failed.status == "failed"
+    runner, failed, adapter = failed_run(api)
     assert failed.error == (
         f"the model's reply msg_fake_1 was malformed: {named}; it was not used (resume the run to ask the model again)"
     )
     assert len(runner.load(failed.run_id).messages) == 1  # the reply is in the log, not the history
-
-    api.reply_text("fine now")
-    resumed = runner.drive(failed.run_id)
-    adapter.close()
-    assert (resumed.status, resumed.output) == ("done", "fine now")
+    resumes(api, runner, failed.run_id, adapter)
 
 
 @STOP_CASES
 def test_a_run_failed_on_a_stop_reason_can_be_cancelled(api: FakeMessagesAPI, body: dict[str, Any], named: str) -> None:
     api.reply(body)
-    adapter = fake_api_model(api)
-    runner = Runner(Agent(model=adapter, model_name="claude-test"))
-    failed = runner.run("hi")
+    runner, failed, adapter = failed_run(api)
     adapter.close()
-    assert failed.status == "failed"
     assert runner.cancel(failed.run_id, "giving up").status == "cancelled"
 
 
@@ -308,16 +309,7 @@ def test_the_cli_fails_on_a_stop_reason_and_resume_asks_again(
     api: FakeMessagesAPI, tmp_path: Path, body: dict[str, Any], named: str
 ) -> None:
     api.reply(body)
-    db = f"sqlite:///{tmp_path / 'r.db'}"
-    env = fake_api_env(api)
-    failed = run_tether(tmp_path, "run", "hi", "--model", "claude-test", "--db", db, "--json", env=env)
-    assert failed.returncode == 1, failed.stderr
-    assert "Traceback" not in failed.stderr
-    assert named in failed.data["error"]
-    api.reply_text("fine now")  # the fake API's script, fixed
-    resumed = run_tether(tmp_path, "resume", failed.data["run_id"], "--db", db, "--json", env=env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert (resumed.data["status"], resumed.data["output"]) == ("done", "fine now")
+    cli_fails_then_resumes(api, tmp_path, named)
 
 
 def test_a_scripted_run_fixed_after_a_bad_stop_reason_resumes_from_the_cli(tmp_path: Path) -> None:
