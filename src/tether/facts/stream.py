@@ -59,15 +59,21 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelStepDone:
-    """The model answered (one step): what it said and the calls it asks for."""
+class _Recorded:
+    """What every event standing for a recorded one says: whose, where in its log, when."""
 
-    kind: ClassVar[Literal["model_step_done"]] = "model_step_done"
     run_id: str
     cursor: int
     """The recorded event's seq: ask again ``after`` it to go on from here."""
     at: float
     """Unix time it was recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStepDone(_Recorded):
+    """The model answered (one step): what it said and the calls it asks for."""
+
+    kind: ClassVar[Literal["model_step_done"]] = "model_step_done"
     text: str
     """The answer's text blocks, joined."""
     tool_calls: tuple[ToolCall, ...]
@@ -80,20 +86,17 @@ class ModelStepDone:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallStarted:
+class ToolCallStarted(_Recorded):
     """An attempt of a call is about to run: its start is committed first."""
 
     kind: ClassVar[Literal["tool_call_started"]] = "tool_call_started"
-    run_id: str
-    cursor: int
-    at: float
     call_id: str
     tool: str
     attempt: int
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallFinished:
+class ToolCallFinished(_Recorded):
     """An attempt of a call ended, or the call was answered without running (cached, denied, refused).
 
     With ``retry_at`` set, the attempt failed and the tool's retry policy runs it again then
@@ -101,9 +104,6 @@ class ToolCallFinished:
     """
 
     kind: ClassVar[Literal["tool_call_finished"]] = "tool_call_finished"
-    run_id: str
-    cursor: int
-    at: float
     call_id: str
     tool: str
     content: str
@@ -129,25 +129,19 @@ class AskedCall:
 
 
 @dataclass(frozen=True, slots=True)
-class ApprovalNeeded:
+class ApprovalNeeded(_Recorded):
     """The run parks until people decide these calls (``escalation``: a failing call's retry policy asks)."""
 
     kind: ClassVar[Literal["approval_needed"]] = "approval_needed"
-    run_id: str
-    cursor: int
-    at: float
     calls: tuple[AskedCall, ...]
     escalation: bool
 
 
 @dataclass(frozen=True, slots=True)
-class CallDecided:
+class CallDecided(_Recorded):
     """A person (or a program) decided one call."""
 
     kind: ClassVar[Literal["call_decided"]] = "call_decided"
-    run_id: str
-    cursor: int
-    at: float
     call_id: str
     tool: str
     approved: bool
@@ -158,20 +152,17 @@ class CallDecided:
 
 
 @dataclass(frozen=True, slots=True)
-class StatusChanged:
+class StatusChanged(_Recorded):
     """The run's machine moved from ``previous`` to ``status`` on ``trigger`` (``previous`` None: it began)."""
 
     kind: ClassVar[Literal["status_changed"]] = "status_changed"
-    run_id: str
-    cursor: int
-    at: float
     status: str
     previous: str | None
     trigger: str
 
 
 @dataclass(frozen=True, slots=True)
-class RunEnded:
+class RunEnded(_Recorded):
     """The run ended: ``done``, ``cancelled``, or ``failed`` (``retryable``: resuming it tries again).
 
     A follower's stream ends with it. A run that failed resumably goes on when it is resumed:
@@ -179,9 +170,6 @@ class RunEnded:
     """
 
     kind: ClassVar[Literal["run_ended"]] = "run_ended"
-    run_id: str
-    cursor: int
-    at: float
     status: str
     output: str | None
     result: Json | None
