@@ -31,8 +31,10 @@ events, from its first, or after the cursor a ``Last-Event-ID`` header (or ``?af
 ``EventSource`` that reconnects misses nothing and sees nothing twice. Text of the model's answer
 arrives as ``text_delta`` events without an ``id`` (live only: they are not stored). The stream
 closes after ``run_ended``; asked again after the run's end it answers 204, which tells an
-``EventSource`` to stop reconnecting. Whichever process drives the run, its events come: those
-this process drives at once, others within ``poll`` seconds (see :func:`create_app`).
+``EventSource`` to stop reconnecting. (A browser's ``EventSource`` sends no ``Authorization``
+header: there, read the stream with a fetch-based SSE client, which sends both headers.)
+Whichever process drives the run, its events come: those this process drives at once, others
+within ``poll`` seconds (see :func:`create_app`).
 
 A request never sleeps long for a tool retry: one due later than ``max_wait`` seconds (see
 :func:`create_app`) parks the run, answered with status ``waiting_retry`` and ``next_due_at``;
