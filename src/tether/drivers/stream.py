@@ -34,7 +34,7 @@ BATCH = 500
 """Events read at most at once: a follower far behind catches up in reads of this many."""
 
 Batch = tuple[StreamEvent, ...]
-"""What a follower gives at a time: the events of one read (or a text delta); empty: nothing new within ``poll``."""
+"""What a follower gives at a time: the events of one read (or a text delta); empty: a read found nothing new."""
 
 
 # Deciding what to read ---------------------------------------------------------------------
@@ -219,7 +219,8 @@ def follow(
     """The run's events after ``after`` as :func:`following` reads them, a batch at a time, waiting in this thread.
 
     Also each text delta a runner of this process tells :data:`HUB` (a batch of one), and an
-    empty batch each time ``poll`` seconds passed with nothing new.
+    empty batch each time a read found nothing new, before it waits (a consumer's moment to
+    check its own things: a heartbeat, a client gone); at most every ``poll`` seconds when idle.
     """
     inbox = _ThreadInbox()
     with HUB.listening(store, run_id, inbox):
@@ -232,10 +233,10 @@ def follow(
                 case Deliver(events):
                     yield events
                 case Idle(cursor):
+                    yield ()
                     for position, text in inbox.wait(poll):
                         if position == cursor:
                             yield (TextDelta(run_id, text),)
-                    yield ()
                     outcome = False
 
 
@@ -262,10 +263,10 @@ async def afollow(
                 case Deliver(events):
                     yield events
                 case Idle(cursor):
+                    yield ()
                     async for position, text in inbox.wait(poll):
                         if position == cursor:
                             yield (TextDelta(run_id, text),)
-                    yield ()
                     outcome = until is not None and until.done()
 
 
