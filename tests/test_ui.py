@@ -28,7 +28,7 @@ from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
 from tether.surfaces.web.decisions import InProcess
-from tether.surfaces.web.guard import check_bind, is_loopback
+from tether.surfaces.web.listen import check_bind, is_loopback
 from tether.testing import ScriptedModel
 from ui_runs import SHOWN_FINGERPRINT, Project
 
@@ -577,15 +577,18 @@ def test_the_list_stream_says_when_any_visible_run_moves(store: SQLStore, projec
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "::1", "[::1]"])
 def test_loopback_addresses(host: str) -> None:
     assert is_loopback(host)
-    check_bind(host, token_given=False)
+    check_bind(host, token_given=False, tls=False)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.com"])
-def test_another_address_needs_a_token_given_for_it(host: str) -> None:
+def test_another_address_needs_a_token_given_for_it_and_tls(host: str) -> None:
     assert not is_loopback(host)
     with pytest.raises(ConfigError, match="give it a token"):
-        check_bind(host, token_given=False)
-    check_bind(host, token_given=True)
+        check_bind(host, token_given=False, tls=True)
+    with pytest.raises(ConfigError, match="in clear: give --certfile and --keyfile"):
+        check_bind(host, token_given=True, tls=False)
+    check_bind(host, token_given=True, tls=True)
+    check_bind(host, token_given=True, tls=False, insecure=True)  # another layer encrypts, the person says
 
 
 def test_tether_ui_refuses_an_open_bind_without_a_token(
@@ -600,8 +603,10 @@ def test_tether_ui_refuses_an_open_bind_without_a_token(
     assert "--host 0.0.0.0 lets other machines reach the inspector: give it a token" in capsys.readouterr().err
     assert main(["ui", "--db", db, "--tokens", str(tmp_path / "absent.json")]) == 2
     assert "cannot read the token file" in capsys.readouterr().err
-    assert main(["ui", "--db", db, "--token", "short"]) == 2
+    monkeypatch.setenv("TETHER_UI_TOKEN", "short")
+    assert main(["ui", "--db", db]) == 2
     assert "too weak" in capsys.readouterr().err
+    monkeypatch.delenv("TETHER_UI_TOKEN")
     assert main(["ui", "--db", db, "--tokens", "t.json", "--tenant", "acme"]) == 2
     assert "give it alone" in capsys.readouterr().err
 

@@ -6,7 +6,8 @@ again when it says ``changed``. A run's stream is the run's own event stream
 (:func:`tether.drivers.stream.afollow`, what ``AsyncRunner.stream`` reads): ``changed`` each
 time the run records events past the page, ``end`` once it has ended. Any process may be driving
 the run: the store is the only source (a drive in this process wakes the stream at once). The
-list's stream watches the rows (one indexed read per poll, never the logs).
+list's stream watches the rows (one indexed read per poll, never the logs). A stream a session
+opened says ``signed-out`` and closes once that session ends (:func:`while_signed_in`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -40,7 +42,7 @@ def message(kind: str, data: dict[str, Any]) -> str:
 
 async def run_changes(
     store: Store, run_id: str, tenant: str | None, since: int | None, *, poll: float, gone: Disconnected
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """``changed`` each time the run records events past the page's version ``since``; ``end`` once it has ended.
 
     The run's events are read from the first: those the page may show are passed over, and
@@ -80,7 +82,7 @@ async def _state(store: Store, run_id: str, tenant: str | None) -> dict[str, Any
 
 async def list_changes(
     store: Store, tenant: str | None, since: str | None, *, poll: float, gone: Disconnected
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """``changed`` each time any visible run moves (the runs list and the inbox listen)."""
     said = time.monotonic()
     while not await gone():
@@ -95,4 +97,20 @@ async def list_changes(
             yield HEARTBEAT_COMMENT
 
 
-__all__ = ["HEARTBEAT", "list_changes", "message", "run_changes"]
+async def while_signed_in(stream: AsyncGenerator[str, None], signed_in: Callable[[], bool]) -> AsyncIterator[str]:
+    """``stream``'s messages while ``signed_in()``; then ``signed-out``, and the end.
+
+    Checked before each message goes out, so nothing reaches a page after its session ended
+    (signed out, timed out); ``stream`` should stop too (its ``gone`` asking ``signed_in``), so
+    the connection closes within a poll rather than at its next message.
+    """
+    async with aclosing(stream):
+        async for said in stream:
+            if not signed_in():
+                break
+            yield said
+    if not signed_in():
+        yield message("signed-out", {})
+
+
+__all__ = ["HEARTBEAT", "list_changes", "message", "run_changes", "while_signed_in"]
