@@ -27,6 +27,7 @@ from tether.facts.events import Event
 from tether.facts.stream import (
     ApprovalNeeded,
     CallDecided,
+    ChildRunStarted,
     ModelStepDone,
     RunEnded,
     StatusChanged,
@@ -132,6 +133,20 @@ def test_a_retry_is_an_attempt_that_finished_with_when_the_next_is_due() -> None
     finished = [e for e in stored_stream(runner.store, done.run_id) if isinstance(e, ToolCallFinished)]
     assert [(e.attempt, e.is_error, e.retry_at is not None) for e in finished] == [(1, True, True), (2, False, False)]
     assert "down" in finished[0].content
+
+
+def test_a_call_served_by_a_child_run_names_the_run_whose_stream_holds_its_work() -> None:
+    reviewer = Agent(model=ScriptedModel([ANSWER]), name="reviewer")
+    review = reviewer.as_tool("review", "Have the reviewer check a draft.")
+    script = [tool_use_turn(tool_use("toolu_review", "review", {"task": "check"})), DONE]
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[review], name="writer"))
+    done = runner.run("write")
+    parents = stored_stream(runner.store, done.run_id)
+    started = [event for event in parents if isinstance(event, ChildRunStarted)]
+    assert [(event.call_id, event.tool) for event in started] == [("toolu_review", "review")]
+    childs = list(runner.stream(started[0].child_run_id))
+    assert [e.text for e in childs if isinstance(e, ModelStepDone)] == ["All three added."]
+    assert isinstance(childs[-1], RunEnded)
 
 
 def test_to_json_gives_kind_cursor_and_fields() -> None:

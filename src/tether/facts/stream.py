@@ -8,18 +8,19 @@ meanwhile. Only :class:`TextDelta`, the model's text as it arrives, is live: it 
 so it has no cursor and a consumer that was away does not see it again (the whole text comes in
 the :class:`ModelStepDone` that follows).
 
-===================== ============================================================
-:class:`TextDelta`    text of the model's answer as it arrives (live only)
-:class:`ModelStepDone` the model answered: its text and the calls it asks for
-:class:`ToolCallStarted` an attempt of a call is about to run (its start is committed)
+========================= ============================================================
+:class:`TextDelta`        text of the model's answer as it arrives (live only)
+:class:`ModelStepDone`    the model answered: its text and the calls it asks for
+:class:`ToolCallStarted`  an attempt of a call is about to run (its start is committed)
 :class:`ToolCallFinished` an attempt ended: the result the model gets, or a retry ahead
-:class:`ApprovalNeeded` the run parks until people decide these calls
-:class:`CallDecided`  a person decided one call
-:class:`StatusChanged` the machine moved (``thinking`` → ``executing_tool`` ...)
-:class:`RunEnded`     the run ended: done, failed or cancelled
-===================== ============================================================
+:class:`ChildRunStarted`  a call of an agent tool is served by a run of its own: follow it there
+:class:`ApprovalNeeded`   the run parks until people decide these calls
+:class:`CallDecided`      a person decided one call
+:class:`StatusChanged`    the machine moved (``thinking`` → ``executing_tool`` ...)
+:class:`RunEnded`         the run ended: done, failed or cancelled
+========================= ============================================================
 
-Other facts (warnings, cache lookups, child runs' links, compactions) have no event here: they
+Other facts (warnings, cache lookups, compactions, handoffs) have no event here: they
 are in the log (:meth:`tether.stores.Store.load_events`), and a consumer that follows from a
 cursor passes over them. Like the facts, these are frozen dataclasses with a literal tag
 (``kind``), taken apart with ``match``; :func:`to_json` gives the JSON an SSE ``data`` line holds.
@@ -116,6 +117,17 @@ class ToolCallFinished(_Recorded):
 
 
 @dataclass(frozen=True, slots=True)
+class ChildRunStarted(_Recorded):
+    """A call of an agent tool is served by a child run of its own: its events are in that run's stream."""
+
+    kind: ClassVar[Literal["child_run_started"]] = "child_run_started"
+    call_id: str
+    tool: str
+    child_run_id: str
+    """The child run's id: ``stream(child_run_id)`` follows what it does."""
+
+
+@dataclass(frozen=True, slots=True)
 class AskedCall:
     """A call shown to people in an :class:`ApprovalNeeded`."""
 
@@ -182,6 +194,7 @@ StreamEvent: TypeAlias = (
     | ModelStepDone
     | ToolCallStarted
     | ToolCallFinished
+    | ChildRunStarted
     | ApprovalNeeded
     | CallDecided
     | StatusChanged
@@ -214,6 +227,8 @@ def stream_event(run_id: str, event: ev.Event) -> StreamEvent | None:
             return ToolCallFinished(
                 run_id, seq, at, fact.call_id, fact.tool, fact.error, True, fact.attempt, fact.duration, fact.due_at
             )
+        case ev.ChildStarted():
+            return ChildRunStarted(run_id, seq, at, fact.call_id, fact.tool, fact.run_id)
         case ev.ApprovalRequested():
             asked = tuple(AskedCall(c.call_id, c.tool, c.input, c.reason, c.fingerprint) for c in fact.calls)
             return ApprovalNeeded(run_id, seq, at, asked, fact.escalation)
@@ -237,6 +252,7 @@ __all__ = [
     "ApprovalNeeded",
     "AskedCall",
     "CallDecided",
+    "ChildRunStarted",
     "ModelStepDone",
     "RunEnded",
     "StatusChanged",
