@@ -314,9 +314,11 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.read: list[str] = []
 
-    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+    def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
         self.read.append(run_id)
-        return super().load_events(run_id, tenant=tenant)
+        return super().load_events(run_id, tenant=tenant, after=after, limit=limit)
 
 
 @pytest.fixture

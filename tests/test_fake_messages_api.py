@@ -148,6 +148,18 @@ def test_reply_with_that_raises_fails_loudly(api: FakeMessagesAPI, client: anthr
         _create(client)
 
 
+def test_reply_raw_serves_its_bytes_as_they_are(api: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
+    body = '{"id": "msg_raw", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": null}'
+    params: dict[str, Any] = {"model": MODEL, "max_tokens": 5, "messages": [USER_HI]}
+    api.reply_raw(body)
+    raw = client.messages.with_raw_response.create(**params)
+    assert raw.http_response.content == body.encode()  # no defaults filled in
+    api.reply_raw(body)
+    refused = pytest.raises(anthropic.InternalServerError, match="a raw body was scripted for a streaming call")
+    with refused, client.messages.stream(**params) as stream:
+        stream.get_final_message()
+
+
 def test_empty_queue_answers_500(api: FakeMessagesAPI, client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.InternalServerError, match="no scripted reply left") as info:
         _create(client)

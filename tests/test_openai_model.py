@@ -274,6 +274,23 @@ def test_a_malformed_completion_is_a_transient_error(api: FakeChatCompletionsAPI
     assert caught.value.retryable
 
 
+@pytest.mark.parametrize(
+    ("depth", "named"),
+    [(150, "nested more than 100 levels deep"), (3500, "arguments: nested too deeply to read")],
+)
+def test_arguments_nested_too_deeply_are_a_malformed_completion(
+    api: FakeChatCompletionsAPI, model: OpenAIModel, depth: int, named: str
+) -> None:
+    arguments = '{"value": ' + '{"a":' * depth + "1" + "}" * depth + "}"  # text: the completion itself is flat
+    api.reply_tool_calls(("lookup", arguments, "call_1"))
+
+    with pytest.raises(ModelError, match="the OpenAI-compatible API sent a malformed response") as caught:
+        model.complete(request())
+
+    assert named in str(caught.value)
+    assert caught.value.retryable
+
+
 def test_connection_error_is_retryable() -> None:
     adapter = OpenAIModel("gpt-test", api_key="k", base_url=f"http://127.0.0.1:{closed_port()}/v1", max_retries=0)
 

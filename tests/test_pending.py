@@ -141,7 +141,9 @@ def test_limit_caps_the_runs_read(store: Store, runs: dict[str, str]) -> None:
 class NoReplayStore(MemoryStore):
     """A memory store whose event log cannot be read: listing must not need it."""
 
-    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+    def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
         raise AssertionError("pending_approvals replayed an event log")
 
 

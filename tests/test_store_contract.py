@@ -218,6 +218,23 @@ def test_events_come_back_ordered_by_seq(store: Store) -> None:
     assert [e.seq for e in store.load_events("run_1")] == [0, 1, 2, 3, 4, 5, 6]
 
 
+def test_load_events_after_a_cursor_reads_only_the_newer_ones_at_most_limit(store: Store) -> None:
+    """What a stream's follower reads: the events past its cursor, a batch at a time."""
+    store.create_run(record(version=1, tenant="acme"), events(0, 1, 2))
+    store.append(record(version=2, tenant="acme"), 1, events(3, 4))
+    assert store.load_events("run_1", after=1) == events(2, 3, 4)
+    assert store.load_events("run_1", after=1, limit=2) == events(2, 3)
+    assert store.load_events("run_1", after=-1, limit=1) == events(0)
+    assert store.load_events("run_1", after=4) == []  # nothing new: an empty answer, not an error
+    assert store.load_events("run_1", after=99, tenant="acme") == []
+    with pytest.raises(RunNotFound):
+        store.load_events("run_1", after=1, tenant="globex")
+    with pytest.raises(RunNotFound):
+        store.load_events("run_nope", after=1)
+    with pytest.raises(ConfigError, match="limit must be >= 1, not 0"):
+        store.load_events("run_1", after=1, limit=0)
+
+
 def test_not_json_data_raises_store_error_and_writes_nothing(store: Store) -> None:
     store.create_run(record(version=1), events(0))
     bad = [Event(1, 0.0, RunStarted({"value": object()}, []))]

@@ -8,6 +8,7 @@ The tree::
     ├── RunError                 about one run (.run_id)
     │   ├── RunNotFound          no such run (or another tenant's)
     │   ├── RunEnded             the run has ended: nothing can change it (e.g. cancel it)
+    │   ├── UnknownCursor        a stream asked to go on after an event the run's log lacks (.cursor)
     │   ├── StaleRun             another process advanced the run first
     │   │   └── RunBusy          another process holds the run's lease (it drives the run)
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
@@ -148,6 +149,21 @@ class RunEnded(RunError):
     def __init__(self, run_id: str, status: str, action: str) -> None:
         super().__init__(f"run {run_id} has already ended ({status}): nothing to {action}", run_id=run_id)
         self.status = status
+
+
+class UnknownCursor(RunError):
+    """A stream was asked to go on after an event the run's log does not hold (a cursor of another run, or made up).
+
+    Attributes:
+        cursor: the cursor given (an event's ``seq``).
+    """
+
+    def __init__(self, run_id: str, cursor: int) -> None:
+        super().__init__(
+            f"run {run_id!r} has no event {cursor}: a cursor is the seq of an event the run's stream gave",
+            run_id=run_id,
+        )
+        self.cursor = cursor
 
 
 class StaleRun(RunError):

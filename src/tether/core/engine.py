@@ -10,6 +10,7 @@ this module touches the network, the clock or the database, so the sync and asyn
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -80,6 +81,10 @@ class CallModel:
     """The call writes a summary of the history (see :mod:`tether.policy.compaction`), not the agent's next turn."""
     model: ModelAdapter | None = None
     """Who answers: the adapter of the agent in charge (after a handoff, not the driver's own); None: the driver's."""
+    run_id: str = ""
+    """The run it is made for: whose followers the text of the answer goes to as it arrives."""
+    cursor: int = -1
+    """The seq of the run's last event when the call is made: the answer's text belongs right after it in its stream."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,7 @@ def next_action(
         tool_choice=_tool_choice(state, agent),
         settings=agent.settings,
     )
-    return CallModel(request, model=agent.model)
+    return CallModel(request, model=agent.model, run_id=state.id, cursor=state.next_seq - 1)
 
 
 def _compaction(state: RunState, agent: Agent) -> Action | None:
@@ -206,7 +211,7 @@ def _compaction(state: RunState, agent: Agent) -> Action | None:
             max_tokens=planned.processor.max_tokens,
             invocation=state.steps,
         )
-        return CallModel(request, summary=planned, model=agent.model)
+        return CallModel(request, summary=planned, model=agent.model, run_id=state.id, cursor=state.next_seq - 1)
     processor, messages = planned
     removed = len(state.messages) - len(messages)
     return Commit(Step("compacted", [HistoryCompacted(processor.name, messages, removed, forced)]))
@@ -519,7 +524,12 @@ def on_model_response(state: RunState, agent: Agent, response: ModelResponse, *,
     """Turn one model answer into a step: by ``stop_reason``, with its cost and budget warnings."""
     price = price_for(response.model or agent.model_name, agent.prices)
     cost = round(price.cost(response.usage), 8) if price is not None else None
+    content, renamed = unique_call_ids(state, response.content)
+    if renamed:
+        response = replace(response, content=content)
     step = _response_step(state, agent, response, latency=latency, cost=cost)
+    if renamed and any(isinstance(fact, ModelResponded) and not fact.discarded for fact in step.records):
+        step.records += renamed  # only a turn the history keeps had its calls renamed
     if state.final_answer_requested and step.trigger == "tools_requested":
         discarded = [replace(f, discarded=True) if isinstance(f, ModelResponded) else f for f in step.records]
         return Step("fail", discarded, error="the budget is used up and the model still asked for tools")
@@ -571,20 +581,55 @@ def _response_step(
     if has_tool_use and reason in ("tool_use", "end_turn", "stop_sequence"):
         return Step("tools_requested", [record])
     if reason == "tool_use":
-        return Step(
-            "fail",
-            [replace(record, discarded=True)],
-            error="stop_reason was tool_use but the response holds no tool_use block",
-        )
+        return _malformed(record, "its stop_reason is tool_use but it holds no tool_use block")
     if reason in DONE_STOP_REASONS:
         return _answered(state, agent, [record])
     if reason == "max_tokens":
         return _answered(state, agent, [record, Warned("the answer was cut off at max_tokens")])
-    return Step(
-        "fail",
-        [replace(record, discarded=True)],
-        error=f"unknown stop_reason {reason!r} from the model; the run stopped rather than guess",
-    )
+    if reason is None:
+        return _malformed(record, "it has no stop_reason")
+    return _malformed(record, f"its stop_reason {reason!r} is none the Messages API defines")
+
+
+def _malformed(record: ModelResponded, problem: str) -> Step:
+    """A reply the engine cannot act on: kept in the log but not the history, and the run fails resumably.
+
+    Guessing what the model meant could run a tool nobody asked for, or end a run that was not
+    done; a later resume asks the model again instead (a broken proxy or a model's glitch may pass).
+    """
+    which = f"reply {record.id}" if record.id else "reply"
+    error = f"the model's {which} was malformed: {problem}; it was not used (resume the run to ask the model again)"
+    return Step("fail", [replace(record, discarded=True)], error=error, retryable=True)
+
+
+def unique_call_ids(state: RunState, content: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Warned]]:
+    """``content`` with every ``tool_use`` id an earlier call of the run had renamed, and a warning for each.
+
+    A call's id is its idempotency key (tools get it as ``tool_use_id``; a child run's id is made
+    from it), and the Messages API refuses a conversation in which two ``tool_use`` blocks share
+    one. A model (or a proxy) that reuses an id of an earlier turn would have two different calls
+    share a key, and the next request refused for good: the new call gets the id ``ID_2`` (or the
+    next number free) instead, the model sees that id from then on, and a warning says so.
+    """
+    if not any(block.get("type") == "tool_use" and block.get("id") in state.call_ids for block in content):
+        return content, []
+    taken = state.call_ids | {block.get("id") for block in content if block.get("type") == "tool_use"}
+    repaired: list[dict[str, Any]] = []
+    warnings: list[Warned] = []
+    for block in content:
+        old = block.get("id")
+        if block.get("type") != "tool_use" or old not in state.call_ids:
+            repaired.append(block)
+            continue
+        new = next(f"{old}_{n}" for n in itertools.count(2) if f"{old}_{n}" not in taken)
+        taken.add(new)
+        repaired.append({**block, "id": new})
+        message = (
+            f"the model reused the tool_use id {old!r} of an earlier call in this run: this call is recorded as "
+            f"{new!r}, so that each call keeps an id (and idempotency key) of its own"
+        )
+        warnings.append(Warned(message, call_id=new, tool=block.get("name")))
+    return repaired, warnings
 
 
 def _answered(state: RunState, agent: Agent, records: list[Fact]) -> Step:

@@ -77,6 +77,8 @@ class RunState:
     messages: list[Message] = field(default_factory=list)
     batch: list[PendingCall] = field(default_factory=list)
     """Every tool_use of the latest assistant turn, in call order."""
+    call_ids: set[str] = field(default_factory=set)
+    """Every tool_use id the run's history ever held (a compacted one too): no later call may reuse one."""
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     awaiting: list[str] = field(default_factory=list)
@@ -240,6 +242,7 @@ def _fold(state: RunState, fact: Fact) -> None:
             state.spec = dict(spec)
             state.agent = spec.get("handed_to")  # a continued conversation's agent in charge
             state.messages = [dict(m) for m in messages]
+            state.call_ids.update(_call_ids(messages))
             state.created_at = created_at
         case ev.RetryScheduled():
             _retry_scheduled(state, fact)
@@ -270,6 +273,17 @@ def _fold(state: RunState, fact: Fact) -> None:
             _handed_off(state, fact)
         case ev.CacheHit() | ev.CacheMiss():
             pass  # the audit's; the result that follows a hit is folded as any other
+
+
+def _call_ids(messages: list[Message]) -> set[str]:
+    """The ids of the tool_use blocks in a run's opening history (a continued conversation's earlier calls)."""
+    return {
+        block["id"]
+        for message in messages
+        if message.get("role") == "assistant"
+        for block in tool_uses(message)
+        if isinstance(block.get("id"), str)
+    }
 
 
 def _model_call(state: RunState, usage: Usage, cost_usd: float | None, latency: float) -> None:
@@ -303,6 +317,7 @@ def _model_responded(state: RunState, fact: ev.ModelResponded) -> None:
         state.messages.append({"role": "assistant", "content": content})
     state.continuing_turn = fact.stop_reason == "pause_turn"
     calls = tool_uses(state.messages[-1])
+    state.call_ids.update(block["id"] for block in calls)
     if calls and not state.continuing_turn:
         state.batch = [PendingCall(b["id"], b["name"], b.get("input")) for b in calls]
         state.outcomes, state.decisions, state.awaiting = {}, {}, []

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import functools
 import inspect
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
@@ -69,11 +70,13 @@ from tether.core.handoffs import Handoffs, in_charge
 from tether.core.state import RunState
 from tether.drivers import busy
 from tether.drivers import queue as queues
+from tether.drivers import stream as streams
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, IncompatibleRun, StoreError
 from tether.execution import launches
 from tether.facts.events import Event
 from tether.facts.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
+from tether.facts.stream import StreamEvent
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -264,6 +267,8 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
         self.telemetry = telemetry
         """Traces what this runner does (:class:`tether.drivers.otel.OpenTelemetry`); None: nothing is traced."""
         queues.attach(self.store)  # a submitted run's decisions and cancellations reach its queue
+        self._stream_key = streams.store_key(self.store)
+        """How :data:`tether.drivers.stream.HUB` names this runner's store: its commits wake the followers here."""
         self._held: dict[str, L] = {}
         """The leases this runner holds now, by run id: every write to those runs checks its lease."""
         self._resolves_agent = True
@@ -408,6 +413,21 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
             return effect.state.id, snapshots.take(effect.state)
         return None
 
+    def _text_listener(self, call: engine.CallModel) -> TextListener | None:
+        """Who is told the answer's text as it arrives: ``on_text`` and the run's followers (a summary's: no one)."""
+        followers = (
+            None if call.summary is not None else streams.HUB.text_listener(self._stream_key, call.run_id, call.cursor)
+        )
+        if followers is None or self.on_text is None:
+            return followers or self.on_text
+        on_text = self.on_text
+
+        def both(text: str) -> None:
+            on_text(text)
+            followers(text)
+
+        return both
+
     def _overruled(self, effect: DecidedElsewhere) -> None:
         """Tell the approver which of its answers were not recorded, if it listens (``decided_elsewhere``)."""
         told = getattr(self.approver, "decided_elsewhere", None)
@@ -417,6 +437,7 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
     def _tell(self, effect: Notify | Announce) -> None:
         """Tell the listeners (plain callbacks, on both drivers: for displays, they must not block)."""
         if isinstance(effect, Notify):
+            streams.HUB.committed(self._stream_key, effect.state.id)
             rules.log_warnings(effect.state.id, effect.events)
             for listener in self.listeners:
                 for event in effect.events:
@@ -593,6 +614,25 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         """
         return self._complete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
+    def stream(
+        self, run_id: str, *, after: int | None = None, tenant: str | None = None, poll: float = streams.POLL
+    ) -> Iterator[StreamEvent]:
+        """The run's events as they are recorded, from the first (or the one after cursor ``after``) to its end.
+
+        Whoever drives the run: another thread (its model's text arrives too, as
+        :class:`~tether.facts.stream.TextDelta`), or another process, whose commits are seen by
+        reading the log every ``poll`` seconds. Each event but a text delta carries its
+        ``cursor``: called again with ``after=`` the last one seen, the stream goes on with
+        nothing missed and nothing twice. It ends after :class:`~tether.facts.stream.RunEnded`
+        (a run parked for a person keeps it open; break out of it when you will).
+
+        Raises:
+            RunNotFound: no such run (or another tenant's), or it was deleted meanwhile.
+            UnknownCursor: the run has no event ``after``.
+        """
+        for batch in streams.follow(self.store, run_id, tenant=tenant, after=after, poll=poll):
+            yield from batch
+
     # Performing a flow's effects ------------------------------------------------------
     def _complete(self, flow: Flowing[T]) -> T:
         """Run ``flow`` to its end, performing each effect with plain calls."""
@@ -648,9 +688,9 @@ class Runner(_RunnerBase[Store, leases.Lease]):
 
     def _call_model(self, call: engine.CallModel) -> ModelResponse:
         """One model call: streamed only when someone listens to the text and the model can stream."""
-        request, model = call.request, call.model or self.agent.model
-        if self.on_text is not None and isinstance(model, StreamingModelAdapter):
-            return model.stream(request, self.on_text)
+        request, model, on_text = call.request, call.model or self.agent.model, self._text_listener(call)
+        if on_text is not None and isinstance(model, StreamingModelAdapter):
+            return model.stream(request, on_text)
         return model.complete(request)
 
 
@@ -805,6 +845,38 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         """Do exactly one unit of work (inside ``async with runner.hold(run_id):``); see :meth:`Runner.step`."""
         return await self._acomplete(self._flow(self._lease(state).owner).step(state, max_wait=max_wait))
 
+    async def stream(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        tenant: str | None = None,
+        drive: bool = False,
+        poll: float = streams.POLL,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The run's events as they are recorded, from the first or after cursor ``after`` (see :meth:`Runner.stream`).
+
+        ``drive``: drive the run here meanwhile (as :meth:`drive`, in a task); the stream then ends
+        when the drive does, parked or ended, with every event it recorded, and raises what the
+        drive raised (:class:`~tether.errors.RunBusy`: another process drives it). Leaving the
+        loop early stops that drive at its next wait, as cancelling one does; drive it again later.
+        Without ``drive`` it follows whoever drives the run, here or in another process, to the run's end.
+        """
+        driving = asyncio.ensure_future(self.drive(run_id, tenant=tenant)) if drive else None
+        try:
+            batches = streams.afollow(self.store, run_id, tenant=tenant, after=after, poll=poll, until=driving)
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    for event in batch:
+                        yield event
+            if driving is not None:
+                await driving  # what the drive raised
+        finally:
+            if driving is not None and not driving.done():
+                driving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await driving
+
     # Performing a flow's effects ------------------------------------------------------
     async def _acomplete(self, flow: Flowing[T]) -> T:
         """Run ``flow`` to its end, awaiting each effect, in a place among the busy runs (:mod:`.busy`)."""
@@ -874,7 +946,7 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
 
     async def _acall_model(self, call: engine.CallModel) -> ModelResponse:
         """One model call (see Runner._call_model), awaited natively when the model can; else in a thread."""
-        request, model, on_text = call.request, call.model or self.agent.model, self.on_text
+        request, model, on_text = call.request, call.model or self.agent.model, self._text_listener(call)
         if on_text is not None and isinstance(model, AsyncStreamingModelAdapter):
             return await model.astream(request, on_text)
         if on_text is not None and isinstance(model, StreamingModelAdapter):

@@ -21,7 +21,20 @@ POST     /runs/{run_id}/approvals/{call_id}      ``{"approve": bool, "reason": s
                                                  recorded, the run driven on: 200 run
 POST     /runs/{run_id}/resume                   → the run driven on (a retry now due, a transient
                                                  failure): 200 run
+GET      /runs/{run_id}/events                   → 200 ``text/event-stream``: the run's events as they
+                                                 are recorded (see below); 204 once it has ended
 =======  ======================================  =================================================
+
+``GET /runs/{run_id}/events`` streams the run's events (:mod:`tether.facts.stream`) as server-sent
+events, from its first, or after the cursor a ``Last-Event-ID`` header (or ``?after=``) gives:
+``event:`` is the event's ``kind``, ``data:`` its JSON and ``id:`` its cursor, so a browser's
+``EventSource`` that reconnects misses nothing and sees nothing twice. Text of the model's answer
+arrives as ``text_delta`` events without an ``id`` (live only: they are not stored). The stream
+closes after ``run_ended``; asked again after the run's end it answers 204, which tells an
+``EventSource`` to stop reconnecting. (A browser's ``EventSource`` sends no ``Authorization``
+header: there, read the stream with a fetch-based SSE client, which sends both headers.)
+Whichever process drives the run, its events come: those this process drives at once, others
+within ``poll`` seconds (see :func:`create_app`).
 
 A request never sleeps long for a tool retry: one due later than ``max_wait`` seconds (see
 :func:`create_app`) parks the run, answered with status ``waiting_retry`` and ``next_due_at``;
@@ -48,9 +61,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -59,13 +74,14 @@ try:
     from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("tether.examples.service needs Starlette and uvicorn: pip install 'tether[service]'") from error
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny
+from tether.drivers import stream
 from tether.drivers.runner import AsyncRunner, shown_status
 from tether.drivers.telemetry import Telemetry
 from tether.errors import (
@@ -77,7 +93,9 @@ from tether.errors import (
     StaleRun,
     TetherError,
     UnknownCall,
+    UnknownCursor,
 )
+from tether.facts.stream import StreamEvent, to_json
 from tether.policy.access import Credentials, bearer
 from tether.stores import AsyncStore, RunRecord, Store, open_async_store
 from tether.stores.awaitable import as_async_store
@@ -134,10 +152,13 @@ class _Service:
         max_wait: float,
         credentials: Credentials,
         telemetry: Telemetry | None,
+        *,
+        poll: float,
     ) -> None:
         self.agent_factory = agent_factory
         self.store = store
         self.max_wait = max_wait
+        self.poll = poll
         self.credentials = credentials
         self.telemetry = telemetry
 
@@ -212,6 +233,17 @@ class _Service:
             record = await self.store.load_run(run_id, tenant=tenant)
         return JSONResponse(run_json(record))
 
+    async def events(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        after = _cursor(request)
+        batches = stream.afollow(self.store, request.path_params["run_id"], tenant=tenant, after=after, poll=self.poll)
+        try:
+            first = await anext(batches)  # an unknown run or cursor is an error answer, not a stream
+        except StopAsyncIteration:
+            return Response(status_code=204)  # it ended at the cursor: an EventSource stops asking
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}  # each event at once, through proxies
+        return StreamingResponse(_sse(first, batches), media_type="text/event-stream", headers=headers)
+
     # Driving ---------------------------------------------------------------------------
     async def _drive(self, runner: AsyncRunner, run_id: str, tenant: str) -> RunRecord:
         """Drive until done or parked; answer from the row, so every response has one shape."""
@@ -227,6 +259,8 @@ class _Service:
 
 DEFAULT_MAX_WAIT = 5.0
 """Seconds a request may sleep for a tool retry before it parks the run instead."""
+HEARTBEAT = 15.0
+"""Seconds of silence after which an event stream sends a comment, so proxies keep it open."""
 
 
 def create_app(
@@ -236,6 +270,7 @@ def create_app(
     max_wait: float = DEFAULT_MAX_WAIT,
     credentials: Credentials,
     telemetry: Telemetry | None = None,
+    poll: float = stream.POLL,
 ) -> Starlette:
     """The service's ASGI app.
 
@@ -249,6 +284,8 @@ def create_app(
         credentials: the tokens requests carry, each bound to the tenant it acts for.
         telemetry: traces every run, drive, model call, tool call and decision the requests make
             (:class:`tether.drivers.otel.OpenTelemetry`); None: nothing is traced.
+        poll: seconds between an event stream's reads of a run another process drives (one this
+            process drives is heard of at once).
 
     Raises:
         ConfigError: a token bound to no tenant (the service acts for one tenant per request).
@@ -256,7 +293,7 @@ def create_app(
     if None in credentials.tenants:
         raise ConfigError("the service acts for one tenant per request: every token must name a tenant")
     opened = as_async_store(store) if store is not None else open_async_store(os.environ.get("TETHER_DB"))
-    service = _Service(agent_factory, opened, max_wait, credentials, telemetry)
+    service = _Service(agent_factory, opened, max_wait, credentials, telemetry, poll=poll)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -269,6 +306,7 @@ def create_app(
         Route("/approvals", service.list_approvals, methods=["GET"]),
         Route("/runs/{run_id}/approvals/{call_id}", service.decide, methods=["POST"]),
         Route("/runs/{run_id}/resume", service.resume, methods=["POST"]),
+        Route("/runs/{run_id}/events", service.events, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {
         ServiceError: _service_error,
@@ -276,6 +314,37 @@ def create_app(
         HTTPException: _http_error,
     }
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+# Event streams -----------------------------------------------------------------------
+def _cursor(request: Request) -> int | None:
+    """Where the client's stream goes on from: ``Last-Event-ID`` (what an EventSource resends), else ``?after=``."""
+    given = request.headers.get("last-event-id") or request.query_params.get("after")
+    if not given:
+        return None
+    if not given.isdigit():
+        raise ServiceError(400, "invalid_cursor", f"a cursor is an event's id (a number >= 0), not {given!r}")
+    return int(given)
+
+
+async def _sse(first: stream.Batch, batches: AsyncGenerator[stream.Batch, None]) -> AsyncIterator[str]:
+    """The batches as server-sent events (``id:`` the cursor, none for a text delta), a comment when long idle."""
+    said = time.monotonic()
+    batch: stream.Batch | None = first
+    async with contextlib.aclosing(batches):
+        while batch is not None:
+            if batch:
+                said = time.monotonic()
+                yield "".join(_sse_event(event) for event in batch)
+            elif time.monotonic() - said >= HEARTBEAT:
+                said = time.monotonic()
+                yield ": still here\n\n"
+            batch = await anext(batches, None)
+
+
+def _sse_event(event: StreamEvent) -> str:
+    lines = "" if event.cursor is None else f"id: {event.cursor}\n"
+    return f"{lines}event: {event.kind}\ndata: {json.dumps(to_json(event), ensure_ascii=False)}\n\n"
 
 
 # Requests and errors ---------------------------------------------------------------
@@ -322,6 +391,7 @@ _ANSWERS: tuple[tuple[type[TetherError], int, str], ...] = (
     (InvalidEditedInput, 422, "invalid_input"),
     (ApprovalError, 409, "decision_refused"),  # already decided, stale fingerprint, denied by policy
     (StaleRun, 409, "stale_run"),
+    (UnknownCursor, 400, "unknown_cursor"),
 )
 """The HTTP status and code of each error kind; the first that ``isinstance`` matches answers."""
 

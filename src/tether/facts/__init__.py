@@ -1,4 +1,4 @@
-"""The words every layer speaks: run statuses, the Messages API history, token usage and recorded events.
+"""The words every layer speaks: run statuses, the Messages API history, token usage, recorded events and their stream.
 
 Nothing here decides or performs anything, and nothing here imports any other part of tether
 but :mod:`tether.errors`: model adapters build histories and usage, stores encode events and

@@ -27,6 +27,7 @@ from tether.models.sdk import (
     CappedRetries,
     RetryWaitListener,
     SdkAdapter,
+    too_deep,
     transient,
     translating,
 )
@@ -34,6 +35,8 @@ from tether.redact import scrub
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
+MAX_QUOTED = 500
+"""Characters of an unreadable stream's error kept in the run's error (the SDK's quotes the whole tool input)."""
 
 
 class _Client(CappedRetries, anthropic.Anthropic):
@@ -258,7 +261,10 @@ def _translated_errors() -> Iterator[list[float]]:
         try:
             yield waits
         except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
-            message = f"the response stream could not be read: {error}"
+            said = str(error)  # it quotes the whole input: the head says enough
+            if len(said) > MAX_QUOTED:
+                said = f"{said[:MAX_QUOTED]}... ({len(said)} characters)"
+            message = f"the response stream could not be read: {said}"
             raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
         except TypeError as error:  # the SDK's way of saying no credentials were found
             raise _credentials_error(error) from error
@@ -273,7 +279,10 @@ def _credentials_error(error: TypeError) -> ModelError:
 
 def _response(message: Any, waits: list[float]) -> ModelResponse:
     """The SDK's message as tether's response, checked: the SDK builds it from the JSON unvalidated."""
-    data = message.model_dump(mode="json", exclude_none=False, warnings=False)
+    try:
+        data = message.model_dump(mode="json", exclude_none=False, warnings=False)
+    except (ValueError, RecursionError) as error:  # pydantic serialises ~250 levels deep at most
+        raise too_deep("the Anthropic API", getattr(message, "id", None), error, waits) from error
     content = data.get("content")
     if isinstance(content, list):
         # Drop null top-level block fields the SDK fills in (e.g. "caller": null): sent back in the

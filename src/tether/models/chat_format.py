@@ -37,7 +37,7 @@ FINISH_REASONS: Mapping[str, str] = {
     "content_filter": "refusal",
 }
 """Chat Completions finish reasons as Messages API stop reasons; others pass through unchanged
-(the engine fails the run on one it does not know rather than guess)."""
+(the engine fails the run, resumably, on one it does not know rather than guess)."""
 TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
 """Messages API ``tool_choice`` types as Chat Completions ``tool_choice`` values."""
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -249,6 +249,8 @@ def _tool_use(call: object, index: int, *, cut_off: bool, data: Mapping[str, Any
     raw = function.get("arguments")
     try:
         arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+    except RecursionError:
+        raise _malformed(data, source, f"{where}.function.arguments: nested too deeply to read") from None
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):

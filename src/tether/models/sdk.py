@@ -187,6 +187,15 @@ def translating(
         except httpx2.TransportError as error:  # read mid-stream, past the SDK's own wrapping
             message = f"the connection to {source} broke mid-stream: {error}"
             raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
+        except RecursionError as error:  # the SDK's JSON reader: a response nested ~1,000 levels deep
+            raise too_deep(source, None, error, waits) from error
+
+
+def too_deep(source: str, response_id: str | None, error: BaseException, waits: list[float]) -> ModelError:
+    """A response that nests values too deeply to be read: malformed, so a later call may do better (transient)."""
+    which = f"a malformed response {response_id}" if response_id else "a malformed response"
+    message = f"{source} sent {which}: a value nested too deeply to read ({error})"
+    return ModelError(message, retryable=True, retry_waits=tuple(waits))
 
 
 def transient(status: int) -> bool:

@@ -19,6 +19,11 @@ from tether.errors import ModelError
 
 MAX_PROBLEMS = 5
 """Problems named in one error; more are counted."""
+MAX_NESTING = 100
+"""How deeply a content block's values may nest (objects and arrays in a tool's input): a block
+nested deeper is refused. Whatever reads a value past the edge walks it recursively (pydantic
+serialises at most ~250 levels, Python's ``json`` ~1,000 less the stack in use), and no tool's
+input comes near this depth; refused here, the run fails resumably instead of with a traceback."""
 _CLASS_NAME = re.compile(r" or instance of \w+")
 
 
@@ -137,6 +142,9 @@ def _content_problems(content: list[Any]) -> list[str]:
         if shape is None:
             problems.append(f"{where}: unknown block type {kind!r}")
             continue
+        if _nested_too_deeply(block):
+            problems.append(f"{where} ({kind}): nested more than {MAX_NESTING} levels deep")
+            continue
         try:
             shape.model_validate(block)
         except ValidationError as error:
@@ -147,6 +155,21 @@ def _content_problems(content: list[Any]) -> list[str]:
                 problems.append(f"{where} ({kind}).id: {block['id']!r} is used by another tool_use block")
             tool_use_ids.add(block["id"])
     return problems
+
+
+def _nested_too_deeply(block: dict[str, Any]) -> bool:
+    """Whether ``block``'s values nest objects or arrays more than :data:`MAX_NESTING` deep (walked, not recursed)."""
+    level = [value for value in block.values() if isinstance(value, dict | list)]  # depth 1: a tool's input
+    for _ in range(MAX_NESTING):
+        if not level:
+            return False
+        level = [
+            inner
+            for value in level
+            for inner in (value.values() if isinstance(value, dict) else value)
+            if isinstance(inner, dict | list)
+        ]
+    return bool(level)
 
 
 def _phrases(error: ValidationError, prefix: str = "") -> list[str]:

@@ -114,8 +114,14 @@ class Store(Protocol):
         """The run's row; :class:`tether.errors.RunNotFound` if absent or another tenant's."""
         ...
 
-    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
-        """The run's whole log, oldest first."""
+    def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """The run's log, oldest first: all of it, or the events whose seq is above ``after`` (a stream's cursor).
+
+        ``limit``: at most this many (the oldest; at least 1). One indexed read, checking the run is
+        ``tenant``'s (:class:`tether.errors.RunNotFound` if not, or if absent) in the same statement.
+        """
         ...
 
     def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
@@ -254,7 +260,9 @@ class AsyncStore(Protocol):
         """See :meth:`Store.load_run`."""
         ...
 
-    async def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+    async def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
         """See :meth:`Store.load_events`."""
         ...
 
@@ -360,10 +368,10 @@ def check_deletable(statuses: Collection[str]) -> None:
         raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
 
 
-def check_limit(limit: int) -> None:
-    """Refuse a negative ``limit`` for a listing (SQL would read it as "no limit")."""
-    if limit < 0:
-        raise ConfigError(f"limit must be >= 0, not {limit}")
+def check_limit(limit: int | None, *, least: int = 0) -> None:
+    """Refuse a ``limit`` below ``least`` (SQL would read a negative one as "no limit"); None: no limit."""
+    if limit is not None and limit < least:
+        raise ConfigError(f"limit must be >= {least}, not {limit}")
 
 
 def shown_url(url: str) -> str:

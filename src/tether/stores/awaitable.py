@@ -58,9 +58,11 @@ class AwaitableStore:
         """See :meth:`Store.load_run`."""
         return await self._call(self.store.load_run, run_id, tenant=tenant)
 
-    async def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
+    async def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
         """See :meth:`Store.load_events`."""
-        return await self._call(self.store.load_events, run_id, tenant=tenant)
+        return await self._call(self.store.load_events, run_id, tenant=tenant, after=after, limit=limit)
 
     async def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
         """See :meth:`Store.load_log`."""

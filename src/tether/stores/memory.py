@@ -177,14 +177,18 @@ class MemoryStore:
             raise RunNotFound(run_id)
         return stored.load()
 
-    def load_events(self, run_id: str, *, tenant: str | None = None) -> list[Event]:
-        """The whole log, oldest first."""
+    def load_events(
+        self, run_id: str, *, tenant: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """The log (or its events after seq ``after``, at most ``limit``), oldest first."""
+        check_limit(limit, least=1)
         with self._lock:
             stored = self._rows.get(run_id)
             if stored is None or (tenant is not None and stored.record.tenant != tenant):
                 raise RunNotFound(run_id)
-            log = sorted(self._events[run_id].values(), key=lambda e: e.seq)
-        return [e.load(run_id) for e in log]
+            cursor = -1 if after is None else after
+            log = sorted((e for e in self._events[run_id].values() if e.seq > cursor), key=lambda e: e.seq)
+        return [e.load(run_id) for e in log[:limit]]
 
     def load_log(self, run_id: str, *, tenant: str | None = None, snapshot_format: str | None = None) -> RunLog:
         """The log and the row's version, read under one lock (from the snapshot in ``snapshot_format``, if any)."""

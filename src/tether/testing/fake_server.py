@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 _POLL_INTERVAL = 0.01  # seconds
 
-__all__ = ["Answer", "Dynamic", "Failure", "FakeServer", "Reply", "Stream"]
+__all__ = ["Answer", "Dynamic", "Failure", "FakeServer", "Raw", "Reply", "Stream"]
 
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
 """Builds a response dict from the parsed request body."""
@@ -46,6 +46,8 @@ class Answer:
     """Served as a ``text/event-stream`` instead of ``body``: each item already encoded."""
     drop_connection: bool = False
     """Close the connection after ``events``, without ending the stream."""
+    payload: bytes | None = None
+    """Served byte for byte instead of ``body`` (as ``application/json``)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,14 @@ class Stream:
     drop_connection: bool
 
 
-Scripted = Reply | Dynamic | Failure | Stream
+@dataclass(frozen=True)
+class Raw:
+    """A scripted body served byte for byte, for a non-streaming request only."""
+
+    payload: bytes
+
+
+Scripted = Reply | Dynamic | Failure | Stream | Raw
 
 
 class _Server(ThreadingHTTPServer):
@@ -126,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
         if answer.events is not None:
             self._send_events(answer)
             return
-        payload = json.dumps(answer.body).encode()
+        payload = answer.payload if answer.payload is not None else json.dumps(answer.body).encode()
         self.send_response(answer.status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
@@ -242,6 +251,15 @@ class FakeServer(abc.ABC):
         """
         self.enqueue(Dynamic(responder))
 
+    def reply_raw(self, payload: bytes | str) -> None:
+        """Queue a body served exactly as given, for a non-streaming call: JSON this fake would never write.
+
+        Why: a broken API or proxy can send what no JSON encoder here produces (a value nested
+        thousands deep, which :func:`json.dumps` refuses, or text that is no JSON at all);
+        defaults are not filled in. A streaming request meeting it gets 500 ``api_error``.
+        """
+        self.enqueue(Raw(payload.encode() if isinstance(payload, str) else payload))
+
     def reset(self) -> None:
         """Forget the script, the recorded requests and the id counters.
 
@@ -296,6 +314,10 @@ class FakeServer(abc.ABC):
         if isinstance(item, Failure):  # before a stream starts, errors are plain HTTP errors
             return self._failure(item)
         streaming = request.get("stream") is True
+        if isinstance(item, Raw):
+            if streaming:
+                return Answer(500, self.error_body("fake API: a raw body was scripted for a streaming call"))
+            return Answer(200, {}, payload=item.payload)
         if isinstance(item, Stream):
             if not streaming:
                 return Answer(500, self.error_body("fake API: a stream was scripted for a non-streaming call"))

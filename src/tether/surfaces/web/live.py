@@ -1,11 +1,13 @@
 """Live pages: server-sent events that say when what a page shows has changed.
 
 A page is rendered with the version it shows (a run's row version, or the list's
-:func:`~tether.surfaces.web.pages.digest`); its script listens on a stream that watches the
-store's rows (one indexed read per poll, never the log) and sends ``changed`` when they move
-past it, so the page fetches itself again. A run's stream sends ``end`` and closes once the
-run has ended. Any process may be driving the run: the store is the only source. A stream a
-session opened says ``signed-out`` and closes once that session ends (:func:`while_signed_in`).
+:func:`~tether.surfaces.web.pages.digest`); its script listens on a stream and fetches the page
+again when it says ``changed``. A run's stream is the run's own event stream
+(:func:`tether.drivers.stream.afollow`, what ``AsyncRunner.stream`` reads): ``changed`` each
+time the run records events past the page, ``end`` once it has ended. Any process may be driving
+the run: the store is the only source (a drive in this process wakes the stream at once). The
+list's stream watches the rows (one indexed read per poll, never the logs). A stream a session
+opened says ``signed-out`` and closes once that session ends (:func:`while_signed_in`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from tether.drivers import stream
 from tether.drivers.runner import shown_status
 from tether.errors import RunNotFound
-from tether.facts.status import ENDED
+from tether.facts.stream import TextDelta
 from tether.stores import Store
+from tether.stores.awaitable import as_async_store
 from tether.surfaces.web import pages
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -39,26 +43,41 @@ def message(kind: str, data: dict[str, Any]) -> str:
 async def run_changes(
     store: Store, run_id: str, tenant: str | None, since: int | None, *, poll: float, gone: Disconnected
 ) -> AsyncGenerator[str, None]:
-    """``changed`` each time the run's version moves past ``since``; ``end`` once it has ended."""
-    said = time.monotonic()
-    while not await gone():
-        try:
-            record = await run_in_threadpool(store.load_run, run_id, tenant=tenant)
-        except RunNotFound:  # deleted meanwhile (tether gc)
-            yield message("end", {"version": since, "status": "deleted"})
-            return
-        state = {"version": record.version, "status": shown_status(record)}
-        if record.version != since:
-            since = record.version
-            said = time.monotonic()
+    """``changed`` each time the run records events past the page's version ``since``; ``end`` once it has ended.
+
+    The run's events are read from the first: those the page may show are passed over, and
+    once they are read, a row that moved past ``since`` meanwhile is said at once (or at the end).
+    """
+    said, caught_up = time.monotonic(), False
+    following = stream.afollow(as_async_store(store), run_id, tenant=tenant, poll=poll)
+    try:
+        async for batch in following:
+            if await gone():
+                return
+            if caught_up and any(not isinstance(event, TextDelta) for event in batch):
+                said = time.monotonic()
+                yield message("changed", await _state(store, run_id, tenant))
+            elif not batch and not caught_up:  # the log is read up to now: did the run move since the page?
+                caught_up, state = True, await _state(store, run_id, tenant)
+                if state["version"] != since:
+                    said = time.monotonic()
+                    yield message("changed", state)
+            elif not batch and time.monotonic() - said >= HEARTBEAT:
+                said = time.monotonic()
+                yield HEARTBEAT_COMMENT
+        state = await _state(store, run_id, tenant)
+        if not caught_up and state["version"] != since:  # it ended before the stream caught up
             yield message("changed", state)
-        if record.status in ENDED:
-            yield message("end", state)
-            return
-        await asyncio.sleep(poll)
-        if time.monotonic() - said >= HEARTBEAT:
-            said = time.monotonic()
-            yield HEARTBEAT_COMMENT
+        yield message("end", state)
+    except RunNotFound:  # deleted meanwhile (tether gc)
+        yield message("end", {"version": since, "status": "deleted"})
+    finally:
+        await following.aclose()  # a page gone: its follower stops listening now
+
+
+async def _state(store: Store, run_id: str, tenant: str | None) -> dict[str, Any]:
+    record = await run_in_threadpool(store.load_run, run_id, tenant=tenant)
+    return {"version": record.version, "status": shown_status(record)}
 
 
 async def list_changes(
