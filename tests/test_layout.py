@@ -68,7 +68,16 @@ def test_only_the_cli_entry_point_imports_the_surfaces() -> None:
 
 def test_no_module_is_left_beside_the_packages() -> None:
     loose = sorted(path.name for path in SRC.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "_moved.py", "agent.py", "durations.py", "errors.py", "redact.py"]
+    assert loose == [
+        "__about__.py",
+        "__init__.py",
+        "__main__.py",
+        "_moved.py",
+        "agent.py",
+        "durations.py",
+        "errors.py",
+        "redact.py",
+    ]
 
 
 @pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))

@@ -13,6 +13,7 @@ layers, dependencies pointing down:
 """
 
 from tether import _moved
+from tether.__about__ import __version__ as __version__
 from tether.agent import Agent
 from tether.core.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
 from tether.core.handoffs import Handoff

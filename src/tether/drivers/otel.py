@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 try:
@@ -41,6 +40,7 @@ try:
 except ImportError as missing:  # pragma: no cover - the extra installs it
     raise ImportError(f"tracing needs OpenTelemetry: pip install 'tether[otel]' ({missing})") from missing
 
+from tether.__about__ import __version__
 from tether.agent import Agent
 from tether.core.engine import CallModel
 from tether.core.events import (
@@ -105,13 +105,6 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _PROVIDERS = {"tether.models.anthropic": "anthropic", "tether.models.openai": "openai"}
 
 
-def _version() -> str:
-    try:
-        return version("tether")
-    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
-        return "0"
-
-
 def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
@@ -170,7 +163,7 @@ class OpenTelemetry:
     """
 
     def __init__(self, tracer: trace.Tracer | None = None, *, provider: Any = None) -> None:
-        self.tracer = tracer or trace.get_tracer("tether", _version(), tracer_provider=provider)
+        self.tracer = tracer or trace.get_tracer("tether", __version__, tracer_provider=provider)
         self._provider = provider
         self._drives: dict[str, _Drive] = {}
         self._opening: ContextVar[_Opening | None] = ContextVar(f"tether_otel_opening_{id(self)}", default=None)

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from tether import durations
+from tether import __version__, durations
 from tether.agent import Agent
 from tether.core.approvals import (
     Approve,
@@ -142,16 +142,6 @@ def _same_file(a: str, b: str) -> bool:
 RUN_ID_HELP = "the run's id (see `tether runs`)"
 
 
-def _version() -> str:
-    """The installed package's version (its metadata: one place to bump it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tether")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
 def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
 
@@ -169,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
     )
-    parser.add_argument("--version", action="version", version=f"tether {_version()}")
+    parser.add_argument("--version", action="version", version=f"tether {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_db(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
