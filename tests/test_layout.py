@@ -76,6 +76,7 @@ def test_no_module_is_left_beside_the_packages() -> None:
         "agent.py",
         "durations.py",
         "errors.py",
+        "extras.py",
         "redact.py",
     ]
 

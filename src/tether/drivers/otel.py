@@ -32,13 +32,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
+from tether.extras import needs
+
+with needs("otel", "tracing (tether.drivers.otel)"):
     from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError as missing:  # pragma: no cover - the extra installs it
-    raise ImportError(f"tracing needs OpenTelemetry: pip install 'tether[otel]' ({missing})") from missing
 
 from tether.__about__ import __version__
 from tether.agent import Agent
@@ -522,9 +522,10 @@ def from_environment() -> OpenTelemetry:
     """
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return OpenTelemetry()
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    with needs("otel", "tracing (tether.drivers.otel)"):  # the API may be there without the SDK
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
     names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if name.strip()]
     unknown = [name for name in names if name not in EXPORTERS]

@@ -46,6 +46,7 @@ from tether.core.children import link_of
 from tether.core.status import ENDED, RunStatus, status_name
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, RunBusy, RunEnded, RunNotFound, StaleRun, StoreError
+from tether.extras import needs, require
 from tether.redact import scrub
 from tether.stores import DUE_KEY, AsyncStore, RunRecord, Store, leases, shown_url
 from tether.stores.awaitable import AwaitableStore
@@ -63,7 +64,6 @@ RECOVER_TASK = "tether.recover_stalled"
 DEFAULT_STALLED_AFTER = leases.DEFAULT_TTL
 """Seconds without a heartbeat after which a worker is presumed dead (and a run's lease expires)."""
 RUNNABLE = frozenset({RunStatus.thinking.value, RunStatus.executing_tool.value})
-INSTALL_HINT = "pip install 'tether[worker]'"
 log = logging.getLogger(__name__)
 
 
@@ -85,10 +85,8 @@ def is_postgres(url: str) -> bool:
 
 
 def _procrastinate() -> Any:
-    try:
+    with needs("worker", "queued runs (tether worker, --detach, Runner.submit)"):
         import procrastinate
-    except ImportError as error:
-        raise ConfigError(f"queued runs need procrastinate: {INSTALL_HINT} ({error})") from error
     return procrastinate
 
 
@@ -354,6 +352,7 @@ class Worker:
             raise ConfigError(f"tether worker needs PostgreSQL (the queue lives beside the runs), not {shown_url(url)}")
         if concurrency < 1 or stalled_after < 3:
             raise ConfigError("a worker needs concurrency >= 1 and stalled_after >= 3 seconds")
+        require("worker", "a tether worker (tether.drivers.queue.Worker)")  # now, not when it starts taking jobs
         self.url = url
         self.queue = queue
         self.concurrency = concurrency

@@ -78,12 +78,14 @@ from tether.errors import (
     ConfigError,
     CorruptData,
     InvalidForkPoint,
+    MissingExtra,
     RunBusy,
     RunEnded,
     RunNotFound,
     StaleRun,
     TetherError,
 )
+from tether.extras import require
 from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
@@ -922,12 +924,9 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
 def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
     """Serve the inspector until stopped: on loopback unless a token was chosen for it."""
-    try:
-        from tether.surfaces.web.guard import check_bind
-        from tether.surfaces.web.server import serve
-    except ImportError as error:
-        raise ConfigError(str(error)) from None
     from tether.policy.access import Credentials
+    from tether.surfaces.web.guard import check_bind
+    from tether.surfaces.web.server import serve
 
     token = args.token or os.environ.get(UI_TOKEN_ENV)
     if args.tokens and (token or args.tenant):
@@ -1307,6 +1306,16 @@ COMMANDS = {
 }
 
 
+def _check_extras(args: argparse.Namespace) -> None:
+    """The extra a command or flag needs, checked before anything starts: else one line naming it."""
+    if args.command in ("ui", "worker"):
+        require(args.command, f"tether {args.command}")
+    if getattr(args, "detach", False):
+        require("worker", f"tether {args.command} --detach")
+    if getattr(args, "otel", False):
+        require("otel", f"tether {args.command} --otel")
+
+
 def _telemetry(args: argparse.Namespace, err: Console) -> OpenTelemetry | None:
     """The command's tracing: asked for by ``--otel``, or by the standard ``$OTEL_TRACES_EXPORTER``.
 
@@ -1431,9 +1440,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 os.environ[demo.WORKSPACE_ENV] = args.workspace
             if not args.db:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
+        _check_extras(args)
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
+    except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except RunBusy as error:
