@@ -390,7 +390,7 @@ class _Session:
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
         if not self.json:
-            from tether.models.sdk import SdkAdapter  # here: it imports the HTTP client, which reading runs never needs
+            from tether.models.sdk import SdkAdapter  # here: only a drive needs it
             from tether.surfaces.terminal import LiveView, ProgressPrinter
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
