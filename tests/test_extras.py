@@ -23,10 +23,10 @@ from tether.models.providers import model_for
 
 def missing(monkeypatch: pytest.MonkeyPatch, package: str, *reimported: str) -> None:
     """Make ``package`` look uninstalled, and the tether modules that import it be imported afresh."""
-    monkeypatch.setitem(sys.modules, package, None)
     for name in list(sys.modules):
-        if any(name == module or name.startswith(f"{module}.") for module in reimported):
-            monkeypatch.delitem(sys.modules, name)
+        if any(name == module or name.startswith(f"{module}.") for module in (package, *reimported)):
+            monkeypatch.delitem(sys.modules, name)  # a module of the package imported before would still be found
+    monkeypatch.setitem(sys.modules, package, None)
 
 
 def message(extra: str, feature: str, module: str) -> str:
