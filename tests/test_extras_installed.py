@@ -214,11 +214,15 @@ LIBRARY_CHECK = textwrap.dedent(
 )
 
 
-def test_the_base_install_runs_the_demo(installed: Installed, tmp_path: Path) -> None:
+def test_the_base_install_runs_the_demo_traced_only_if_asked(installed: Installed, tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER, set for other programs too, only warns without the otel extra (the API is there)."""
     base = installed(None)
-    done = data(base.run(tmp_path, "demo", "--approve-all", "--json"))
-    assert done["status"] == "done"
-    assert FIBONACCI in done["output"]
+    done = base.run(tmp_path, "demo", "--approve-all", "--json", env={"OTEL_TRACES_EXPORTER": "console"})
+    assert data(done)["status"] == "done"
+    assert FIBONACCI in data(done)["output"]
+    warning = "warning: OTEL_TRACES_EXPORTER is set but tracing (tether.drivers.otel) needs: pip install 'tether[otel]'"
+    assert done.stderr.startswith(warning), done.stderr
+    assert done.stderr.count("\n") == 1
 
 
 def test_the_base_install_says_in_one_line_which_extra_each_command_needs(installed: Installed, tmp_path: Path) -> None:

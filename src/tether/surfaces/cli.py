@@ -1329,12 +1329,13 @@ def _telemetry(args: argparse.Namespace, err: Console) -> OpenTelemetry | None:
         return None
     try:
         from tether.drivers.otel import from_environment
-    except ImportError as missing:
+
+        return from_environment()  # imports the SDK, which the base install lacks (it has the API)
+    except ImportError as missing:  # MissingExtra: with --otel, checked before the command started
         if asked:
-            raise ConfigError(str(missing)) from missing
+            raise
         err.print(Text.assemble(("warning:", "yellow"), f" OTEL_TRACES_EXPORTER is set but {missing}: not traced"))
         return None
-    return from_environment()
 
 
 def _busy_message(error: RunBusy, session: _Session | None) -> str:
