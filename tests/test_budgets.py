@@ -148,7 +148,7 @@ def test_budget_validation() -> None:
 
 
 def test_the_default_model_and_the_current_lineup_have_prices() -> None:
-    from tether.models.providers import DEFAULT_MODEL
+    from tether.models.anthropic import DEFAULT_MODEL
 
     assert price_for(DEFAULT_MODEL) is not None
     assert price_for("claude-opus-5-5") == PRICES["claude-opus-5-5"]

@@ -46,7 +46,7 @@ def async_sql_store(url: str) -> object:
 
 
 def worker(url: str) -> object:
-    from tether.drivers.queue import Worker
+    from tether.drivers.worker import Worker
 
     return Worker(url)
 
@@ -96,7 +96,7 @@ LIBRARY: list[tuple[str, str, str, Callable[[], object], tuple[str, ...]]] = [
         lambda: importlib.import_module("tether.drivers.otel"),
         ("tether.drivers.otel",),
     ),
-    ("worker", "procrastinate", "a tether worker (tether.drivers.queue.Worker)", lambda: worker(PG_URL), ()),
+    ("worker", "procrastinate", "a tether worker (tether.drivers.worker.Worker)", lambda: worker(PG_URL), ()),
 ]
 
 

@@ -194,7 +194,7 @@ MISSING_IN_THE_LIBRARY = {
     "mcp": "import tether.toolsets.mcp",
     "openapi": "import tether.toolsets.openapi",
     "otel": "from tether.drivers.otel import from_environment; from_environment()",
-    "worker": f"from tether.drivers.queue import Worker; Worker({PG_URL!r})",
+    "worker": f"from tether.drivers.worker import Worker; Worker({PG_URL!r})",
 }
 LIBRARY_CHECK = textwrap.dedent(
     """

@@ -11,14 +11,14 @@ connection) is not retried by the SDK and reaches tether as the same kind of err
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.errors import ConfigError, ModelError
+from tether.facts.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
-from tether.models.providers import default_model_name
 from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
@@ -29,6 +29,14 @@ from tether.models.sdk import (
 
 if TYPE_CHECKING:
     from tether.models.anthropic_client import AsyncClient, Client
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+"""Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
+
+
+def default_model_name() -> str:
+    """``$TETHER_MODEL``, else :data:`DEFAULT_MODEL`."""
+    return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
 
 
 class AnthropicModel(SdkAdapter["Client", "AsyncClient"]):

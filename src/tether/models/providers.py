@@ -10,7 +10,6 @@ error naming the ones it does (a model name is never sent to the wrong API).
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -21,14 +20,7 @@ from tether.models import ModelAdapter
 ANTHROPIC, OPENAI, SCRIPTED = "anthropic", "openai", "scripted"
 PROVIDERS = (ANTHROPIC, OPENAI, SCRIPTED)
 """The prefixes tether knows, in the order messages list them."""
-DEFAULT_MODEL = "claude-sonnet-5-5"
-"""Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
 _PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*):(.*)$", re.DOTALL)
-
-
-def default_model_name() -> str:
-    """``$TETHER_MODEL``, else :data:`DEFAULT_MODEL`."""
-    return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
 
 
 def split_model(spec: str) -> tuple[str, str]:

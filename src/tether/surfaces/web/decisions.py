@@ -24,15 +24,15 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
-from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
+from tether.core.links import chain_of
 from tether.core.state import RunState
-from tether.core.status import RunStatus
-from tether.drivers.loader import NoModel, agent_for, agent_spec, made_in_python, reader_agent
-from tether.drivers.queue import AgentFor, queue_of
+from tether.drivers.loader import AgentFor, NoModel, agent_for, agent_spec, made_in_python, reader_agent
+from tether.drivers.queue import queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, TetherError
+from tether.facts.status import RunStatus
 from tether.stores import RunRecord, Store
 
 log = logging.getLogger(__name__)

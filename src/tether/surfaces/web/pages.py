@@ -4,7 +4,7 @@ Each function reads what one page needs, scoped to the viewer's tenant, and retu
 data for its template: :func:`runs` for the list, :func:`run_page` for one run (its row, its
 log folded into a timeline, its messages, its tool calls as :mod:`tether.views.audit` reads
 them, its pending calls), :func:`inbox` for every call waiting for a person. The same event
-vocabulary the CLI reads (:mod:`tether.core.events`) is the only source.
+vocabulary the CLI reads (:mod:`tether.facts.events`) is the only source.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 
 from tether.core import forks
 from tether.core.approvals import PendingApproval, pending_of
-from tether.core.children import link_of, parent_of
-from tether.core.events import (
+from tether.core.links import link_of, parent_of
+from tether.core.state import RunState
+from tether.drivers.runner import result_of, shown_status
+from tether.facts.events import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
@@ -34,11 +36,9 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.history import text_of
-from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
-from tether.drivers.runner import result_of, shown_status
-from tether.models import Usage
+from tether.facts.history import text_of
+from tether.facts.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
+from tether.facts.usage import Usage
 from tether.stores import RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals
