@@ -14,7 +14,8 @@ import pytest
 from support import closed_port, fake_api_model
 from tether.errors import ModelError
 from tether.models import ModelRequest, ModelResponse, Usage
-from tether.models.anthropic import DEFAULT_MODEL, AnthropicModel, default_model_name, translate_error
+from tether.models.anthropic import DEFAULT_MODEL, AnthropicModel, default_model_name
+from tether.models.anthropic_client import translate_error
 from tether.testing import FakeMessagesAPI, validate_messages_request
 
 PROMPT: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}

@@ -6,6 +6,7 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
+import tether
 from support import Cli, CliResult
 
 
@@ -61,7 +62,11 @@ def test_the_checker_sees_an_option_without_help() -> None:
     assert undocumented(wrapped) == ["--json"]
 
 
-def test_version_comes_from_the_package_metadata(tmp_path: Path) -> None:
+def test_version_is_written_once_and_read_by_the_metadata_and_the_cli(tmp_path: Path) -> None:
+    """``src/tether/__about__.py`` holds it; the build reads it into the metadata (hatch's dynamic version)."""
+    about = (Path(tether.__file__).parent / "__about__.py").read_text(encoding="utf-8")
+    assert f'__version__ = "{tether.__version__}"' in about
+    assert version("tether") == tether.__version__
     shown = Cli(tmp_path)("--version")
     assert shown.returncode == 0, shown
-    assert shown.stdout.strip() == f"tether {version('tether')}"
+    assert shown.stdout.strip() == f"tether {tether.__version__}"

@@ -23,6 +23,7 @@ SRC = Path(tether.__file__).parent
 def test_no_module_is_left_beside_the_packages() -> None:
     loose = sorted(path.name for path in SRC.glob("*.py"))
     assert loose == [
+        "__about__.py",
         "__init__.py",
         "__main__.py",
         "_moved.py",
@@ -30,6 +31,7 @@ def test_no_module_is_left_beside_the_packages() -> None:
         "canonical.py",
         "durations.py",
         "errors.py",
+        "extras.py",
         "redact.py",
     ]
 

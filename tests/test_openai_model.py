@@ -11,7 +11,8 @@ import pytest
 from support import closed_port
 from tether.errors import ModelError
 from tether.models import ModelRequest, ModelResponse, Usage
-from tether.models.openai import OpenAIModel, translate_error
+from tether.models.openai import OpenAIModel
+from tether.models.openai_client import translate_error
 from tether.testing import FakeChatCompletionsAPI, validate_chat_request
 from tether.testing.fake_chat_completions import stream_chunks
 

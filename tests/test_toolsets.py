@@ -15,7 +15,7 @@ import pytest
 
 from support import DONE, tool_use, tool_use_turn
 from tether import Agent, ConfigError, Runner, tool
-from tether.errors import ToolsetError
+from tether.errors import MissingExtra, ToolsetError
 from tether.models.scripted import ScriptedModel
 from tether.tools import Tool
 from tether.tools.schema import schema_tool
@@ -126,10 +126,10 @@ def test_credentials_are_named_never_given() -> None:
 
 
 @pytest.mark.parametrize(("kind", "module", "extra"), [("mcp", "mcp", "mcp"), ("openapi", "httpx", "openapi")])
-def test_a_missing_client_is_a_config_error_naming_the_extra(
+def test_a_missing_client_is_an_import_error_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch, kind: str, module: str, extra: str
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # what `import` finds when the package is not installed
     monkeypatch.delitem(sys.modules, f"tether.toolsets.{kind}", raising=False)
-    with pytest.raises(ConfigError, match=re.escape(f"pip install 'tether[{extra}]'")):
+    with pytest.raises(MissingExtra, match=re.escape(f"pip install 'tether[{extra}]' ({module} is not installed)")):
         from_record({"kind": kind, "command": ["server"], "spec": "api.yaml"})

@@ -15,10 +15,12 @@ layers, dependencies pointing down (import-linter's contracts in pyproject.toml 
   and OpenAPI services), ``tools`` (run by ``execution``), ``policy`` (rules, retries, limits,
   pricing, compaction) and ``models`` (``tether.models.anthropic``, ...);
 - ``facts``: the words every layer speaks (statuses, the Messages API history, usage, events);
-- ``errors`` and small helpers (``redact``, ``durations``, ``canonical``).
+- ``errors`` and small helpers (``redact``, ``durations``, ``canonical``); ``extras``, what each
+  optional extra brings; ``__about__``, the version.
 """
 
 from tether import _moved
+from tether.__about__ import __version__ as __version__
 from tether.agent import Agent
 from tether.core.approvals import ApprovalRequest, Approve, AutoApprover, CallbackApprover, Deny
 from tether.core.handoffs import Handoff

@@ -23,10 +23,12 @@ The tree::
     │       └── InvalidEditedInput   the tool's schema rejects the edited input (.tool, .problems)
     ├── StoreError               the database could not be read or written (.transient: may pass)
     │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
-    └── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
-        │                        values (also a ValueError, as Python's own bad-value errors are)
-        └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
-                                 invalid spec (.path), a credential's variable unset (.toolset)
+    ├── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
+    │   │                        values (also a ValueError, as Python's own bad-value errors are)
+    │   └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
+    │                            invalid spec (.path), a credential's variable unset (.toolset)
+    └── MissingExtra             an optional dependency is not installed (.extra to install);
+                                 also an ImportError, which is what Python code expects
 
 Signals are not errors: a denial is data, and a tool that wants a retry raises
 :class:`tether.tools.RetryLater`, which is not a TetherError.
@@ -70,6 +72,23 @@ class ToolsetError(ConfigError):
         super().__init__(f"{toolset}{where}: {message}")
         self.toolset = toolset
         self.path = path
+
+
+class MissingExtra(TetherError, ImportError):
+    """A feature needs an optional extra that is not installed: one line saying which to install.
+
+    Also an :class:`ImportError` (``name`` is the missing module), so code that imports a
+    feature inside ``try: ... except ImportError`` keeps working.
+
+    Attributes:
+        feature: what was asked for, in words (``tether ui``, ``an MCP toolset``).
+        extra: the extra that brings what it needs (``pip install 'tether[EXTRA]'``).
+    """
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        super().__init__(f"{feature} needs: pip install 'tether[{extra}]' ({module} is not installed)", name=module)
+        self.feature = feature
+        self.extra = extra
 
 
 class ModelError(TetherError):

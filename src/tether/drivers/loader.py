@@ -119,7 +119,7 @@ def load_model(spec: str) -> ModelAdapter:
 def normalise_model_spec(spec: str | None) -> str:
     """Resolve the default model, check the provider, and make a scripted path absolute (resume may run elsewhere)."""
     if not spec:
-        from tether.models.anthropic import default_model_name
+        from tether.models.anthropic import default_model_name  # the Claude adapter: it imports no SDK itself
 
         spec = default_model_name()
     return spec if spec == DEMO_MODEL else providers.normalise(spec)

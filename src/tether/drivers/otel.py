@@ -30,17 +30,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-try:
+from tether.extras import needs
+
+with needs("otel", "tracing (tether.drivers.otel)"):
     from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError as missing:  # pragma: no cover - the extra installs it
-    raise ImportError(f"tracing needs OpenTelemetry: pip install 'tether[otel]' ({missing})") from missing
 
+from tether.__about__ import __version__
 from tether.agent import Agent
 from tether.core.engine import CallModel
 from tether.core.flow import Activity, Attempt
@@ -105,13 +105,6 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _PROVIDERS = {"tether.models.anthropic": "anthropic", "tether.models.openai": "openai"}
 
 
-def _version() -> str:
-    try:
-        return version("tether")
-    except PackageNotFoundError:  # pragma: no cover - run from a source tree without metadata
-        return "0"
-
-
 def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
@@ -170,7 +163,7 @@ class OpenTelemetry:
     """
 
     def __init__(self, tracer: trace.Tracer | None = None, *, provider: Any = None) -> None:
-        self.tracer = tracer or trace.get_tracer("tether", _version(), tracer_provider=provider)
+        self.tracer = tracer or trace.get_tracer("tether", __version__, tracer_provider=provider)
         self._provider = provider
         self._drives: dict[str, _Drive] = {}
         self._opening: ContextVar[_Opening | None] = ContextVar(f"tether_otel_opening_{id(self)}", default=None)
@@ -529,9 +522,10 @@ def from_environment() -> OpenTelemetry:
     """
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return OpenTelemetry()
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    with needs("otel", "tracing (tether.drivers.otel)"):  # the API may be there without the SDK
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
     names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if name.strip()]
     unknown = [name for name in names if name not in EXPORTERS]

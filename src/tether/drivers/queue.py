@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tether.core.links import link_of
 from tether.errors import ConfigError, RunEnded, StoreError
+from tether.extras import needs
 from tether.facts.status import ENDED, RunStatus, status_name
 from tether.redact import scrub
 from tether.stores import DUE_KEY, AsyncStore, RunRecord, Store, leases, shown_url
@@ -54,7 +55,6 @@ RECOVER_TASK = "tether.recover_stalled"
 DEFAULT_STALLED_AFTER = leases.DEFAULT_TTL
 """Seconds without a heartbeat after which a worker is presumed dead (and a run's lease expires)."""
 RUNNABLE = frozenset({RunStatus.thinking.value, RunStatus.executing_tool.value})
-INSTALL_HINT = "pip install 'tether[worker]'"
 log = logging.getLogger(__name__)
 
 
@@ -76,11 +76,9 @@ def is_postgres(url: str) -> bool:
 
 
 def procrastinate_module() -> Any:
-    """The procrastinate package, or a one-line error naming the extra that brings it."""
-    try:
+    """The procrastinate package, or a one-line error naming the extra that brings it (MissingExtra)."""
+    with needs("worker", "queued runs (tether worker, --detach, Runner.submit)"):
         import procrastinate
-    except ImportError as error:
-        raise ConfigError(f"queued runs need procrastinate: {INSTALL_HINT} ({error})") from error
     return procrastinate
 
 

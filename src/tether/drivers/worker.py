@@ -37,6 +37,7 @@ from tether.drivers.queue import (
 from tether.drivers.runner import AsyncRunner
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, RunBusy, RunNotFound, StaleRun, StoreError
+from tether.extras import require
 from tether.facts.status import RunStatus
 from tether.redact import scrub
 from tether.stores import shown_url
@@ -92,6 +93,7 @@ class Worker:
             raise ConfigError(f"tether worker needs PostgreSQL (the queue lives beside the runs), not {shown_url(url)}")
         if concurrency < 1 or stalled_after < 3:
             raise ConfigError("a worker needs concurrency >= 1 and stalled_after >= 3 seconds")
+        require("worker", "a tether worker (tether.drivers.worker.Worker)")  # now, not when it starts taking jobs
         self.url = url
         self.queue = queue
         self.concurrency = concurrency

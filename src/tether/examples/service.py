@@ -68,7 +68,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-try:
+from tether.extras import needs
+
+with needs("service", "the example service (tether.examples.service)"):
     import uvicorn
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
@@ -76,8 +78,6 @@ try:
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tether.examples.service needs Starlette and uvicorn: pip install 'tether[service]'") from error
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny

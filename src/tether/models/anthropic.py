@@ -1,6 +1,7 @@
-"""The Claude adapter on the official ``anthropic`` SDK — the only module importing it.
+"""The Claude adapter on the official ``anthropic`` SDK, imported when the first call is made.
 
-Vendor errors are translated here, once, into :class:`tether.errors.ModelError`. The SDK
+The SDK's clients and its errors, translated once into :class:`tether.errors.ModelError`, are in
+:mod:`tether.models.anthropic_client`, the only module importing ``anthropic``. The SDK
 does the HTTP retries (429/529/5xx, honouring Retry-After); what reaches tether is the
 error that remains after them. A streamed call (:meth:`AnthropicModel.stream`) is retried
 the same way until its stream starts; a failure after that (an ``error`` event, a dropped
@@ -12,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from contextlib import contextmanager
-from typing import Any
-
-import anthropic
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import ConfigError, ModelError
 from tether.facts.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
@@ -24,27 +23,16 @@ from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
     DEFAULT_TIMEOUT,
-    CappedRetries,
     RetryWaitListener,
     SdkAdapter,
     too_deep,
-    transient,
-    translating,
 )
-from tether.redact import scrub
+
+if TYPE_CHECKING:
+    from tether.models.anthropic_client import AsyncClient, Client
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 """Used when neither ``--model`` nor ``$TETHER_MODEL`` names one."""
-MAX_QUOTED = 500
-"""Characters of an unreadable stream's error kept in the run's error (the SDK's quotes the whole tool input)."""
-
-
-class _Client(CappedRetries, anthropic.Anthropic):
-    pass
-
-
-class _AsyncClient(CappedRetries, anthropic.AsyncAnthropic):
-    pass
 
 
 def default_model_name() -> str:
@@ -52,7 +40,7 @@ def default_model_name() -> str:
     return os.environ.get("TETHER_MODEL") or DEFAULT_MODEL
 
 
-class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
+class AnthropicModel(SdkAdapter["Client", "AsyncClient"]):
     """One Messages API call per :meth:`complete`, with prompt caching on by default.
 
     Credentials and endpoint come from ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_BASE_URL``
@@ -98,13 +86,17 @@ class AnthropicModel(SdkAdapter[_Client, _AsyncClient]):
                 "parameters; leave them unset for Claude models"
             )
 
-    def new_client(self, options: dict[str, Any]) -> _Client:
+    def new_client(self, options: dict[str, Any]) -> Client:
         """The sync ``anthropic`` client."""
-        return _Client(**options)
+        from tether.models.anthropic_client import Client
 
-    def new_async_client(self, options: dict[str, Any]) -> _AsyncClient:
+        return Client(**options)
+
+    def new_async_client(self, options: dict[str, Any]) -> AsyncClient:
         """The async ``anthropic`` client."""
-        return _AsyncClient(**options)
+        from tether.models.anthropic_client import AsyncClient
+
+        return AsyncClient(**options)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         self.check_settings(request.settings)  # an agent checked them; a hand-made request may not have been
@@ -250,31 +242,11 @@ class _TextRelay:
         return message
 
 
-@contextmanager
-def _translated_errors() -> Iterator[list[float]]:
-    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`.
+def _translated_errors() -> AbstractContextManager[list[float]]:
+    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError` (imports the SDK)."""
+    from tether.models.anthropic_client import translated_errors
 
-    Beyond what :func:`~tether.models.sdk.translating` turns: a streamed tool input the SDK
-    could not parse, and its way of saying no credentials were found.
-    """
-    with translating(anthropic.AnthropicError, translate_error, "the Anthropic API") as waits:
-        try:
-            yield waits
-        except ValueError as error:  # the SDK could not parse a streamed tool input; a new call may do better
-            said = str(error)  # it quotes the whole input: the head says enough
-            if len(said) > MAX_QUOTED:
-                said = f"{said[:MAX_QUOTED]}... ({len(said)} characters)"
-            message = f"the response stream could not be read: {said}"
-            raise ModelError(message, retryable=True, retry_waits=tuple(waits)) from error
-        except TypeError as error:  # the SDK's way of saying no credentials were found
-            raise _credentials_error(error) from error
-
-
-def _credentials_error(error: TypeError) -> ModelError:
-    if "authentication" not in str(error).lower() and "api_key" not in str(error).lower():
-        raise error
-    # retryable: the run is kept resumable, so setting the key and resuming loses none of it
-    return ModelError(f"no Anthropic credentials: pass api_key= or set ANTHROPIC_API_KEY ({error})", retryable=True)
+    return translated_errors()
 
 
 def _response(message: Any, waits: list[float]) -> ModelResponse:
@@ -298,69 +270,3 @@ def _response(message: Any, waits: list[float]) -> ModelResponse:
 
 def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in block.items() if value is not None}
-
-
-STREAM_ERROR_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
-"""The HTTP status each error ``type`` has outside a stream (an ``error`` event comes after a 200)."""
-
-
-def translate_error(error: anthropic.AnthropicError, waits: list[float] | None = None) -> ModelError:
-    """Turn an SDK error into a :class:`ModelError` that says what happened (and how long it waited)."""
-    retry_waits = tuple(waits or ())
-    if isinstance(error, anthropic.APIStatusError) and error.status_code < 300:
-        return _stream_error(error, retry_waits)
-    if isinstance(error, anthropic.APIStatusError):
-        message = _api_message(error)
-        status = error.status_code
-        if status == 400 and "prompt is too long" in message.lower():
-            return ModelError(
-                f"context window exceeded: {message}", status=status, retry_waits=retry_waits, context_exceeded=True
-            )
-        return ModelError(
-            f"Anthropic API error {status}: {message}",
-            status=status,
-            retryable=transient(status),
-            retry_waits=retry_waits,
-        )
-    if isinstance(error, anthropic.APIConnectionError):
-        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True, retry_waits=retry_waits)
-    return ModelError(f"Anthropic client error: {error}", retry_waits=retry_waits)
-
-
-def _api_message(error: anthropic.APIStatusError) -> str:
-    """The API's error message, without the credentials it may echo (it is stored and shown)."""
-    body = error.body
-    message = str(error.message)
-    if isinstance(body, dict):
-        detail = body.get("error")
-        if isinstance(detail, dict) and isinstance(detail.get("message"), str):
-            message = str(detail["message"])
-    return scrub(message, _sent_credentials(error))
-
-
-def _sent_credentials(error: anthropic.APIStatusError) -> list[str]:
-    """The key or token the failed request carried (from ``api_key=`` or the environment)."""
-    headers = error.request.headers
-    sent = [headers.get("x-api-key"), headers.get("authorization", "").removeprefix("Bearer ")]
-    configured = [os.environ.get("ANTHROPIC_API_KEY"), os.environ.get("ANTHROPIC_AUTH_TOKEN")]
-    return [secret.strip() for secret in [*sent, *configured] if secret]
-
-
-def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...]) -> ModelError:
-    """An ``error`` event in a stream that had started (HTTP 200): judged as its HTTP twin."""
-    kind = error.type or "unknown error"
-    status = STREAM_ERROR_STATUS.get(kind)
-    retryable = status is not None and transient(status)
-    message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
-    return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)

@@ -40,6 +40,8 @@ FINISH_REASONS: Mapping[str, str] = {
 (the engine fails the run, resumably, on one it does not know rather than guess)."""
 TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
 """Messages API ``tool_choice`` types as Chat Completions ``tool_choice`` values."""
+SOURCE = "the OpenAI-compatible API"
+"""Who sent a response, in messages about it."""
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 """Another provider's reasoning, kept in the history for it but meaningless (and unsendable) here."""
 ERROR_PREFIX = "Error"

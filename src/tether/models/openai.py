@@ -1,11 +1,12 @@
-"""The OpenAI-compatible adapter on the official ``openai`` SDK (Chat Completions) — the only module importing it.
+"""The OpenAI-compatible adapter on the official ``openai`` SDK (Chat Completions), imported by its first call.
 
 It serves OpenAI and the servers that speak its Chat Completions API (vLLM, Ollama,
 LiteLLM...): point ``base_url`` (or ``OPENAI_BASE_URL``) at them. The engine speaks Messages
 API blocks; :mod:`tether.models.chat_format` converts at this edge, both ways, so no
 ``openai`` type ever reaches tether. As with Claude, the SDK does the HTTP retries (429/5xx,
 honouring Retry-After, each wait capped here); what remains becomes a
-:class:`~tether.errors.ModelError`, translated once, in :func:`translate_error`.
+:class:`~tether.errors.ModelError`, translated once, in :mod:`tether.models.openai_client` (the
+only module importing ``openai``).
 
 Install with ``pip install 'tether[openai]'``.
 """
@@ -13,45 +14,37 @@ Install with ``pip install 'tether[openai]'``.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Literal
-
-import openai
+from typing import TYPE_CHECKING, Any, Literal
 
 from tether.errors import ConfigError, ModelError
+from tether.extras import require
 from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
-from tether.models.chat_format import ChunkFolder, chat_messages, chat_response, chat_tool_choice, chat_tools
+from tether.models.chat_format import (
+    SOURCE,
+    ChunkFolder,
+    chat_messages,
+    chat_response,
+    chat_tool_choice,
+    chat_tools,
+)
 from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
     DEFAULT_TIMEOUT,
-    CappedRetries,
     RetryWaitListener,
     SdkAdapter,
-    transient,
-    translating,
 )
-from tether.redact import scrub
 
-SOURCE = "the OpenAI-compatible API"
-"""Who sent a response, in messages about it."""
-CONTEXT_ERROR_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
-"""Error codes saying the conversation no longer fits the model's context."""
+if TYPE_CHECKING:
+    from tether.models.openai_client import AsyncClient, Client
+
 MAX_STOP_SEQUENCES = 4
 MaxTokensField = Literal["max_completion_tokens", "max_tokens"]
 
 
-class _Client(CappedRetries, openai.OpenAI):
-    pass
-
-
-class _AsyncClient(CappedRetries, openai.AsyncOpenAI):
-    pass
-
-
-class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
+class OpenAIModel(SdkAdapter["Client", "AsyncClient"]):
     """One Chat Completions call per :meth:`complete`.
 
     Credentials and endpoint come from ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` unless given
@@ -73,6 +66,7 @@ class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
         stream_fallback: bool = True,
         max_tokens_field: MaxTokensField = "max_completion_tokens",
     ) -> None:
+        require("openai", "the OpenAI adapter (tether.models.openai)")  # now, not at its first call
         super().__init__(
             api_key=api_key,
             base_url=base_url,
@@ -85,13 +79,17 @@ class OpenAIModel(SdkAdapter[_Client, _AsyncClient]):
         self.name = model
         self.max_tokens_field = max_tokens_field
 
-    def new_client(self, options: dict[str, Any]) -> _Client:
+    def new_client(self, options: dict[str, Any]) -> Client:
         """The sync ``openai`` client."""
-        return _Client(**options)
+        from tether.models.openai_client import Client
 
-    def new_async_client(self, options: dict[str, Any]) -> _AsyncClient:
+        return Client(**options)
+
+    def new_async_client(self, options: dict[str, Any]) -> AsyncClient:
         """The async ``openai`` client."""
-        return _AsyncClient(**options)
+        from tether.models.openai_client import AsyncClient
+
+        return AsyncClient(**options)
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -211,49 +209,7 @@ def _response(completion: dict[str, Any], waits: list[float]) -> ModelResponse:
 
 
 def _translated_errors() -> AbstractContextManager[list[float]]:
-    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError`."""
-    return translating(openai.OpenAIError, translate_error, SOURCE)
+    """Collect one call's SDK retry waits; turn what the SDK raises into :class:`ModelError` (imports the SDK)."""
+    from tether.models.openai_client import translated_errors
 
-
-def translate_error(error: openai.OpenAIError, waits: list[float] | None = None) -> ModelError:
-    """Turn an SDK error into a :class:`ModelError` that says what happened (and how long it waited)."""
-    retry_waits = tuple(waits or ())
-    if isinstance(error, openai.APIStatusError):
-        message = _api_message(error)
-        status = error.status_code
-        if error.code in CONTEXT_ERROR_CODES:
-            return ModelError(
-                f"context window exceeded: {message}", status=status, retry_waits=retry_waits, context_exceeded=True
-            )
-        return ModelError(
-            f"OpenAI API error {status}: {message}", status=status, retryable=transient(status), retry_waits=retry_waits
-        )
-    if isinstance(error, openai.APIConnectionError):
-        return ModelError(f"cannot reach {SOURCE}: {error}", retryable=True, retry_waits=retry_waits)
-    if isinstance(error, openai.APIError):  # an error chunk mid-stream (after an HTTP 200)
-        kind = error.type or error.code or "error"
-        retryable = kind in ("server_error", "rate_limit_exceeded", "timeout")
-        message = f"OpenAI API error mid-stream ({kind}): {_api_message(error)}"
-        return ModelError(message, retryable=retryable, retry_waits=retry_waits)
-    if "credentials" in str(error).lower() or "api_key" in str(error).lower():
-        return ModelError(  # retryable: the run is kept resumable, so setting the key and resuming loses none of it
-            "no OpenAI credentials: pass api_key= or set OPENAI_API_KEY (a local server that checks "
-            f"none takes any value) ({error})",
-            retryable=True,
-        )
-    return ModelError(f"OpenAI client error: {error}", retry_waits=retry_waits)
-
-
-def _api_message(error: openai.APIError) -> str:
-    """The API's error message, without the credentials it may echo (it is stored and shown)."""
-    body = error.body
-    message = str(error.message)
-    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
-        message = str(body["message"])
-    return scrub(message, _sent_credentials(error))
-
-
-def _sent_credentials(error: openai.APIError) -> list[str]:
-    """The key the failed request carried (from ``api_key=`` or the environment)."""
-    sent = error.request.headers.get("authorization", "").removeprefix("Bearer ")
-    return [secret.strip() for secret in (sent, os.environ.get("OPENAI_API_KEY")) if secret]
+    return translated_errors()

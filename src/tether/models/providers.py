@@ -14,13 +14,12 @@ import re
 from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.extras import needs
 from tether.models import ModelAdapter
 
 ANTHROPIC, OPENAI, SCRIPTED = "anthropic", "openai", "scripted"
 PROVIDERS = (ANTHROPIC, OPENAI, SCRIPTED)
 """The prefixes tether knows, in the order messages list them."""
-EXTRAS = {OPENAI: "openai"}
-"""The optional extra a provider's SDK comes with (``pip install 'tether[openai]'``)."""
 _PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*):(.*)$", re.DOTALL)
 
 
@@ -62,10 +61,11 @@ def normalise(spec: str) -> str:
 
 
 def model_for(spec: str) -> ModelAdapter:
-    """The adapter a model name stands for, configured from the environment.
+    """The adapter a model name stands for, configured from the environment (its SDK is imported by its first call).
 
     Raises:
-        ConfigError: an unknown prefix, or the provider's SDK is not installed.
+        ConfigError: an unknown prefix.
+        MissingExtra: the provider's SDK comes with an extra that is not installed.
     """
     provider, name = split_model(spec)
     if provider == SCRIPTED:
@@ -73,13 +73,10 @@ def model_for(spec: str) -> ModelAdapter:
 
         return ScriptedModel.from_file(name)
     if provider == OPENAI:
-        try:
+        with needs("openai", f"--model {spec!r}"):
             from tether.models.openai import OpenAIModel
-        except ImportError as error:
-            raise ConfigError(
-                f"--model {spec!r} needs the openai package: pip install 'tether[{EXTRAS[OPENAI]}]' ({error})"
-            ) from error
-        return OpenAIModel(name)
+
+            return OpenAIModel(name)
     from tether.models.anthropic import AnthropicModel
 
     return AnthropicModel(name)

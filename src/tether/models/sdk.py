@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
-import httpx2
-
 from tether.errors import ModelError
 
 DEFAULT_MAX_RETRIES = 4
@@ -179,6 +177,8 @@ def translating(
     ``translate`` turns the SDK's own errors (``sdk_error``); a connection that breaks mid-stream
     raises the HTTP client's errors past the SDK's wrapping: those are transient.
     """
+    import httpx2  # the SDKs' HTTP client: imported with them, by the first call
+
     with collecting_waits() as waits:
         try:
             yield waits

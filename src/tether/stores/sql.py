@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
+from tether.extras import require
 from tether.facts.events import Event, decode
 from tether.facts.status import WAITING_RETRY_STATUS, RunStatus, from_stored, to_stored
 from tether.redact import MASK, scrub
@@ -405,10 +406,12 @@ class _SQLBase:
         snapshot_every: int,
         drivers: Mapping[str, str] | None = None,
         must_exist: bool = False,
+        extra: str = "postgres",
     ) -> None:
         """``drivers``: the driver for each backend when the URL names none (None: SQLAlchemy's defaults).
 
         ``must_exist``: SQLite only, refuse a database file that is not there yet (instead of creating it).
+        ``extra``: the one to install for a PostgreSQL URL (psycopg, and what else this store needs with it).
         """
         self.url = url
         self.busy_timeout = busy_timeout
@@ -437,6 +440,8 @@ class _SQLBase:
         backend = parsed.get_backend_name()
         if drivers and backend in drivers and "+" not in parsed.drivername:
             parsed = parsed.set(drivername=f"{backend}+{drivers[backend]}")
+        if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
+            require(extra, f"the database {redact_url(url)!r}")
         self._parsed = parsed
         self._options = options
         self._ready = False
@@ -457,7 +462,7 @@ class _SQLBase:
         try:
             engine = sa.create_engine(self._parsed, **options)
         except (sa.exc.ArgumentError, ImportError) as error:
-            raise self._cannot_use(error, "") from error
+            raise self._cannot_use(error) from error
         self._configure(engine)
         return engine
 
@@ -478,9 +483,8 @@ class _SQLBase:
         except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
             return self._failed(work, error)
 
-    def _cannot_use(self, error: Exception, extra: str) -> ConfigError:
-        hint = " (install tether[postgres] for PostgreSQL)" if "psycopg" in str(error) else extra
-        return ConfigError(f"cannot use database {self._where()!r}: {error}{hint}")
+    def _cannot_use(self, error: Exception) -> ConfigError:
+        return ConfigError(f"cannot use database {self._where()!r}: {error}")
 
     # Performing work (inside the connection: plain calls on both stores) ---------------
     def _perform(self, raw: sa.Connection, work: _Work[T]) -> T:
@@ -709,8 +713,8 @@ class AsyncSQLStore(_SQLBase):
     """:class:`SQLStore` for an event loop (an :class:`~tether.stores.AsyncStore`): nothing it does blocks the loop.
 
     The same tables, statements, errors and arguments. A PostgreSQL URL is reached through
-    SQLAlchemy's asyncio support and psycopg 3's async mode (the ``async`` extra, ``pip install
-    'tether[async]'``, and ``tether[postgres]``). A SQLite URL is reached through the standard
+    SQLAlchemy's asyncio support and psycopg 3's async mode (the ``async`` extra: ``pip install
+    'tether[async]'``). A SQLite URL is reached through the standard
     library's driver on one thread of the store's own: each operation runs there whole, one hop
     from the loop, on one connection (SQLite has one writer anyway). Through aiosqlite every
     statement was a hop of its own: a step cost about 1.5 times as much (see the benchmarks'
@@ -735,6 +739,7 @@ class AsyncSQLStore(_SQLBase):
             connect_timeout=connect_timeout,
             snapshot_every=snapshot_every,
             drivers={"postgresql": "psycopg"},
+            extra="async",
         )
         self._sqlite_thread: ThreadPoolExecutor | None = None
         """SQLite only: the one thread every operation runs on (made on first use, ended by close)."""
@@ -754,7 +759,7 @@ class AsyncSQLStore(_SQLBase):
 
             self.engine = create_async_engine(self._parsed, **options)
         except (sa.exc.ArgumentError, sa.exc.InvalidRequestError, ImportError) as error:
-            raise self._cannot_use(error, " (install tether[async] for the async store)") from error
+            raise self._cannot_use(error) from error
         self._configure(self.engine.sync_engine)
 
     async def close(self) -> None:

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from tether import durations
+from tether import __version__, durations
 from tether.agent import Agent
 from tether.core.approvals import (
     Approve,
@@ -75,12 +75,14 @@ from tether.errors import (
     ConfigError,
     CorruptData,
     InvalidForkPoint,
+    MissingExtra,
     RunBusy,
     RunEnded,
     RunNotFound,
     StaleRun,
     TetherError,
 )
+from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.models import ModelAdapter
@@ -142,16 +144,6 @@ def _same_file(a: str, b: str) -> bool:
 RUN_ID_HELP = "the run's id (see `tether runs`)"
 
 
-def _version() -> str:
-    """The installed package's version (its metadata: one place to bump it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tether")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
 def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
 
@@ -169,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     parser = argparse.ArgumentParser(
         prog="tether", description="Run LLM agents whose tools the host executes, step by step."
     )
-    parser.add_argument("--version", action="version", version=f"tether {_version()}")
+    parser.add_argument("--version", action="version", version=f"tether {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_db(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -434,7 +426,7 @@ class _Session:
     def runner(self, args: argparse.Namespace, agent: Agent) -> Runner:
         listeners: list[EventListener] = [self._note_run]
         if not self.json:
-            from tether.models.sdk import SdkAdapter  # here: it imports the HTTP client, which reading runs never needs
+            from tether.models.sdk import SdkAdapter  # here: only a drive needs it
             from tether.surfaces.terminal import LiveView, ProgressPrinter
 
             self.live = LiveView(self.out)  # a no-op unless stdout is a terminal
@@ -1393,6 +1385,16 @@ COMMANDS = {
 }
 
 
+def _check_extras(args: argparse.Namespace) -> None:
+    """The extra a command or flag needs, checked before anything starts: else one line naming it."""
+    if args.command in ("ui", "worker"):
+        require(args.command, f"tether {args.command}")
+    if getattr(args, "detach", False):
+        require("worker", f"tether {args.command} --detach")
+    if getattr(args, "otel", False):
+        require("otel", f"tether {args.command} --otel")
+
+
 def _telemetry(args: argparse.Namespace, err: Console) -> OpenTelemetry | None:
     """The command's tracing: asked for by ``--otel``, or by the standard ``$OTEL_TRACES_EXPORTER``.
 
@@ -1406,12 +1408,13 @@ def _telemetry(args: argparse.Namespace, err: Console) -> OpenTelemetry | None:
         return None
     try:
         from tether.drivers.otel import from_environment
-    except ImportError as missing:
+
+        return from_environment()  # imports the SDK, which the base install lacks (it has the API)
+    except ImportError as missing:  # MissingExtra: with --otel, checked before the command started
         if asked:
-            raise ConfigError(str(missing)) from missing
+            raise
         err.print(Text.assemble(("warning:", "yellow"), f" OTEL_TRACES_EXPORTER is set but {missing}: not traced"))
         return None
-    return from_environment()
 
 
 def _busy_message(error: RunBusy, session: _Session | None) -> str:
@@ -1517,9 +1520,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 os.environ[demo.WORKSPACE_ENV] = args.workspace
             if not args.db:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
+        _check_extras(args)
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
+    except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)
         return EXIT_USAGE
     except RunBusy as error:

@@ -18,15 +18,12 @@ import pydantic
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tether.errors import ToolDefinitionError
+from tether.extras import needs
 from tether.tools import CALL_ID_PARAMETER, SchemaInput, Tool, ToolOptions, built_tool, checked_name
 
-try:
+with needs("mcp", "a tool from a JSON schema (tether.tools.schema)"):  # the openapi extra brings it too
     import jsonschema
     from jsonschema.protocols import Validator
-except ImportError as missing:  # pragma: no cover - the extras install it
-    raise ImportError(
-        f"tools from a JSON schema need jsonschema: pip install 'tether[mcp]' or 'tether[openapi]' ({missing})"
-    ) from missing
 
 DEFAULT_DIALECT = jsonschema.Draft202012Validator
 """For a schema that names no ``$schema``: the dialect MCP and OpenAPI 3.1 use."""

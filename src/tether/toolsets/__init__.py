@@ -96,21 +96,18 @@ def from_record(record: Mapping[str, Any]) -> Toolset:
     """The toolset a run's spec describes (not yet connected).
 
     Raises:
-        ConfigError: the record names an unknown kind or misses what that kind needs, or the
-            kind's client is not installed (the error says which extra to install).
+        ConfigError: the record names an unknown kind or misses what that kind needs.
+        MissingExtra: the kind's client is not installed (it says which extra to install).
     """
     kind = record.get("kind")
-    try:
-        if kind == "mcp":
-            from tether.toolsets.mcp import MCPToolset
+    if kind == "mcp":
+        from tether.toolsets.mcp import MCPToolset
 
-            return MCPToolset.from_record(record)
-        if kind == "openapi":
-            from tether.toolsets.openapi import OpenAPIToolset
+        return MCPToolset.from_record(record)
+    if kind == "openapi":
+        from tether.toolsets.openapi import OpenAPIToolset
 
-            return OpenAPIToolset.from_record(record)
-    except ImportError as missing:
-        raise ConfigError(str(missing)) from missing
+        return OpenAPIToolset.from_record(record)
     raise ConfigError(f"unknown toolset kind {kind!r} in the run's spec (known: {', '.join(KINDS)})")
 
 

@@ -34,18 +34,19 @@ from typing import Any, TextIO, cast
 
 import httpx2
 
-try:
+from tether.extras import needs
+
+with needs("mcp", "an MCP toolset (tether.toolsets.mcp)"):
     from mcp import Client, MCPError, StdioServerParameters
     from mcp.client.stdio import stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, CallToolResult, ContentBlock, ToolAnnotations
     from mcp.types import Tool as ListedTool
-except ImportError as missing:  # pragma: no cover - the extra installs it
-    raise ImportError(f"MCP toolsets need the mcp SDK: pip install 'tether[mcp]' ({missing})") from missing
+
+    from tether.tools.schema import schema_tool
 
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import ModelRetry, OutcomeUnknown, Tool
-from tether.tools.schema import schema_tool
 from tether.toolsets import asking, credentials, describe, included, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 

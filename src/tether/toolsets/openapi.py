@@ -25,14 +25,15 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 from urllib.request import url2pathname
 
-try:
+from tether.extras import needs
+
+with needs("openapi", "an OpenAPI toolset (tether.toolsets.openapi)"):
     import httpx
-except ImportError as missing:  # pragma: no cover - the extra installs it
-    raise ImportError(f"OpenAPI toolsets need httpx: pip install 'tether[openapi]' ({missing})") from missing
+
+    from tether.tools.schema import schema_tool
 
 from tether.errors import ConfigError, ToolDefinitionError, ToolsetError
 from tether.tools import OutcomeUnknown, Tool
-from tether.tools.schema import schema_tool
 from tether.toolsets import asking, credentials, describe, included, local_name, recorded
 from tether.toolsets._loop import BackgroundLoop
 from tether.toolsets.openapi_spec import BODY, FORM, JSON_TYPES, Operation, Parameter, read

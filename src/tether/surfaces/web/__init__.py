@@ -7,3 +7,7 @@ the live streams in :mod:`~tether.surfaces.web.live`, and decisions (through
 :meth:`tether.Runner.decide`, then a resume) in :mod:`~tether.surfaces.web.decisions`.
 Templates and static files ship inside this package: nothing is loaded from another site.
 """
+
+from tether.extras import require
+
+require("ui", "the web inspector (tether.surfaces.web)")  # one line naming the extra, before any module of it fails

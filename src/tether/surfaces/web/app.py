@@ -34,19 +34,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-try:
-    import jinja2
-    from markupsafe import Markup  # Jinja2's own dependency
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.middleware import Middleware
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
-    from starlette.routing import Mount, Route
-    from starlette.staticfiles import StaticFiles
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tether ui needs Starlette, uvicorn and Jinja2: pip install 'tether[ui]'") from error
-
+import jinja2
+from markupsafe import Markup  # Jinja2's own dependency
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
 from tether.agent import Agent

@@ -1,0 +1,459 @@
+"""Every extra installs alone and its feature then works: the built wheel in a fresh venv per extra.
+
+The suite's own venv has every extra (dev installs ``all``), so it cannot notice an extra that
+lacks a package. Here the wheel is built once per session (``python -m build``) and installed
+with one extra and nothing else into a venv of its own (``uv``: seconds each, from one shared
+cache), where a real smoke of the feature runs: the worker drives a detached run to done on
+PostgreSQL, ``tether ui`` serves a page, an MCP server's tool runs, and so on. The base install
+runs the demo and says, in one line naming the extra, what each missing feature needs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.pets_api import make_app
+from support import (
+    DONE,
+    FIBONACCI,
+    PG_URL,
+    PgSchema,
+    closed_port,
+    serving_app,
+    tool_use,
+    tool_use_turn,
+)
+from tether.extras import MODULES
+from tether.testing import FakeChatCompletionsAPI
+
+pytestmark = pytest.mark.slow  # builds a wheel, creates a venv per extra
+
+ROOT = Path(__file__).resolve().parents[1]
+UV = Path(sys.executable).parent / "uv"
+MCP_SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
+ONE_LINE = (
+    r"error: (?P<feature>.+) needs: pip install 'tether\[(?P<extra>[a-z]+)\]' \((?P<module>[\w.]+) is not installed\)\n"
+)
+"""What a missing extra prints on stderr, and nothing else."""
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tether's wheel, built once for the session (the first xdist worker builds it, the others wait)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's directory, above each worker's own
+    out = shared / "wheel"
+    with (shared / "wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("tether-*.whl")):
+            build = [sys.executable, "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(out), str(ROOT)]
+            done = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
+    [built] = out.glob("tether-*.whl")
+    return built
+
+
+@dataclass
+class Venv:
+    """A venv holding tether's wheel with one extra (or none), and what its commands need."""
+
+    path: Path
+    extra: str | None
+
+    @property
+    def python(self) -> str:
+        return str(self.path / "bin" / "python")
+
+    @property
+    def tether(self) -> str:
+        return str(self.path / "bin" / "tether")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """This environment with the venv first on PATH and nothing of the suite's venv or settings."""
+        suite = str(Path(sys.executable).parent)
+        path = [str(self.path / "bin"), *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != suite)]
+        leaks = ("ANTHROPIC", "OPENAI", "TETHER", "OTEL", "PYTHON", "VIRTUAL_ENV")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(leaks)}
+        return {**env, "PATH": os.pathsep.join(path), "COLUMNS": "200", **extra}
+
+    def run(self, cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``tether ARGS`` (or ``python ARGS`` when the first is ``python``) in ``cwd``, to its end."""
+        program = self.python if args[0] == "python" else self.tether
+        rest = args[1:] if args[0] == "python" else args
+        return subprocess.run(
+            [program, *rest],
+            cwd=cwd,
+            env=self.env(**(env or {})),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def start(self, cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """A long-running command (a server, a worker) in the background."""
+        program = [self.python, *args[1:]] if args[0] == "python" else [self.tether, *args]
+        return subprocess.Popen(
+            program,
+            cwd=cwd,
+            env=self.env(**(env or {})),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+Installed = Callable[[str | None], Venv]
+"""The :func:`installed` fixture."""
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """``installed("worker")``: a fresh venv with the wheel and that extra alone (``None``: no extra), made once."""
+    venvs: dict[str | None, Venv] = {}
+
+    def make(extra: str | None) -> Venv:
+        if extra in venvs:
+            return venvs[extra]
+        path = tmp_path_factory.mktemp(f"venv-{extra or 'base'}")
+        venv = Venv(path, extra)
+        requirement = f"{wheel}[{extra}]" if extra else str(wheel)
+        for command in (
+            [str(UV), "venv", "--quiet", "--python", sys.executable, str(path)],
+            [str(UV), "pip", "install", "--quiet", "--python", venv.python, requirement],
+        ):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=venv.env())
+            assert done.returncode == 0, done.stderr
+        where = subprocess.run(
+            [venv.python, "-c", "import tether; print(tether.__file__)"], capture_output=True, text=True, check=True
+        )
+        assert Path(where.stdout.strip()).is_relative_to(path)  # the wheel's tether, not this source tree
+        venvs[extra] = venv
+        return venv
+
+    return make
+
+
+def has_every_module_of(venv: Venv, *extras: str) -> None:
+    """tether.extras.require() finds every module ``extras`` bring: the extra installs what tether says it does."""
+    check = f"from tether.extras import require\nfor extra in {list(extras)!r}:\n    require(extra, 'this check')"
+    done = subprocess.run([venv.python, "-c", check], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def scripted(where: Path, *turns: dict[str, Any]) -> str:
+    """A scripted model file: these turns, then done."""
+    (where / "script.json").write_text(json.dumps([*turns, DONE]), encoding="utf-8")
+    return f"scripted:{where / 'script.json'}"
+
+
+def data(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode in (0, 3), f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    value = json.loads(done.stdout)
+    assert isinstance(value, dict)
+    return value
+
+
+# The base install ------------------------------------------------------------------------------
+MISSING_IN_THE_CLI = [
+    ("ui", ["ui", "--port", "0"]),
+    ("worker", ["worker", "--db", PG_URL]),
+    ("worker", ["run", "hi", "--detach", "--db", PG_URL]),
+    ("otel", ["demo", "--otel", "--approve-all"]),
+    ("openai", ["run", "hi", "--model", "openai:gpt-test"]),
+    ("postgres", ["runs", "--db", PG_URL]),
+    ("mcp", ["run", "hi", "--mcp", "server"]),
+    ("openapi", ["run", "hi", "--openapi", "api.json"]),
+]
+MISSING_IN_THE_LIBRARY = {
+    "postgres": f"from tether.stores.sql import SQLStore; SQLStore({PG_URL!r})",
+    "async": f"from tether.stores.sql import AsyncSQLStore; AsyncSQLStore({PG_URL!r})",
+    "service": "import tether.examples.service",
+    "openai": "from tether.models.openai import OpenAIModel; OpenAIModel('gpt-test')",
+    "ui": "import tether.surfaces.web.app",
+    "mcp": "import tether.toolsets.mcp",
+    "openapi": "import tether.toolsets.openapi",
+    "otel": "from tether.drivers.otel import from_environment; from_environment()",
+    "worker": f"from tether.drivers.worker import Worker; Worker({PG_URL!r})",
+}
+LIBRARY_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    from tether.errors import MissingExtra
+
+    said = {}
+    for extra, code in json.loads(sys.argv[1]).items():
+        try:
+            exec(code)
+        except ImportError as error:
+            said[extra] = [type(error).__name__, getattr(error, "extra", None), str(error)]
+        else:
+            said[extra] = None
+    print(json.dumps(said))
+    """
+)
+
+
+def test_the_base_install_runs_the_demo_traced_only_if_asked(installed: Installed, tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER, set for other programs too, only warns without the otel extra (the API is there)."""
+    base = installed(None)
+    done = base.run(tmp_path, "demo", "--approve-all", "--json", env={"OTEL_TRACES_EXPORTER": "console"})
+    assert data(done)["status"] == "done"
+    assert FIBONACCI in data(done)["output"]
+    warning = "warning: OTEL_TRACES_EXPORTER is set but tracing (tether.drivers.otel) needs: pip install 'tether[otel]'"
+    assert done.stderr.startswith(warning), done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_the_base_install_says_in_one_line_which_extra_each_command_needs(installed: Installed, tmp_path: Path) -> None:
+    base = installed(None)
+    for extra, command in MISSING_IN_THE_CLI:
+        done = base.run(tmp_path, *command)
+        said = re.fullmatch(ONE_LINE, done.stderr)
+        assert (done.returncode, done.stdout, said is not None) == (2, "", True), (command, done.stderr)
+        assert said is not None
+        assert said["extra"] == extra, (command, done.stderr)
+
+
+def test_the_base_install_says_which_extra_each_feature_needs_as_an_import_error(installed: Installed) -> None:
+    base = installed(None)
+    done = base.run(Path.cwd(), "python", "-c", LIBRARY_CHECK, json.dumps(MISSING_IN_THE_LIBRARY))
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert sorted(said) == sorted(MODULES)  # every extra
+    for extra, (kind, named, message) in said.items():
+        assert (kind, named) == ("MissingExtra", extra), message
+        assert re.fullmatch(ONE_LINE, f"error: {message}\n"), message
+
+
+# Each extra alone ------------------------------------------------------------------------------
+def test_postgres_a_run_is_kept_in_postgresql(installed: Installed, pg_schema: PgSchema, tmp_path: Path) -> None:
+    venv = installed("postgres")
+    has_every_module_of(venv, "postgres")
+    done = data(venv.run(tmp_path, "demo", "--approve-all", "--json", "--db", pg_schema.url))
+    assert done["status"] == "done"
+    listed = data(venv.run(tmp_path, "runs", "--json", "--db", pg_schema.url))
+    assert [run["run_id"] for run in listed["runs"]] == [done["run_id"]]
+
+
+ASYNC_RUN = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from tether import Agent, AsyncRunner, tool
+    from tether.stores.sql import AsyncSQLStore
+    from tether.testing import ScriptedModel
+
+    @tool
+    def add(a: int, b: int) -> int:
+        "Add two integers."
+        return a + b
+
+    async def main() -> None:
+        store = AsyncSQLStore(sys.argv[1])
+        try:
+            agent = Agent(model=ScriptedModel(json.loads(sys.argv[2])), tools=[add])
+            result = await AsyncRunner(agent, store).run("Add 2 and 3.")
+            print(json.dumps({"status": result.status, "tool_calls": result.tool_calls, "run_id": result.run_id}))
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_async_an_async_runner_drives_a_run_on_postgresql(
+    installed: Installed, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    venv = installed("async")
+    has_every_module_of(venv, "async", "postgres")
+    turns = [tool_use_turn(tool_use("t1", "add", {"a": 2, "b": 3})), DONE]
+    done = data(venv.run(tmp_path, "python", "-c", ASYNC_RUN, pg_schema.url, json.dumps(turns)))
+    assert (done["status"], done["tool_calls"]) == ("done", 1)
+    shown = data(venv.run(tmp_path, "show", done["run_id"], "--json", "--db", pg_schema.url))
+    assert shown["status"] == "done"
+
+
+def test_service_the_example_service_answers_on_postgresql(
+    installed: Installed, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    venv = installed("service")
+    has_every_module_of(venv, "service", "async", "postgres")
+    (tmp_path / "tokens.json").write_text(json.dumps({"token-of-acme-0123456789": "acme"}), encoding="utf-8")
+    port = closed_port()
+    args = ["python", "-m", "tether.examples.service", "--db", pg_schema.url, "--port", str(port)]
+    server = venv.start(tmp_path, *args, "--tokens", "tokens.json")
+    try:
+        answer = request(
+            f"http://127.0.0.1:{port}/runs", {"prompt": "go"}, token="token-of-acme-0123456789", server=server
+        )
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)
+    assert answer["status"] == "awaiting_approval"  # the demo agent asks before it runs its program
+    assert [call["tool"] for call in answer["pending_approvals"]] == ["run_python"]
+
+
+def test_openai_a_run_on_an_openai_compatible_api(installed: Installed, tmp_path: Path) -> None:
+    venv = installed("openai")
+    has_every_module_of(venv, "openai")
+    with FakeChatCompletionsAPI() as api:
+        api.reply_text("Hello from a Chat Completions API.")
+        env = {"OPENAI_API_KEY": "test-key", "OPENAI_BASE_URL": api.url}
+        done = data(venv.run(tmp_path, "run", "hi", "--model", "openai:gpt-test", "--json", env=env))
+    assert (done["status"], done["output"]) == ("done", "Hello from a Chat Completions API.")
+
+
+def test_ui_the_inspector_serves_the_runs(installed: Installed, tmp_path: Path) -> None:
+    venv = installed("ui")
+    has_every_module_of(venv, "ui")
+    parked = data(venv.run(tmp_path, "demo", "--json"))
+    db = f"sqlite:///{tmp_path / 'tether-demo' / 'tether.db'}"
+    server = venv.start(tmp_path, "ui", "--db", db, "--port", "0")
+    try:
+        assert server.stdout is not None
+        announced = server.stdout.readline()  # "tether ui: http://127.0.0.1:PORT/?token=TOKEN"
+        found = re.search(r"(http://\S+/)\?token=(\S+)", announced)
+        assert found is not None, announced
+        with urllib.request.urlopen(
+            urllib.request.Request(found[1], headers={"Authorization": f"Bearer {found[2]}"}), timeout=30
+        ) as page:
+            html = page.read().decode()
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)
+    assert parked["run_id"] in html
+
+
+def test_mcp_an_mcp_servers_tool_runs(installed: Installed, tmp_path: Path) -> None:
+    venv = installed("mcp")
+    has_every_module_of(venv, "mcp")
+    model = scripted(tmp_path, tool_use_turn(tool_use("t1", "add", {"a": 1, "b": 2})))
+    server = f"{venv.python} {MCP_SERVER}"  # built with the SDK the extra installed
+    done = data(venv.run(tmp_path, "run", "add", "--mcp", server, "--model", model, "--json"))
+    assert (done["status"], done["tool_calls"]) == ("done", 1)
+    assert (tmp_path / "calls.log").read_text().splitlines() == ["add 1 2"]
+
+
+def test_openapi_an_operation_of_a_local_service_runs(installed: Installed, tmp_path: Path) -> None:
+    venv = installed("openapi")
+    has_every_module_of(venv, "openapi")
+    app = make_app()
+    model = scripted(tmp_path, tool_use_turn(tool_use("t1", "listPets", {"limit": 1})))
+    with serving_app(app) as url:
+        done = data(venv.run(tmp_path, "run", "list", "--openapi", f"{url}/openapi.json", "--model", model, "--json"))
+    assert (done["status"], done["tool_calls"]) == ("done", 1)
+    assert [(method, path) for method, path, *_ in app.state.seen] == [("GET", "/v1/pets")]
+
+
+def test_otel_a_runs_spans_are_exported(installed: Installed, tmp_path: Path) -> None:
+    venv = installed("otel")
+    has_every_module_of(venv, "otel")
+    done = venv.run(tmp_path, "demo", "--approve-all", "--json", "--otel", env={"OTEL_TRACES_EXPORTER": "console"})
+    assert data(done)["status"] == "done"
+    run_id = data(done)["run_id"]
+    assert re.search(r'"name": "invoke_agent [^"]+"', done.stderr), done.stderr  # the console exporter's JSON
+    assert f'"tether.run.id": "{run_id}"' in done.stderr
+
+
+def test_worker_drives_a_detached_run_to_done_on_postgresql(
+    installed: Installed, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    venv = installed("worker")
+    has_every_module_of(venv, "worker", "async", "postgres")
+    db = ["--db", pg_schema.url]
+    demo = ["--tools", "tether.examples.demo:TOOLS", "--model", "scripted-demo"]  # the demo's agent, queued
+    queued = data(venv.run(tmp_path, "run", "go", "--detach", *demo, "--json", *db))
+    run_id = queued["run_id"]
+    worker = venv.start(tmp_path, "worker", "--json", *db)
+    notes = Notes(worker)
+    try:
+        assert notes.next() == (run_id, "picked_up")
+        assert notes.next() == (run_id, "awaiting_approval")  # the demo asks before it runs its program
+        approved = venv.run(tmp_path, "approve", run_id, "toolu_demo_run", *db)
+        assert approved.returncode == 0, approved.stderr
+        assert notes.next() == (run_id, "picked_up")  # the decision queued the run again
+        assert notes.next() == (run_id, "done")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    shown = data(venv.run(tmp_path, "show", run_id, "--json", *db))
+    assert shown["status"] == "done"
+    assert FIBONACCI in shown["output"]
+
+
+def test_all_brings_every_extra(installed: Installed) -> None:
+    venv = installed("all")
+    has_every_module_of(venv, *MODULES)
+    modules = ["tether.surfaces.web.app", "tether.examples.service", "tether.toolsets.mcp", "tether.toolsets.openapi"]
+    modules += ["tether.drivers.otel", "tether.models.openai_client", "tether.models.anthropic_client", "procrastinate"]
+    done = venv.run(
+        Path.cwd(), "python", "-c", "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)", *modules
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# Helpers -----------------------------------------------------------------------------------------
+def request(url: str, body: dict[str, Any], *, token: str, server: subprocess.Popen[str]) -> dict[str, Any]:
+    """POST ``body`` as JSON once the server listens (it takes a moment to start): the JSON answer."""
+    deadline = time.monotonic() + 60
+    sent = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    while True:
+        try:
+            with urllib.request.urlopen(sent, timeout=30) as answer:
+                value = json.loads(answer.read())
+                assert isinstance(value, dict)
+                return value
+        except ConnectionRefusedError:
+            pass
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError):
+                raise
+        assert server.poll() is None, server.communicate()[1]
+        assert time.monotonic() < deadline, "the service did not start listening"
+        time.sleep(0.1)
+
+
+class Notes:
+    """A worker's ``--json`` lines on stdout, read as they come (by a thread: a read may hold several)."""
+
+    def __init__(self, worker: subprocess.Popen[str]) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(worker,), daemon=True).start()
+
+    def _read(self, worker: subprocess.Popen[str]) -> None:
+        for line in worker.stdout or ():
+            self.lines.put(line)
+
+    def next(self, timeout: float = 60) -> tuple[str, str]:
+        """The next line, as (run id, what)."""
+        try:
+            line = json.loads(self.lines.get(timeout=timeout))
+        except queue.Empty:
+            raise AssertionError("the worker said nothing in time") from None
+        return line["run_id"], line["what"]
