@@ -7,13 +7,16 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from support import (
+    BROWSER_WAIT_MS,
     MERMAID_DIR,
     MERMAID_HOME,
     PG_URL,
+    SCREENSHOTS,
     SNAPSHOT_EVERY_IN_TESTS,
     PgSchema,
     assert_snapshots_fold_alike,
@@ -106,6 +109,36 @@ def chromium() -> str:
     """The path of Debian's Chromium, for Playwright (else skip, or fail under TETHER_REQUIRE_TOOLS=1)."""
     need_tool(chromium_missing())
     return str(shutil.which("chromium"))
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Any]:
+    """Headless Chromium driven by Playwright, one per test module (launching it takes a second)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    """A fresh browser profile (no cookie yet), 1280 px wide, whose expectations wait up to BROWSER_WAIT_MS."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=BROWSER_WAIT_MS)
+    made = browser.new_context(viewport={"width": 1280, "height": 860})
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshots: the test's directory, or ``$TETHER_UI_SCREENSHOTS``."""
+    where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
 
 
 @pytest.fixture(scope="session")

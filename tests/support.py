@@ -249,6 +249,12 @@ def chromium_missing() -> str | None:
     return None
 
 
+SCREENSHOTS = "TETHER_UI_SCREENSHOTS"
+"""Where the browser tests save their screenshots (``scripts/ui-screenshots`` sets it to diagrams/)."""
+BROWSER_WAIT_MS = 30_000
+"""How long a browser expectation waits for the page (a shared 2-core machine can be slow); not a speed check."""
+
+
 def mermaid_node(where: Path) -> str | None:
     """The ``node`` that runs Mermaid's parser: the Node 20 scripts/setup installed in ``where``/.node
     (where the one on PATH is older), else the one on PATH."""

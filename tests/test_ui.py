@@ -27,7 +27,7 @@ from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
-from tether.surfaces.web.decisions import InProcess
+from tether.surfaces.web.decisions import UNCONFIRMED_EDIT, InProcess
 from tether.surfaces.web.guard import check_bind, is_loopback
 from tether.testing import ScriptedModel
 from ui_runs import SHOWN_FINGERPRINT, Project
@@ -389,6 +389,27 @@ def test_an_edit_within_the_rules_runs_with_the_edited_input(app: Any, store: SQ
     assert results["toolu_refund"].endswith("edited the input before running the tool.)\nrefunded 15.0 on INV-7")
     page = browser.get(f"/runs/{run.run_id}").text
     assert "Input as edited by a person" in page
+
+
+def test_approve_with_an_edited_input_in_the_form_is_refused_not_run_as_shown(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """The page's "Approve" sends the input field too: if it no longer holds what was shown, nothing is decided."""
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    for typed in ('{"invoice": "INV-7", "amount": 5}', "{not json"):
+        refused = decide(browser, run.run_id, inbox, action="approve", input=typed)
+        assert refused.status_code == 422
+        [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
+        assert html.unescape(error) == UNCONFIRMED_EDIT
+        assert f">{_escaped(typed)}</textarea>" in refused.text
+    assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+
+    same = '{\n  "amount": 20,\n  "invoice": "INV-7"\n}'  # what was shown, laid out otherwise
+    assert decide(browser, run.run_id, inbox, action="approve", input=same).status_code == 303
+    [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert (approval.approved, approval.input) == (True, None)
 
 
 @ON_BOTH

@@ -12,30 +12,20 @@ Screenshots of the pages go to the test's directory, or to ``$TETHER_UI_SCREENSH
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import clean_env
 from tether.core.approvals import AutoApprover
 from tether.drivers.loader import agent_from_spec
 from tether.drivers.runner import Runner
 from tether.stores.sql import SQLStore
-from ui_runs import XSS, Project
+from ui_runs import XSS, Project, serve
 
 pytestmark = pytest.mark.slow
-
-SCREENSHOTS = "TETHER_UI_SCREENSHOTS"
-WAIT_MS = 30_000
-"""How long an expectation waits for the page (a shared 2-core machine can be slow); not a speed check."""
 
 
 @dataclass
@@ -50,28 +40,6 @@ class Served:
     """Parked before its refund, for the person to approve."""
     done: str
     """Ended, its tool output and answer holding the XSS attempt (the parked runs hold none)."""
-
-
-@contextmanager
-def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
-    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
-    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
-    with (
-        log.open("w") as errors,
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
-    ):
-        try:
-            assert server.stdout is not None
-            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())  # once bound
-            assert found is not None, log.read_text()
-            yield found.group(0), found.group(1), found.group(2)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -91,34 +59,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         store.close()
     with serve(url, root / "ui.log") as (address, base, token):
         yield Served(address, base, token, parked.run_id, done.run_id)
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def context(browser: Any) -> Iterator[Any]:
-    """A fresh browser profile (no cookie yet) whose expectations wait up to WAIT_MS."""
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=WAIT_MS)
-    made = browser.new_context(viewport={"width": 1280, "height": 860})
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Served, context: Any, shots: Path) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.agent import Agent
-from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input
+from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input, fingerprint
 from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
@@ -44,6 +44,13 @@ ACTIONS = ("approve", "deny", "edit")
 
 class BadForm(ConfigError):
     """A decision form that cannot be read (answered 422; nothing is recorded)."""
+
+
+UNCONFIRMED_EDIT = (
+    "you edited the input, but Approve approves the input as it was shown: press "
+    "“Approve the edited input” to approve your edit, or undo it. Nothing was decided."
+)
+"""Why a plain approval of an edited form is refused: what a person approves is what they see."""
 
 
 @dataclass(frozen=True)
@@ -80,15 +87,29 @@ class DecisionForm:
             by=fields.get("by", "").strip(),
         )
 
+    @property
+    def edited(self) -> bool:
+        """Whether the input sent differs from the one shown (by its fingerprint; text that is not JSON differs)."""
+        if not self.input_text:
+            return False  # a form with no input field (a script's) approves what it was shown
+        try:
+            return fingerprint(edited_input(self.input_text)) != self.fingerprint
+        except ConfigError:
+            return True
+
     def decision(self, actor: str) -> Decision:
         """The decision this form asks for.
 
         Raises:
-            BadForm: an edited input that is not a JSON object.
+            BadForm: an edited input that is not a JSON object, or a plain approval of an edited input
+                (:data:`UNCONFIRMED_EDIT`: approving what was shown while the page shows another input
+                would run what the person no longer sees).
         """
         if self.action == "deny":
             return Deny(self.reason, actor=actor)
         if self.action == "approve":
+            if self.edited:
+                raise BadForm(UNCONFIRMED_EDIT)
             return Approve(actor=actor)
         try:
             edited = edited_input(self.input_text)

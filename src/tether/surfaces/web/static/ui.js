@@ -164,3 +164,101 @@
     show();
   });
 })();
+
+// Confirmations. A form whose effect is hard to take back asks first, in the page's <dialog>:
+// - "Approve" on a call whose input was edited asks whether to approve the edit (the server refuses
+//   a plain approval of an edited input, so without this script the person is told instead);
+// - a form or button with data-confirm asks that question (cancel, resume, retry, fork); the
+//   server asks again on a page of its own when the answer did not come from here (no script).
+(function () {
+  const dialog = document.getElementById("confirm");
+  if (!dialog || typeof dialog.showModal !== "function") return;
+  const CONFIRMED = "confirmed"; // the field saying the question was answered here
+
+  function ask(title, text, detail, yes, tone) {
+    dialog.querySelector("#confirm-title").textContent = title;
+    dialog.querySelector(".confirm-text").textContent = text;
+    const shown = dialog.querySelector(".confirm-detail");
+    shown.textContent = detail || "";
+    shown.hidden = !detail;
+    const button = dialog.querySelector("[data-testid=confirm-yes]");
+    button.textContent = yes;
+    button.className = tone || "approve";
+    dialog.returnValue = "";
+    dialog.showModal();
+    return new Promise((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+    });
+  }
+
+  function canonical(text) {
+    // JSON as one spelling (keys sorted), or null when it is not JSON.
+    function sorted(value) {
+      if (Array.isArray(value)) return value.map(sorted);
+      if (value && typeof value === "object") {
+        const out = {};
+        Object.keys(value)
+          .sort()
+          .forEach((key) => {
+            out[key] = sorted(value[key]);
+          });
+        return out;
+      }
+      return value;
+    }
+    try {
+      return JSON.stringify(sorted(JSON.parse(text)));
+    } catch (error) {
+      return null;
+    }
+  }
+
+  function editedInput(form) {
+    // The edited input's text when it differs from what the server showed, else null.
+    const field = form.querySelector("textarea[name=input]");
+    if (!field || field.value === field.defaultValue) return null;
+    const now = canonical(field.value);
+    return now !== null && now === canonical(field.defaultValue) ? null : field.value;
+  }
+
+  function resend(form, submitter) {
+    let mark = form.querySelector("input[name=" + CONFIRMED + "]");
+    if (!mark) {
+      mark = document.createElement("input");
+      mark.type = "hidden";
+      mark.name = CONFIRMED;
+      form.appendChild(mark);
+    }
+    mark.value = "1";
+    form.requestSubmit(submitter);
+  }
+
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (!(form instanceof HTMLFormElement) || form.method === "dialog") return;
+    const submitter = event.submitter;
+    const done = form.querySelector("input[name=" + CONFIRMED + "]");
+    if (done && done.value === "1") return; // answered: send it
+    if (form.classList.contains("decide") && submitter && submitter.value === "approve") {
+      const edited = editedInput(form);
+      if (edited === null) return;
+      event.preventDefault();
+      const tool = form.dataset.tool || "the tool";
+      const text = "You changed the input of " + tool + ". Approve runs it with the input below, not the one the model asked for.";
+      const edit = form.querySelector("button[value=edit]");
+      ask("Approve the edited input?", text, edited, "Approve the edited input").then((yes) => {
+        if (yes && edit) resend(form, edit);
+      });
+      return;
+    }
+    const question = (submitter && submitter.dataset.confirm) || form.dataset.confirm;
+    if (!question) return;
+    event.preventDefault();
+    const title = (submitter && submitter.dataset.confirmTitle) || form.dataset.confirmTitle || "Are you sure?";
+    const yes = (submitter && submitter.dataset.confirmYes) || form.dataset.confirmYes || "Yes";
+    const tone = (submitter && submitter.dataset.confirmTone) || form.dataset.confirmTone || "approve";
+    ask(title, question, "", yes, tone).then((answer) => {
+      if (answer) resend(form, submitter);
+    });
+  });
+})();
