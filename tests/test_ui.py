@@ -27,7 +27,7 @@ from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
-from tether.surfaces.web.decisions import UNCONFIRMED_EDIT, InProcess
+from tether.surfaces.web.decisions import TWO_EDITS, UNCONFIRMED_EDIT, InProcess
 from tether.surfaces.web.guard import check_bind, is_loopback
 from tether.testing import ScriptedModel
 from ui_runs import SHOWN_FINGERPRINT, Project
@@ -410,6 +410,29 @@ def test_approve_with_an_edited_input_in_the_form_is_refused_not_run_as_shown(
     assert decide(browser, run.run_id, inbox, action="approve", input=same).status_code == 303
     [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
     assert (approval.approved, approval.input) == (True, None)
+
+
+def test_an_edit_in_the_fields_and_another_in_the_raw_json_is_refused(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """Without the page's script both ways of editing are sent: they must say one input."""
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    fields = {"f.invoice": "INV-7", "t.invoice": "string", "f.amount": "5", "t.amount": "number"}
+    refused = decide(browser, run.run_id, inbox, action="edit", input='{"invoice": "INV-7", "amount": 6}', **fields)
+    assert refused.status_code == 422
+    assert TWO_EDITS in html.unescape(refused.text)
+    unreadable = decide(browser, run.run_id, inbox, action="edit", **{**fields, "f.amount": "lots"})
+    assert unreadable.status_code == 422
+    [beside] = re.findall(r'data-testid="field-error">([^<]*)<', unreadable.text)
+    assert html.unescape(beside) == "'lots' is not a number"
+    assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+
+    agreed = decide(browser, run.run_id, inbox, action="edit", input='{"amount": 5, "invoice": "INV-7"}', **fields)
+    assert agreed.status_code == 303
+    [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert approval.input == {"invoice": "INV-7", "amount": 5}
 
 
 @ON_BOTH

@@ -248,6 +248,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     card.get_by_label("Decided by").fill("alice")
     card.get_by_label("Reason").fill("five is enough")
     card.get_by_text("Edit the input").click()
+    card.get_by_text("Raw JSON").click()
     card.locator("textarea[name=input]").fill(EDITED)
     page.locator("h1").click()  # nothing has the focus now: the edits alone hold the page
     assert page.evaluate("document.activeElement === document.body")
@@ -319,6 +320,7 @@ def test_after_a_refused_decision_the_page_keeps_following_its_run(lively: Livel
     page.goto(lively.address)
     page.goto(f"{lively.base}runs/{lively.refused}")
     page.get_by_text("Edit the input").click()
+    page.get_by_text("Raw JSON").click()
     page.locator("textarea[name=input]").fill('{"amount": 20}')  # no invoice: the schema refuses it
     page.get_by_role("button", name="Approve the edited input").click()
     expect(page.get_by_test_id("decision-error")).to_be_visible()

@@ -18,12 +18,9 @@ import pytest
 from tether.core.events import ToolFinished
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
-from ui_runs import Project, serve
+from ui_runs import Project, serve, shipping
 
 pytestmark = pytest.mark.slow
-
-EDITED = '{"invoice": "INV-7", "amount": 5}'
-"""A narrower refund than the model's 20, typed over the parked call's input."""
 
 
 @dataclass
@@ -35,6 +32,8 @@ class Reviewed:
     url: str
     parked: list[str]
     """Runs parked before ``refund`` (``toolu_refund``, 20 on INV-7), one per test that decides one."""
+    shipments: list[str]
+    """Runs parked before ``ship`` (``toolu_ship``, :data:`ui_runs.SHIPMENT`)."""
 
     def results(self, run_id: str) -> dict[str, str]:
         """What each tool call of the run returned, by call id."""
@@ -59,14 +58,16 @@ class Reviewed:
 def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
     root = tmp_path_factory.mktemp("reviewer")
     project = Project.make(root / "project", echoed="Checking the invoice before the refund.", quoted="")
+    shipper = Project.make(root / "shipper", turns=shipping())
     url = f"sqlite:///{root / 'runs.db'}"
     store = SQLStore(url)
     try:
         parked = [project.park(store, prompt=f"Refund INV-7, case {n}.").run_id for n in range(4)]
+        shipments = [shipper.park(store, prompt=f"Ship order A-1, case {n}.").run_id for n in range(3)]
     finally:
         store.close()
     with serve(url, root / "ui.log") as (address, base, _):
-        yield Reviewed(address, base, url, parked)
+        yield Reviewed(address, base, url, parked, shipments)
 
 
 def signed_in(reviewed: Reviewed, context: Any, path: str) -> Any:
@@ -84,13 +85,14 @@ def test_approve_after_an_edit_asks_and_then_runs_the_edit(reviewed: Reviewed, c
     run = reviewed.parked[0]
     page = signed_in(reviewed, context, f"runs/{run}")
     page.get_by_text("Edit the input").click()
-    page.locator("textarea[name=input]").fill(EDITED)
+    page.get_by_test_id("fields").get_by_label("amount").fill("5")
     page.get_by_role("button", name="Approve", exact=True).click()
 
     dialog = page.get_by_role("dialog")
     expect(dialog).to_be_visible()
     expect(dialog).to_contain_text("Approve the edited input?")
-    expect(dialog.locator(".confirm-detail")).to_have_text(EDITED)
+    expect(dialog.locator(".confirm-detail")).to_contain_text("amount: 20 → 5")  # what changed, then the whole input
+    expect(dialog.locator(".confirm-detail")).to_contain_text('"amount": 5')
     page.screenshot(path=shots / "ui-confirm-edit.png")
     dialog.get_by_role("button", name="Back").click()  # nothing is sent: the person looks again
     expect(dialog).to_be_hidden()
@@ -111,10 +113,10 @@ def test_without_a_script_approve_after_an_edit_is_refused_and_says_why(reviewed
     try:
         page = signed_in(reviewed, context, f"runs/{run}")
         page.get_by_text("Edit the input").click()
-        page.locator("textarea[name=input]").fill(EDITED)
+        page.get_by_test_id("fields").get_by_label("amount").fill("5")
         page.get_by_role("button", name="Approve", exact=True).click()
         expect(page.get_by_test_id("decision-error")).to_have_text(UNCONFIRMED_EDIT)
-        expect(page.locator("textarea[name=input]")).to_have_value(EDITED)  # kept, to approve or undo
+        expect(page.get_by_test_id("fields").get_by_label("amount")).to_have_value("5")  # kept, to approve or undo
         expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")
         assert "toolu_refund" not in reviewed.results(run)
 
@@ -123,3 +125,78 @@ def test_without_a_script_approve_after_an_edit_is_refused_and_says_why(reviewed
     finally:
         context.close()
     assert reviewed.result(run, "toolu_refund").endswith("refunded 5.0 on INV-7")
+
+
+# Editing the input field by field ---------------------------------------------------------------
+def test_the_input_is_edited_field_by_field_as_the_tools_schema_says(
+    reviewed: Reviewed, context: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    run = reviewed.shipments[0]
+    page = signed_in(reviewed, context, f"runs/{run}")
+    page.get_by_text("Edit the input").click()
+    fields = page.get_by_test_id("fields")
+    expect(fields.get_by_label("order")).to_have_value("A-1")
+    expect(fields.get_by_label("carrier")).to_have_value('"dhl"')  # a choice of the enum's values
+    expect(fields.get_by_label("express")).to_have_value("false")
+    expect(fields.get_by_label("boxes")).to_have_attribute("type", "number")
+    expect(fields.locator("[data-field=boxes]")).to_contain_text("How many boxes")  # the schema's description
+    expect(fields.get_by_label("items")).to_have_value('[\n  {\n    "sku": 7\n  }\n]')  # nested: raw JSON
+
+    fields.get_by_label("carrier").select_option(label="ups")
+    fields.get_by_label("express").select_option(label="true")
+    fields.get_by_label("boxes").fill("3")
+    fields.get_by_label("note").fill("fragile")
+    page.screenshot(path=shots / "ui-edit-fields.png", full_page=True)
+    page.get_by_role("button", name="Approve", exact=True).click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".confirm-detail")).to_contain_text('"carrier": "ups"')  # the raw JSON follows the fields
+    dialog.get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    shipped = reviewed.result(run, "toolu_ship")
+    assert shipped.endswith(
+        "edited the input before running the tool.)\nshipped A-1 by ups: 3 box(es), express True, note 'fragile'"
+    )
+
+
+def test_a_field_the_schema_refuses_says_so_beside_it(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    run = reviewed.shipments[1]
+    page = signed_in(reviewed, context, f"runs/{run}")
+    page.get_by_text("Edit the input").click()
+    fields = page.get_by_test_id("fields")
+    fields.get_by_label("boxes").fill("0")  # the schema wants at least 1
+    fields.get_by_label("items").fill('[{"sku": 7},')  # not JSON
+    page.get_by_role("button", name="Approve the edited input").click()
+    expect(page.locator("[data-field=items] [data-testid=field-error]")).to_contain_text("not valid JSON")
+    expect(fields.get_by_label("boxes")).to_have_value("0")  # what was typed stays, to fix
+
+    fields.get_by_label("items").fill('[{"sku": 7}]')
+    page.get_by_role("button", name="Approve the edited input").click()
+    expect(page.locator("[data-field=boxes] [data-testid=field-error]")).to_contain_text("greater than or equal to 1")
+    expect(page.locator("[data-field=items] [data-testid=field-error]")).to_have_count(0)
+    expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")
+
+    fields.get_by_label("boxes").fill("1")
+    page.get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    assert reviewed.result(run, "toolu_ship").endswith("shipped A-1 by dhl: 1 box(es), express False, note None")
+
+
+def test_the_raw_json_sets_the_fields_aside(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    run = reviewed.shipments[2]
+    page = signed_in(reviewed, context, f"runs/{run}")
+    page.get_by_text("Edit the input").click()
+    page.get_by_text("Raw JSON").click()
+    page.locator("textarea[name=input]").fill(
+        '{"order": "A-2", "carrier": "ups", "express": true, "boxes": 4, "items": []}'
+    )
+    expect(page.get_by_test_id("fields")).to_have_class("fields set-aside")
+    expect(page.get_by_test_id("fields").get_by_label("order")).to_be_disabled()
+    page.get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    assert reviewed.result(run, "toolu_ship").endswith("shipped A-2 by ups: 4 box(es), express True, note None")

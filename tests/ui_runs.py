@@ -31,6 +31,10 @@ TOOLS = textwrap.dedent(
     '''
     """Tools for the inspector's tests."""
 
+    from typing import Annotated, Literal
+
+    import pydantic
+
     from tether import tool
 
 
@@ -46,7 +50,20 @@ TOOLS = textwrap.dedent(
         return f"refunded {amount} on {invoice}"
 
 
-    TOOLS = [echo, refund]
+    @tool(approval=True)
+    def ship(
+        order: str,
+        carrier: Literal["ups", "dhl"],
+        express: bool,
+        boxes: Annotated[int, pydantic.Field(ge=1, description="How many boxes")],
+        items: list[dict[str, int]],
+        note: str | None = None,
+    ) -> str:
+        """Ship an order's parcels."""
+        return f"shipped {order} by {carrier}: {boxes} box(es), express {express}, note {note!r}"
+
+
+    TOOLS = [echo, refund, ship]
     '''
 )
 RULES = textwrap.dedent(
@@ -76,10 +93,14 @@ class Project:
     root: Path
 
     @classmethod
-    def make(cls, root: Path, *, echoed: str = XSS, quoted: str = XSS) -> Project:
+    def make(
+        cls, root: Path, *, echoed: str = XSS, quoted: str = XSS, turns: list[dict[str, Any]] | None = None
+    ) -> Project:
+        """The project's files; the model says ``turns``, or echoes ``echoed`` and asks for the refund."""
         root.mkdir(parents=True, exist_ok=True)
         (root / "uitools.py").write_text(TOOLS, encoding="utf-8")
-        (root / "script.json").write_text(json.dumps(script(echoed, quoted)), encoding="utf-8")
+        said = script(echoed, quoted) if turns is None else turns
+        (root / "script.json").write_text(json.dumps(said), encoding="utf-8")
         (root / "rules.toml").write_text(RULES, encoding="utf-8")
         return cls(root)
 
@@ -94,11 +115,23 @@ class Project:
         }
 
     def park(self, store: Store, *, tenant: str | None = None, prompt: str = "Refund INV-7.") -> RunResult:
-        """A run that echoed, then parked before ``refund`` (``toolu_refund``)."""
+        """A run parked for a person: by default one that echoed, then parked before ``refund`` (``toolu_refund``)."""
         runner = Runner(agent_from_spec(self.spec), store, approver=DecideLater())
         result = runner.run(prompt, tenant=tenant)
         assert result.status == "awaiting_approval", result
         return result
+
+
+SHIPMENT = {"order": "A-1", "carrier": "dhl", "express": False, "boxes": 2, "items": [{"sku": 7}]}
+"""What the model asks ``ship`` to send, in :func:`shipping`."""
+
+
+def shipping() -> list[dict[str, Any]]:
+    """The model: ask to ship :data:`SHIPMENT` (``toolu_ship``), then answer."""
+    return [
+        tool_use_turn(tool_use("toolu_ship", "ship", SHIPMENT)),
+        model_reply([{"type": "text", "text": "Shipped."}], "end_turn"),
+    ]
 
 
 SHOWN_FINGERPRINT = fingerprint(REFUND)

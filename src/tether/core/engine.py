@@ -63,7 +63,16 @@ from tether.policy import budgets
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.pricing import price_for
 from tether.policy.rules import decide_call, denial
-from tether.tools import ModelRetry, OutcomeUnknown, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
+from tether.tools import (
+    ModelRetry,
+    OutcomeUnknown,
+    Tool,
+    ToolExit,
+    ToolTimeout,
+    UnserializableResult,
+    field_problems,
+    plain_errors,
+)
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 CONTEXT_EXCEEDED = "model_context_window_exceeded"
@@ -800,7 +809,12 @@ def check_edit(agent: Agent, request: PendingApproval, edited: dict[str, Any]) -
     except pydantic.ValidationError as error:
         problems, details = plain_errors(error), str(error)
         raise InvalidEditedInput(
-            run_id=request.run_id, call_id=request.call_id, tool=tool.name, problems=problems, details=details
+            run_id=request.run_id,
+            call_id=request.call_id,
+            tool=tool.name,
+            problems=problems,
+            details=details,
+            by_field=field_problems(error),
         ) from error
     context = ApprovalContext(
         run_id=request.run_id, tool=tool.name, call_id=request.call_id, tenant=request.tenant, agent=agent.name

@@ -62,7 +62,8 @@ from tether.errors import (
 from tether.policy.access import Credentials, Grant
 from tether.stores import Store
 from tether.surfaces.web import live, pages
-from tether.surfaces.web.decisions import BadForm, Decider, DecisionForm, InProcess, Resume
+from tether.surfaces.web.decisions import BadFields, BadForm, Decider, DecisionForm, InProcess, Resume
+from tether.surfaces.web.fields import KIND, fields_of
 from tether.surfaces.web.guard import (
     CSRF_FIELD,
     TOKEN_PARAM,
@@ -250,7 +251,13 @@ class _Inspector:
                 if isinstance(error, UnknownCall)
                 else 409
             )
-            problem = {"error_run": run_id, "error_call": call_id, "error": str(error), "draft": fields.get("input")}
+            problem = {
+                "error_run": run_id,
+                "error_call": call_id,
+                "error": str(error),
+                "draft": fields,
+                "error_fields": _by_field(error),
+            }
             if back == INBOX:
                 return await self._inbox(request, viewer, status, **problem)
             return await self._run(request, viewer, run_id, status, **problem)
@@ -283,7 +290,8 @@ class _Inspector:
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             raise _Refused(413, f"refused: a form may hold at most {MAX_FORM_BYTES} bytes")
-        fields = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+        pairs = parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+        fields = {name: value.replace("\r\n", "\n") for name, value in pairs}  # a text area's lines come as CRLF
         if viewer is not None and not Guard.csrf_ok(viewer, fields.get(CSRF_FIELD)):
             raise _Refused(403, "refused: this form has expired (the server restarted?): reload the page and try again")
         return fields
@@ -440,6 +448,8 @@ def _templates() -> jinja2.Environment:
     env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
     env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"
     env.filters["segment"] = lambda value: quote(str(value), safe="")
+    env.globals["fields_of"] = fields_of
+    env.globals["posted_fields"] = lambda posted: any(name.startswith(KIND) for name in posted)
     return env
 
 
@@ -453,8 +463,21 @@ def _when(at: float | None) -> str:
 
 
 def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
-    """The error context a page shows beside one call's form (none by default)."""
-    return {"error_run": None, "error_call": None, "error": None, "draft": None, "fork_error": None, **problem}
+    """The error context a page shows beside one call's form (none by default).
+
+    ``draft`` is the refused form as posted, shown again in its fields; ``error_fields`` the problems by field.
+    """
+    nothing: dict[str, Any] = {"error_run": None, "error_call": None, "error": None, "draft": None, "error_fields": {}}
+    return {**nothing, "fork_error": None, **problem}
+
+
+def _by_field(error: Exception) -> dict[str, str]:
+    """A refused edit's problems by the input's field, where it says them so."""
+    if isinstance(error, BadFields):
+        return error.problems
+    if isinstance(error, InvalidEditedInput):
+        return error.by_field
+    return {}
 
 
 def _on_a_card(calls: Iterable[Any], problem: Mapping[str, Any]) -> bool:

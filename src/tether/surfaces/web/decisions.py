@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.agent import Agent
@@ -34,6 +34,7 @@ from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, TetherError
 from tether.stores import RunRecord, Store
+from tether.surfaces.web import fields
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,26 @@ class BadForm(ConfigError):
     """A decision form that cannot be read (answered 422; nothing is recorded)."""
 
 
+class BadFields(BadForm):
+    """Fields of an edited input that cannot be read: each problem is shown beside its field."""
+
+    def __init__(self, problems: Mapping[str, str]) -> None:
+        said = "; ".join(f"{key}: {problem}" for key, problem in problems.items())
+        super().__init__(f"the edited input cannot be read: {said}")
+        self.problems = dict(problems)
+        """What is wrong, by the field's key."""
+
+
 UNCONFIRMED_EDIT = (
     "you edited the input, but Approve approves the input as it was shown: press "
     "“Approve the edited input” to approve your edit, or undo it. Nothing was decided."
 )
 """Why a plain approval of an edited form is refused: what a person approves is what they see."""
+TWO_EDITS = (
+    "the fields and the raw JSON say different inputs: change one of them back (or reload the page). "
+    "Nothing was decided."
+)
+"""Why an edit is refused when the form's two ways of editing disagree (possible without the page's script)."""
 
 
 @dataclass(frozen=True)
@@ -58,52 +74,75 @@ class DecisionForm:
     """What a person sent about one call."""
 
     action: str
-    """approve, deny, or edit (approve with ``input``)."""
+    """approve, deny, or edit (approve with the edited input)."""
     fingerprint: str
     """Of the input the page showed: the decision is refused if the call's input changed since."""
     reason: str = ""
     input_text: str = ""
-    """The edited input as the person typed it (kept to show again beside an error)."""
+    """The input as raw JSON, as the person left it."""
     by: str = ""
+    field_values: Mapping[str, str] = field(default_factory=dict)
+    """The edit form's fields as posted (``f.KEY`` and ``t.KEY``: see :mod:`~tether.surfaces.web.fields`)."""
 
     @classmethod
-    def of(cls, fields: Mapping[str, str]) -> DecisionForm:
+    def of(cls, posted: Mapping[str, str]) -> DecisionForm:
         """Read a submitted form.
 
         Raises:
             BadForm: an unknown action, or no fingerprint (a form that did not come from a page).
         """
-        action = fields.get("action", "")
+        action = posted.get("action", "")
         if action not in ACTIONS:
             raise BadForm(f"unknown action {action!r}: approve, deny or edit")
-        fingerprint = fields.get("fingerprint", "").strip()
+        fingerprint = posted.get("fingerprint", "").strip()
         if not fingerprint:
             raise BadForm("the form carries no fingerprint of the input it showed: reload the page")
         return cls(
             action=action,
             fingerprint=fingerprint,
-            reason=fields.get("reason", "").strip(),
-            input_text=fields.get("input", ""),
-            by=fields.get("by", "").strip(),
+            reason=posted.get("reason", "").strip(),
+            input_text=posted.get("input", ""),
+            by=posted.get("by", "").strip(),
+            field_values={k: v for k, v in posted.items() if k.startswith((fields.VALUE, fields.KIND))},
         )
+
+    def edit(self) -> dict[str, Any] | None:
+        """The input the form says, if it differs from the one shown; None if it says the one shown.
+
+        The fields and the raw JSON are two ways to edit one input: either may carry the edit,
+        and if both do they must agree.
+
+        Raises:
+            BadFields: a field that cannot be read.
+            BadForm: raw JSON that is not an object, or fields and raw JSON that disagree.
+        """
+        from_fields, problems = fields.input_of(self.field_values)
+        if problems:
+            raise BadFields(problems)
+        try:
+            raw = edited_input(self.input_text) if self.input_text.strip() else None
+        except ConfigError as error:
+            raise BadForm(str(error)) from None
+        changed = [said for said in (from_fields, raw) if said is not None and fingerprint(said) != self.fingerprint]
+        if len(changed) == 2 and fingerprint(changed[0]) != fingerprint(changed[1]):
+            raise BadForm(TWO_EDITS)
+        return changed[0] if changed else None
 
     @property
     def edited(self) -> bool:
-        """Whether the input sent differs from the one shown (by its fingerprint; text that is not JSON differs)."""
-        if not self.input_text:
-            return False  # a form with no input field (a script's) approves what it was shown
+        """Whether the form says another input than the one shown (one it cannot read counts as another)."""
         try:
-            return fingerprint(edited_input(self.input_text)) != self.fingerprint
-        except ConfigError:
+            return self.edit() is not None
+        except BadForm:
             return True
 
     def decision(self, actor: str) -> Decision:
         """The decision this form asks for.
 
         Raises:
-            BadForm: an edited input that is not a JSON object, or a plain approval of an edited input
-                (:data:`UNCONFIRMED_EDIT`: approving what was shown while the page shows another input
-                would run what the person no longer sees).
+            BadForm: a plain approval of an edited input (:data:`UNCONFIRMED_EDIT`: approving what was
+                shown while the page shows another input would run what the person no longer sees); an
+                edit that cannot be read (:class:`BadFields` for a field), or an edit with no input.
         """
         if self.action == "deny":
             return Deny(self.reason, actor=actor)
@@ -111,11 +150,9 @@ class DecisionForm:
             if self.edited:
                 raise BadForm(UNCONFIRMED_EDIT)
             return Approve(actor=actor)
-        try:
-            edited = edited_input(self.input_text)
-        except ConfigError as error:
-            raise BadForm(str(error)) from None
-        return Approve(input=edited, actor=actor)
+        if not self.input_text.strip() and not self.field_values:
+            raise BadForm("no edited input was sent: edit the fields or the raw JSON")
+        return Approve(input=self.edit(), actor=actor)  # None: nothing was changed, the input as shown
 
 
 class Decider:
@@ -248,4 +285,14 @@ class InProcess:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["ACTIONS", "BadForm", "Decider", "DecisionForm", "InProcess", "Resume"]
+__all__ = [
+    "ACTIONS",
+    "TWO_EDITS",
+    "UNCONFIRMED_EDIT",
+    "BadFields",
+    "BadForm",
+    "Decider",
+    "DecisionForm",
+    "InProcess",
+    "Resume",
+]

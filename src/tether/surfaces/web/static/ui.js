@@ -165,7 +165,7 @@
   });
 })();
 
-// Confirmations. A form whose effect is hard to take back asks first, in the page's <dialog>:
+// Forms. A form whose effect is hard to take back asks first, in the page's <dialog>:
 // - "Approve" on a call whose input was edited asks whether to approve the edit (the server refuses
 //   a plain approval of an edited input, so without this script the person is told instead);
 // - a form or button with data-confirm asks that question (cancel, resume, retry, fork); the
@@ -221,6 +221,26 @@
     return now !== null && now === canonical(field.defaultValue) ? null : field.value;
   }
 
+  function changes(before, after) {
+    // What changed, key by key ("amount: 20 → 5"), when both are JSON objects.
+    let old, now;
+    try {
+      old = JSON.parse(before);
+      now = JSON.parse(after);
+    } catch (error) {
+      return [];
+    }
+    if (!old || !now || typeof old !== "object" || typeof now !== "object") return [];
+    const keys = Array.from(new Set(Object.keys(old).concat(Object.keys(now))));
+    return keys
+      .filter((key) => canonical(JSON.stringify(old[key])) !== canonical(JSON.stringify(now[key])))
+      .map((key) => {
+        const was = key in old ? JSON.stringify(old[key]) : "(not given)";
+        const is = key in now ? JSON.stringify(now[key]) : "(left out)";
+        return key + ": " + was + " → " + is;
+      });
+  }
+
   function resend(form, submitter) {
     let mark = form.querySelector("input[name=" + CONFIRMED + "]");
     if (!mark) {
@@ -233,6 +253,61 @@
     form.requestSubmit(submitter);
   }
 
+  // Edit forms: the fields and the raw JSON say one input. Typing in a field writes the raw JSON
+  // from the fields (each number and JSON field as typed, so the server reads both alike); typing in
+  // the raw JSON sets the fields aside (disabled: not sent) until it is undone. Without this script
+  // both are sent, and the server refuses them if they disagree.
+  const KIND = "t.";
+  const VALUE = "f.";
+
+  function fromFields(form) {
+    // The input the fields say, as JSON text; null while a field cannot be read (the server says why).
+    const parts = [];
+    for (const marker of form.querySelectorAll("input[name^='" + KIND + "']")) {
+      const key = marker.name.slice(KIND.length);
+      const field = form.elements.namedItem(VALUE + key);
+      const optional = marker.value.endsWith("?");
+      const kind = optional ? marker.value.slice(0, -1) : marker.value;
+      const text = field ? field.value : "";
+      let json;
+      if (kind === "string" || kind === "text") {
+        if (optional && text === "") continue;
+        json = JSON.stringify(text);
+      } else {
+        if (text.trim() === "") continue;
+        try {
+          const value = JSON.parse(text);
+          if (kind !== "json" && typeof value !== "number") return null;
+        } catch (error) {
+          return null;
+        }
+        json = text.trim();
+      }
+      parts.push("  " + JSON.stringify(key) + ": " + json.replace(/\n/g, "\n  "));
+    }
+    return parts.length ? "{\n" + parts.join(",\n") + "\n}" : "{}";
+  }
+
+  document.addEventListener("input", (event) => {
+    const field = event.target;
+    const form = field && field.form;
+    if (!form || !form.classList.contains("decide")) return;
+    const raw = form.querySelector("textarea[name=input]");
+    if (!raw) return;
+    if (field.name && field.name.startsWith(VALUE)) {
+      const text = fromFields(form);
+      if (text !== null) raw.value = text;
+    } else if (field === raw) {
+      const said = fromFields(form);
+      const aside = said === null || canonical(raw.value) !== canonical(said);
+      form.querySelectorAll("[name^='" + VALUE + "'], [name^='" + KIND + "']").forEach((each) => {
+        each.disabled = aside;
+      });
+      const fields = form.querySelector(".fields");
+      if (fields) fields.classList.toggle("set-aside", aside);
+    }
+  });
+
   document.addEventListener("submit", (event) => {
     const form = event.target;
     if (!(form instanceof HTMLFormElement) || form.method === "dialog") return;
@@ -244,9 +319,11 @@
       if (edited === null) return;
       event.preventDefault();
       const tool = form.dataset.tool || "the tool";
-      const text = "You changed the input of " + tool + ". Approve runs it with the input below, not the one the model asked for.";
+      const text = "You changed the input of " + tool + ". Approve runs it with the input below, not the one shown.";
       const edit = form.querySelector("button[value=edit]");
-      ask("Approve the edited input?", text, edited, "Approve the edited input").then((yes) => {
+      const before = form.querySelector("textarea[name=input]").defaultValue;
+      const detail = changes(before, edited).concat(["", edited]).join("\n");
+      ask("Approve the edited input?", text, detail, "Approve the edited input").then((yes) => {
         if (yes && edit) resend(form, edit);
       });
       return;
