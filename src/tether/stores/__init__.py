@@ -88,6 +88,41 @@ class RunLease:
     """Unix time this holder took the lease (renewals keep it)."""
 
 
+@dataclass(frozen=True)
+class RunQuery:
+    """Which runs a paged listing finds (see :meth:`Store.query_runs`): every filter left out matches every run."""
+
+    status: str | None = None
+    """The stored status (``awaitingApproval``...)."""
+    waiting_retry: bool | None = None
+    """True: only runs parked for a tool retry; False: none of those; None: both (as :meth:`Store.list_runs`)."""
+    tenant: str | None = None
+    agent: str | None = None
+    """Part of the name of the run's agent (``spec["agent"]``), any case."""
+    model: str | None = None
+    """Part of the run's model (``spec["model"]``), any case."""
+    created_from: float | None = None
+    """Created at or after this Unix time."""
+    created_before: float | None = None
+    """Created before this Unix time."""
+    text: str = ""
+    """Part of, in any case (ASCII letters only, on SQLite): the run's id, its prompt, a tool it started or
+    waits on (with that call's input), its error or its answer. (A run written before its row kept its
+    prompt has its opening messages searched as JSON instead, keys included.)"""
+    roots_only: bool = False
+    """Leave out child runs (their spec has a ``parent``: see :mod:`tether.core.children`)."""
+    longest_waiting_first: bool = False
+    """Order by the time each run last changed, oldest first (an inbox), instead of newest created first."""
+
+
+@dataclass(frozen=True)
+class RunsFound:
+    """One page of the runs a :class:`RunQuery` finds, and how many it finds in all."""
+
+    records: list[RunRecord]
+    total: int
+
+
 class Store(Protocol):
     """Persistence for runs and their events."""
 
@@ -148,6 +183,17 @@ class Store(Protocol):
         ``waiting_retry``: True keeps only runs parked for a tool retry (their summary has a
         ``next_due_at``), False leaves them out, None keeps both. Filtered before ``limit``, so
         asking for the runs shown ``executing_tool`` or ``waiting_retry`` misses none.
+        """
+        ...
+
+    def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """The runs ``query`` finds, newest first (or longest waiting first): ``limit`` of them from ``offset``.
+
+        With the number found in all, read in the same transaction, so a page and its count agree.
+        Filters on the status, tenant and creation time narrow the rows by their indexes first.
+
+        Raises:
+            ConfigError: a negative ``limit`` or ``offset``.
         """
         ...
 
@@ -277,6 +323,10 @@ class AsyncStore(Protocol):
         """See :meth:`Store.list_runs`."""
         ...
 
+    async def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """See :meth:`Store.query_runs`."""
+        ...
+
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`Store.list_due`."""
         ...
@@ -360,10 +410,12 @@ def check_deletable(statuses: Collection[str]) -> None:
         raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
 
 
-def check_limit(limit: int) -> None:
-    """Refuse a negative ``limit`` for a listing (SQL would read it as "no limit")."""
+def check_limit(limit: int, offset: int = 0) -> None:
+    """Refuse a negative ``limit`` (SQL would read it as "no limit") or ``offset`` for a listing."""
     if limit < 0:
         raise ConfigError(f"limit must be >= 0, not {limit}")
+    if offset < 0:
+        raise ConfigError(f"offset must be >= 0, not {offset}")
 
 
 def shown_url(url: str) -> str:
@@ -419,7 +471,9 @@ __all__ = [
     "AsyncStore",
     "RunLease",
     "RunLog",
+    "RunQuery",
     "RunRecord",
+    "RunsFound",
     "Snapshot",
     "Store",
     "check_deletable",
