@@ -30,7 +30,7 @@ from tether.surfaces.web.app import create_app
 from tether.surfaces.web.decisions import TWO_EDITS, UNCONFIRMED_EDIT, InProcess
 from tether.surfaces.web.guard import check_bind, is_loopback
 from tether.testing import ScriptedModel
-from ui_runs import SHOWN_FINGERPRINT, Project
+from ui_runs import SHOWN_FINGERPRINT, Project, two_calls
 
 OPERATOR = "operator-token-0123456789"
 ACME = "acme-token-0123456789"
@@ -433,6 +433,30 @@ def test_an_edit_in_the_fields_and_another_in_the_raw_json_is_refused(
     assert agreed.status_code == 303
     [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
     assert approval.input == {"invoice": "INV-7", "amount": 5}
+
+
+def test_deciding_a_turn_at_once_stops_at_a_refusal_and_says_what_was_decided(store: SQLStore, tmp_path: Path) -> None:
+    app = create_app(store, CREDENTIALS, resume=InProcess(store, max_wait=0).drive)
+    run = Project.make(tmp_path / "pair", turns=two_calls()).park(store)
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert 'data-testid="decide-all"' in page
+    form = {
+        "csrf": csrf_of(page),
+        "run_id": run.run_id,
+        "next": f"/runs/{run.run_id}",
+        "all.toolu_refund": SHOWN_FINGERPRINT,
+        "all.toolu_ship": "0123456789abcdef",  # not what was shown
+        "action": "approve-all",
+    }
+    refused = browser.post("/decide", data=form)
+    assert refused.status_code == 409
+    [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
+    assert html.unescape(error).startswith("toolu_refund decided; ")
+    assert "fingerprint" in error
+    decided = [e.fact.call_id for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert decided == ["toolu_refund"]  # each decision is its own: the first stays
+    assert browser.post("/decide", data={**form, "action": "maybe"}).status_code == 422
 
 
 @ON_BOTH

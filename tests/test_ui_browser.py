@@ -83,7 +83,7 @@ def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Serv
     cards = inbox.locator("article.pending")
     expect(cards).to_have_count(2)  # every tenant's: the printed token is an operator's
     inbox.screenshot(path=shots / "ui-inbox.png", full_page=True)
-    card = cards.filter(has=inbox.locator(f"a[href='/runs/{served.parked}']"))
+    card = inbox.locator(f"section.turn[data-run='{served.parked}'] article.pending")
     card.get_by_label("Decided by").fill("alice")
     card.get_by_role("button", name="Approve", exact=True).click()
     expect(inbox.get_by_role("status")).to_contain_text("Decision recorded for toolu_refund")
@@ -225,7 +225,7 @@ def lively(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lively]:
 
 
 def card_of(page: Any, run_id: str) -> Any:
-    return page.locator("article.pending").filter(has=page.locator(f"a[href='/runs/{run_id}']"))
+    return page.locator(f"section.turn[data-run='{run_id}'] article.pending")
 
 
 def live_inbox(lively: Lively, context: Any) -> tuple[Any, Any]:

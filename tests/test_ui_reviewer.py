@@ -18,7 +18,7 @@ import pytest
 from tether.core.events import ToolFinished
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
-from ui_runs import Project, serve, shipping
+from ui_runs import Project, delegating, serve, shipping, two_calls
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,12 @@ class Reviewed:
     """Runs parked before ``refund`` (``toolu_refund``, 20 on INV-7), one per test that decides one."""
     shipments: list[str]
     """Runs parked before ``ship`` (``toolu_ship``, :data:`ui_runs.SHIPMENT`)."""
+    pairs: list[str]
+    """Runs parked on a refund and a shipment asked for in one turn (:func:`ui_runs.two_calls`)."""
+    parent: str
+    """Parked by its child run (the clerk's), which waits on a refund (``toolu_clerk``)."""
+    hostile: str
+    """Parked on a shipment whose rule's note holds HTML and a ``javascript:`` link."""
 
     def results(self, run_id: str) -> dict[str, str]:
         """What each tool call of the run returned, by call id."""
@@ -59,15 +65,31 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
     root = tmp_path_factory.mktemp("reviewer")
     project = Project.make(root / "project", echoed="Checking the invoice before the refund.", quoted="")
     shipper = Project.make(root / "shipper", turns=shipping())
+    pair = Project.make(root / "pair", turns=two_calls())
+    delegator = Project.make(root / "delegator", turns=delegating())
+    hostile = Project.make(root / "hostile", turns=shipping(), rules=HOSTILE_RULES)
     url = f"sqlite:///{root / 'runs.db'}"
     store = SQLStore(url)
     try:
         parked = [project.park(store, prompt=f"Refund INV-7, case {n}.").run_id for n in range(4)]
         shipments = [shipper.park(store, prompt=f"Ship order A-1, case {n}.").run_id for n in range(3)]
+        pairs = [pair.park(store, prompt=f"Refund INV-7 and ship A-1 again, case {n}.").run_id for n in range(3)]
+        parent = delegator.park(store, prompt="Have the clerk refund the duplicate charge.").run_id
+        hostile_run = hostile.park(store, prompt="Ship it.").run_id
     finally:
         store.close()
     with serve(url, root / "ui.log") as (address, base, _):
-        yield Reviewed(address, base, url, parked, shipments)
+        yield Reviewed(address, base, url, parked, shipments, pairs, parent, hostile_run)
+
+
+HOSTILE_RULES = """
+[[rules]]
+tool = "ship"
+action = "require_approval"
+description = '''**Careful** <script>window.__xss = 1</script> [click](javascript:window.__xss=2)
+<img src=x onerror=window.__xss=3>'''
+"""
+"""A rule whose note tries raw HTML, a script and a ``javascript:`` link: Markdown renders none of them."""
 
 
 def signed_in(reviewed: Reviewed, context: Any, path: str) -> Any:
@@ -200,3 +222,108 @@ def test_the_raw_json_sets_the_fields_aside(reviewed: Reviewed, context: Any) ->
     page.get_by_role("button", name="Approve the edited input").click()
     expect(page.get_by_test_id("run-status")).to_have_text("done")
     assert reviewed.result(run, "toolu_ship").endswith("shipped A-2 by ups: 4 box(es), express True, note None")
+
+
+# What a card says ------------------------------------------------------------------------------
+def turn_of(page: Any, run_id: str) -> Any:
+    return page.locator(f"section.turn[data-run='{run_id}']")
+
+
+def test_an_inbox_card_shows_what_the_call_will_do_and_why(reviewed: Reviewed, browser: Any, shots: Path) -> None:
+    from playwright.sync_api import expect
+
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        try:
+            page = signed_in(reviewed, context, "inbox")
+            turn = turn_of(page, reviewed.pairs[2])
+            expect(turn.get_by_test_id("prompt")).to_contain_text("Refund INV-7 and ship A-1 again, case 2.")
+            said = turn.get_by_test_id("model-said").locator(".text")
+            assert said.inner_text() == "Refunding the duplicate charge,\nthen shipping the replacement."  # its lines
+            refund = turn.locator("article.pending[data-call=toolu_refund]")
+            expect(refund.get_by_test_id("tool-description").locator("strong")).to_have_text("company account")
+            expect(refund.get_by_test_id("why")).to_contain_text("the tool is marked approval=True")
+            ship = turn.locator("article.pending[data-call=toolu_ship]")
+            expect(ship.get_by_test_id("why")).to_contain_text("rule 2 (shipping-desk): shipments go through the desk")
+            note = ship.get_by_test_id("note")
+            expect(note.locator("strong")).to_have_text("address")
+            expect(note.get_by_role("link", name="the runbook")).to_have_attribute(
+                "rel", "noopener noreferrer nofollow"
+            )
+            assert page.evaluate("document.documentElement.scrollWidth") == width  # nothing wider than the screen
+            turn.scroll_into_view_if_needed()
+            page.screenshot(path=shots / f"ui-inbox-{width}.png", full_page=width == 390)
+        finally:
+            context.close()
+
+
+def test_a_child_runs_call_shows_its_chain_and_is_decided_from_its_parents_page(
+    reviewed: Reviewed, context: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    inbox = signed_in(reviewed, context, "inbox")
+    chain = inbox.locator("section.turn").filter(has=inbox.locator("[data-call=toolu_clerk]")).get_by_test_id("chain")
+    expect(chain).to_contain_text(reviewed.parent)  # the root first
+    expect(chain).to_contain_text("via delegate toolu_delegate")
+    expect(chain).to_contain_text("child run")
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.parent}")  # the parent, parked by its child
+    expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")
+    card = page.locator("article.pending[data-call=toolu_clerk]")
+    expect(card).to_be_visible()
+    expect(page.get_by_test_id("model-said")).to_contain_text("I will refund INV-9")  # the clerk's words
+    page.screenshot(path=shots / "ui-parent-waits-on-child.png", full_page=True)
+    card.get_by_label("Decided by").fill("carol")
+    card.get_by_role("button", name="Approve", exact=True).click()
+    expect(page.get_by_role("status")).to_contain_text("Decision recorded for toolu_clerk")
+    expect(page.get_by_test_id("run-status")).to_have_text("done")  # the root was driven on, its child first
+    expect(page.get_by_test_id("run-output")).to_contain_text("The clerk refunded it.")
+
+
+def test_a_turns_calls_are_decided_together(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    run = reviewed.pairs[0]
+    page = signed_in(reviewed, context, f"runs/{run}")
+    ship = page.locator("article.pending[data-call=toolu_ship]")
+    ship.get_by_text("Edit the input").click()
+    ship.get_by_test_id("fields").get_by_label("boxes").fill("5")
+    together = page.get_by_test_id("decide-all")
+    together.get_by_role("button", name="Approve all 2 as shown").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("You edited the input of ship")  # all as shown would not be the edit
+    dialog.get_by_role("button", name="Back").click()
+    ship.get_by_test_id("fields").get_by_label("boxes").fill("2")  # taken back: as shown
+
+    together.get_by_label("Decided by").fill("dana")
+    together.get_by_role("button", name="Approve all 2 as shown").click()
+    expect(page.get_by_role("status")).to_contain_text("Decision recorded for toolu_refund, toolu_ship")
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    assert reviewed.results(run)["toolu_refund"] == "refunded 20.0 on INV-7"
+    assert reviewed.results(run)["toolu_ship"].startswith("shipped A-1 by dhl: 2 box(es)")
+    expect(page.locator("table.timeline")).to_contain_text("ship approved by dana")
+
+    denied = reviewed.pairs[1]
+    page.goto(f"{reviewed.base}runs/{denied}")
+    together = page.get_by_test_id("decide-all")
+    together.get_by_label("Reason").fill("not today")
+    together.get_by_role("button", name="Deny all 2").click()
+    page.get_by_role("dialog").get_by_role("button", name="Deny all").click()  # asked first
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    assert all("not today" in said for said in reviewed.results(denied).values())
+
+
+def test_markdown_in_a_note_is_shown_safely(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.hostile}")
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    note = page.get_by_test_id("note")
+    expect(note.locator("strong")).to_have_text("Careful")
+    expect(note).to_contain_text("<script>window.__xss = 1</script>")  # shown as text
+    expect(note).to_contain_text("[click](javascript:window.__xss=2)")  # not a link
+    assert note.locator("script, img, a").count() == 0
+    assert page.evaluate("typeof window.__xss") == "undefined"
+    assert errors == []

@@ -35,7 +35,8 @@ TOOLS = textwrap.dedent(
 
     import pydantic
 
-    from tether import tool
+    from tether import Agent, tool
+    from tether.testing import ScriptedModel
 
 
     @tool
@@ -46,7 +47,10 @@ TOOLS = textwrap.dedent(
 
     @tool(approval=True)
     def refund(invoice: str, amount: float) -> str:
-        """Refund an invoice."""
+        """Refund an invoice.
+
+        Money leaves the **company account**: check the amount against the invoice.
+        """
         return f"refunded {amount} on {invoice}"
 
 
@@ -63,7 +67,18 @@ TOOLS = textwrap.dedent(
         return f"shipped {order} by {carrier}: {boxes} box(es), express {express}, note {note!r}"
 
 
-    TOOLS = [echo, refund, ship]
+    def clerk(request):
+        """The clerk's model: refunds INV-9 (a person approves it), then says so."""
+        if request.invocation == 0:
+            said = {"type": "text", "text": "The customer was charged twice: I will refund INV-9."}
+            refund = {"invoice": "INV-9", "amount": 12}
+            asked = {"type": "tool_use", "id": "toolu_clerk", "name": "refund", "input": refund}
+            return {"content": [said, asked], "stop_reason": "tool_use"}
+        return {"content": [{"type": "text", "text": "Refunded INV-9."}], "stop_reason": "end_turn"}
+
+
+    CLERK = Agent(ScriptedModel(clerk), tools=[refund], name="clerk")
+    TOOLS = [echo, refund, ship, CLERK.as_tool("delegate", "Hand a billing task to the clerk.")]
     '''
 )
 RULES = textwrap.dedent(
@@ -74,6 +89,13 @@ RULES = textwrap.dedent(
     when = { amount = { gt = 100 } }
     action = "deny"
     message = "refunds over 100 need a manager"
+
+    [[rules]]
+    name = "shipping-desk"
+    tool = "ship"
+    action = "require_approval"
+    message = "shipments go through the desk"
+    description = "Check the **address** with the customer first; see [the runbook](https://example.com/runbook)."
     """
 )
 
@@ -94,14 +116,20 @@ class Project:
 
     @classmethod
     def make(
-        cls, root: Path, *, echoed: str = XSS, quoted: str = XSS, turns: list[dict[str, Any]] | None = None
+        cls,
+        root: Path,
+        *,
+        echoed: str = XSS,
+        quoted: str = XSS,
+        turns: list[dict[str, Any]] | None = None,
+        rules: str = RULES,
     ) -> Project:
         """The project's files; the model says ``turns``, or echoes ``echoed`` and asks for the refund."""
         root.mkdir(parents=True, exist_ok=True)
         (root / "uitools.py").write_text(TOOLS, encoding="utf-8")
         said = script(echoed, quoted) if turns is None else turns
         (root / "script.json").write_text(json.dumps(said), encoding="utf-8")
-        (root / "rules.toml").write_text(RULES, encoding="utf-8")
+        (root / "rules.toml").write_text(rules, encoding="utf-8")
         return cls(root)
 
     @property
@@ -131,6 +159,24 @@ def shipping() -> list[dict[str, Any]]:
     return [
         tool_use_turn(tool_use("toolu_ship", "ship", SHIPMENT)),
         model_reply([{"type": "text", "text": "Shipped."}], "end_turn"),
+    ]
+
+
+def two_calls() -> list[dict[str, Any]]:
+    """The model: say why, then ask for a refund (``toolu_refund``) and a shipment (``toolu_ship``) in one turn."""
+    said = {"type": "text", "text": "Refunding the duplicate charge,\nthen shipping the replacement."}
+    asked = tool_use_turn(tool_use("toolu_refund", "refund", REFUND), tool_use("toolu_ship", "ship", SHIPMENT))
+    return [
+        {**asked, "content": [said, *asked["content"]]},
+        model_reply([{"type": "text", "text": "Both done."}], "end_turn"),
+    ]
+
+
+def delegating() -> list[dict[str, Any]]:
+    """The model: hand the refund to the clerk (``toolu_delegate``), whose run parks on its own refund."""
+    return [
+        tool_use_turn(tool_use("toolu_delegate", "delegate", {"task": "Refund INV-9"})),
+        model_reply([{"type": "text", "text": "The clerk refunded it."}], "end_turn"),
     ]
 
 

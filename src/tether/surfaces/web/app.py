@@ -23,13 +23,15 @@ person is shown as text.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 try:
     import jinja2
@@ -41,8 +43,12 @@ try:
     from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
+
+    from tether.surfaces.web.markdown import markdown  # markdown-it-py
 except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tether ui needs Starlette, uvicorn and Jinja2: pip install 'tether[ui]'") from error
+    raise ImportError(
+        "tether ui needs Starlette, uvicorn, Jinja2 and markdown-it-py: pip install 'tether[ui]'"
+    ) from error
 
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
@@ -62,7 +68,16 @@ from tether.errors import (
 from tether.policy.access import Credentials, Grant
 from tether.stores import Store
 from tether.surfaces.web import live, pages
-from tether.surfaces.web.decisions import BadFields, BadForm, Decider, DecisionForm, InProcess, Resume
+from tether.surfaces.web.decisions import (
+    TURN_ACTIONS,
+    BadFields,
+    BadForm,
+    Decider,
+    DecisionForm,
+    InProcess,
+    Resume,
+    TurnForm,
+)
 from tether.surfaces.web.fields import KIND, fields_of
 from tether.surfaces.web.guard import (
     CSRF_FIELD,
@@ -72,6 +87,7 @@ from tether.surfaces.web.guard import (
     Viewer,
     cross_site,
 )
+from tether.surfaces.web.inbox import Turn, inbox_page, turns_below
 from tether.views import diagram
 from tether.views.printable import printable
 
@@ -160,30 +176,46 @@ class _Inspector:
         viewer = self.viewer(request)
         return await self._inbox(request, viewer)
 
-    async def _inbox(self, request: Request, viewer: Viewer, status: int = 200, **problem: Any) -> Response:
-        items = await run_in_threadpool(pages.inbox, self.store, viewer.tenant)
+    async def _inbox(
+        self, request: Request, viewer: Viewer, status: int = 200, problem: _Problem | None = None
+    ) -> Response:
+        number = _int(request.query_params.get("page")) or 1
+        box = await run_in_threadpool(inbox_page, self.store, viewer.tenant, number)
         digest = await run_in_threadpool(pages.digest, self.store, viewer.tenant)
+        waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
+        problem = problem or _Problem()
         return self.render(
             request,
             "inbox.html",
             viewer,
             status,
-            items=items,
+            box=box,
             digest=digest,
-            waiting=len(items),
+            waiting=waiting,
             decided=request.query_params.get("decided"),
             decided_run=request.query_params.get("run"),
-            error_on_card=_on_a_card((item.call for item in items), problem),
-            **_no_problem(problem),
+            problem=problem,
+            error_on_card=problem.on_a_card(box.turns),
         )
 
     async def run(self, request: Request) -> Response:
         viewer = self.viewer(request)
         return await self._run(request, viewer, request.path_params["run_id"])
 
-    async def _run(self, request: Request, viewer: Viewer, run_id: str, status: int = 200, **problem: Any) -> Response:
+    async def _run(
+        self,
+        request: Request,
+        viewer: Viewer,
+        run_id: str,
+        status: int = 200,
+        problem: _Problem | None = None,
+        *,
+        fork_error: str | None = None,
+    ) -> Response:
         page = await run_in_threadpool(pages.run_page, self.store, run_id, viewer.tenant)
+        turns = await run_in_threadpool(self._turns, run_id, viewer.tenant)
         waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
+        problem = problem or _Problem()
         return self.render(
             request,
             "run.html",
@@ -195,9 +227,18 @@ class _Inspector:
             graphviz=shutil.which("dot") is not None,
             graphviz_hint=diagram.GRAPHVIZ_HINT,
             decided=request.query_params.get("decided"),
-            error_on_card=_on_a_card(page.pending, problem),
-            **_no_problem(problem),
+            turns=turns,
+            problem=problem,
+            error_on_card=problem.on_a_card(turns),
+            fork_error=fork_error,
         )
+
+    def _turns(self, run_id: str, tenant: str | None) -> list[Turn]:
+        """What the run waits on a person for: its own calls, and its children's."""
+        try:
+            return turns_below(self.store, self.store.load_run(run_id, tenant=tenant), tenant)
+        except RunNotFound:  # deleted since its page was read
+            return []
 
     async def diagram_svg(self, request: Request) -> Response:
         viewer = self.viewer(request)
@@ -239,30 +280,40 @@ class _Inspector:
         viewer = self.viewer(request)
         fields = await self.form(request, viewer)
         run_id, call_id = fields.get("run_id", ""), fields.get("call_id", "")
-        back = INBOX if fields.get("next") == INBOX else f"/runs/{quote(run_id, safe='')}"
+        page = _page_of(fields.get("next", ""), run_id)
+        if fields.get("action") in TURN_ACTIONS:
+            return await self._decide_turn(request, viewer, fields, page)
         try:
             form = DecisionForm.of(fields)
             await run_in_threadpool(self.decider.decide, run_id, call_id, form, tenant=viewer.tenant)
         except (ConfigError, ApprovalError, StaleRun) as error:  # ConfigError: BadForm, or tools that cannot load
-            status = (
-                422
-                if isinstance(error, BadForm | InvalidEditedInput)
-                else 404
-                if isinstance(error, UnknownCall)
-                else 409
-            )
-            problem = {
-                "error_run": run_id,
-                "error_call": call_id,
-                "error": str(error),
-                "draft": fields,
-                "error_fields": _by_field(error),
-            }
-            if back == INBOX:
-                return await self._inbox(request, viewer, status, **problem)
-            return await self._run(request, viewer, run_id, status, **problem)
-        where = {"decided": call_id, **({"run": run_id} if back == INBOX else {})}  # the inbox lists many runs
-        return RedirectResponse(f"{back}?{urlencode(where)}", status_code=303)
+            problem = _Problem(run_id, call_id, str(error), fields, _by_field(error))
+            return await self._refused(request, viewer, page, _status_of(error), problem)
+        return _decided(run_id, call_id, page)
+
+    async def _decide_turn(
+        self, request: Request, viewer: Viewer, fields: dict[str, str], page: str | None
+    ) -> Response:
+        """Every call of one turn decided at once; a refusal says which were decided before it."""
+        run_id = fields.get("run_id", "")
+        try:
+            form = TurnForm.of(fields)
+        except BadForm as error:
+            return await self._refused(request, viewer, page, 422, _Problem(run_id, None, str(error)))
+        decided, refused = await run_in_threadpool(self.decider.decide_turn, run_id, form, tenant=viewer.tenant)
+        if refused is not None:
+            before = f"{', '.join(decided)} decided; " if decided else "nothing decided: "
+            problem = _Problem(run_id, None, before + str(refused))
+            return await self._refused(request, viewer, page, _status_of(refused), problem)
+        return _decided(run_id, ", ".join(decided), page)
+
+    async def _refused(
+        self, request: Request, viewer: Viewer, page: str | None, status: int, problem: _Problem
+    ) -> Response:
+        """The page the refused form came from (a run's, or the inbox), the problem beside its call or atop it."""
+        if page is None:
+            return await self._inbox(request, viewer, status, problem)
+        return await self._run(request, viewer, page, status, problem)
 
     async def fork(self, request: Request) -> Response:
         viewer = self.viewer(request)
@@ -428,6 +479,45 @@ _STATUS: dict[type[Exception], int] = {BadForm: 422, InvalidEditedInput: 422, Un
 """The status of a refused decision's page; any other refusal is a conflict (409)."""
 
 
+def _page_of(next_page: str, run_id: str) -> str | None:
+    """The run whose page a decision form came from (its ``next``: a parent's page shows its child's calls).
+
+    None: the inbox. Anything else than those two is the decided run's own page.
+    """
+    if next_page == INBOX:
+        return None
+    found = re.fullmatch(r"/runs/([^/?#]+)", next_page)
+    return unquote(found.group(1)) if found else run_id
+
+
+def _decided(run_id: str, call_ids: str, page: str | None) -> Response:
+    """Back to the page the form came from, saying what was decided (and, in the inbox, in which run)."""
+    back = INBOX if page is None else f"/runs/{quote(page, safe='')}"
+    where = {"decided": call_ids, **({"run": run_id} if page is None else {})}
+    return RedirectResponse(f"{back}?{urlencode(where)}", status_code=303)
+
+
+def _status_of(refusal: Exception) -> int:
+    return next((status for kind, status in _STATUS.items() if isinstance(refusal, kind)), 409)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A refused decision: shown beside its call's form, or atop the page when no card there shows that call."""
+
+    run: str | None = None
+    call: str | None = None
+    error: str | None = None
+    draft: dict[str, str] | None = None
+    """The refused form as posted, shown again in its fields."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """The problems by the input's field."""
+
+    def on_a_card(self, turns: Iterable[Turn]) -> bool:
+        """Whether one of these turns' cards shows the refused call (then the error shows beside its form)."""
+        return any(card.call.run_id == self.run and card.call.call_id == self.call for t in turns for card in t.cards)
+
+
 def _never(run_id: str, tenant: str | None) -> None:  # pragma: no cover - create_app always has one
     raise AssertionError("no resume configured")
 
@@ -448,6 +538,7 @@ def _templates() -> jinja2.Environment:
     env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
     env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"
     env.filters["segment"] = lambda value: quote(str(value), safe="")
+    env.filters["markdown"] = markdown
     env.globals["fields_of"] = fields_of
     env.globals["posted_fields"] = lambda posted: any(name.startswith(KIND) for name in posted)
     return env
@@ -462,15 +553,6 @@ def _when(at: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else ""
 
 
-def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
-    """The error context a page shows beside one call's form (none by default).
-
-    ``draft`` is the refused form as posted, shown again in its fields; ``error_fields`` the problems by field.
-    """
-    nothing: dict[str, Any] = {"error_run": None, "error_call": None, "error": None, "draft": None, "error_fields": {}}
-    return {**nothing, "fork_error": None, **problem}
-
-
 def _by_field(error: Exception) -> dict[str, str]:
     """A refused edit's problems by the input's field, where it says them so."""
     if isinstance(error, BadFields):
@@ -478,11 +560,6 @@ def _by_field(error: Exception) -> dict[str, str]:
     if isinstance(error, InvalidEditedInput):
         return error.by_field
     return {}
-
-
-def _on_a_card(calls: Iterable[Any], problem: Mapping[str, Any]) -> bool:
-    """Whether a refused decision's error shows beside its call's form (else it shows atop the page)."""
-    return any(call.run_id == problem.get("error_run") and call.call_id == problem.get("error_call") for call in calls)
 
 
 def _int(text: str | None) -> int | None:

@@ -32,7 +32,7 @@ from tether.drivers.loader import NoModel, agent_for, agent_spec, made_in_python
 from tether.drivers.queue import AgentFor, queue_of
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
-from tether.errors import ConfigError, TetherError
+from tether.errors import ApprovalError, ConfigError, StaleRun, TetherError
 from tether.stores import RunRecord, Store
 from tether.surfaces.web import fields
 
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 Resume = Callable[[str, str | None], None]
 """Drives a run on after its decisions: ``resume(run_id, tenant)``; must not block the request."""
 ACTIONS = ("approve", "deny", "edit")
+TURN_ACTIONS = ("approve-all", "deny-all")
+ALL = "all."
+"""The prefix of each call's fingerprint in a form deciding a whole turn (``all.CALL_ID``)."""
 
 
 class BadForm(ConfigError):
@@ -155,6 +158,38 @@ class DecisionForm:
         return Approve(input=self.edit(), actor=actor)  # None: nothing was changed, the input as shown
 
 
+@dataclass(frozen=True)
+class TurnForm:
+    """What a person sent about every call of one turn at once: approve each as shown, or deny each."""
+
+    action: str
+    """approve-all or deny-all."""
+    calls: tuple[tuple[str, str], ...]
+    """Each call's id and the fingerprint of the input shown for it, in the turn's order."""
+    reason: str = ""
+    by: str = ""
+
+    @classmethod
+    def of(cls, posted: Mapping[str, str]) -> TurnForm:
+        """Read a submitted form (``all.CALL_ID`` = that call's fingerprint, for each call).
+
+        Raises:
+            BadForm: an unknown action, or no call.
+        """
+        action = posted.get("action", "")
+        if action not in TURN_ACTIONS:
+            raise BadForm(f"unknown action {action!r}: {' or '.join(TURN_ACTIONS)}")
+        calls = tuple((name[len(ALL) :], value) for name, value in posted.items() if name.startswith(ALL))
+        if not calls:
+            raise BadForm("the form names no call to decide: reload the page")
+        return cls(action, calls, posted.get("reason", "").strip(), posted.get("by", "").strip())
+
+    def forms(self) -> list[tuple[str, DecisionForm]]:
+        """The decision on each call, as its own card would send it untouched."""
+        single = self.action.removesuffix("-all")
+        return [(call_id, DecisionForm(single, shown, self.reason, by=self.by)) for call_id, shown in self.calls]
+
+
 class Decider:
     """Records decisions for a viewer's tenant and resumes runs once nothing waits."""
 
@@ -199,6 +234,21 @@ class Decider:
         if result.status != RunStatus.awaiting_approval.shown and self._drives_here(root, spec):
             self.resume(root.id, tenant)
         return result
+
+    def decide_turn(self, run_id: str, form: TurnForm, *, tenant: str | None) -> tuple[list[str], TetherError | None]:
+        """Decide each call of ``form`` as :meth:`decide` does; the calls decided, and the refusal that stopped it.
+
+        The calls decided before one is refused stay decided (each decision is its own); the run
+        is resumed once its last call is decided, as after single decisions.
+        """
+        decided: list[str] = []
+        for call_id, single in form.forms():
+            try:
+                self.decide(run_id, call_id, single, tenant=tenant)
+            except (ConfigError, ApprovalError, StaleRun) as error:
+                return decided, error
+            decided.append(call_id)
+        return decided, None
 
     def _drives_here(self, root: RunRecord, spec: dict[str, Any]) -> bool:
         """Whether this process drives the root on (its agent rebuilt from ``spec``, unless one was given).
@@ -295,4 +345,5 @@ __all__ = [
     "DecisionForm",
     "InProcess",
     "Resume",
+    "TurnForm",
 ]

@@ -3,8 +3,9 @@
 Each function reads what one page needs, scoped to the viewer's tenant, and returns plain
 data for its template: :func:`runs` for the list, :func:`run_page` for one run (its row, its
 log folded into a timeline, its messages, its tool calls as :mod:`tether.views.audit` reads
-them, its pending calls), :func:`inbox` for every call waiting for a person. The same event
-vocabulary the CLI reads (:mod:`tether.core.events`) is the only source.
+them), :func:`waiting` for the inbox's count. What a person deciding is shown (the inbox, and a
+run's waiting calls) is :mod:`~tether.surfaces.web.inbox`'s. The same event vocabulary the CLI
+reads (:mod:`tether.core.events`) is the only source.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tether.core import forks
-from tether.core.approvals import PendingApproval, pending_of
 from tether.core.children import link_of, parent_of
 from tether.core.events import (
     ApprovalDecided,
@@ -36,7 +36,7 @@ from tether.core.events import (
 )
 from tether.core.history import text_of
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
+from tether.core.status import ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.drivers.runner import result_of, shown_status
 from tether.models import Usage
 from tether.stores import RunRecord, Store
@@ -192,9 +192,6 @@ class RunPage:
     """Nothing more will happen unless someone resumes it: no live updates needed."""
     steps: list[Step]
     calls: list[audit.AuditEntry]
-    pending: list[PendingApproval]
-    schemas: dict[str, Any] = field(default_factory=dict)
-    """Each tool's input schema, as the run recorded it (shown beside an edit)."""
     cost_usd: float | None = None
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
@@ -219,8 +216,6 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         ended=state.status in ENDED,
         steps=with_forks(timeline(log.events), forks.fork_points(log.events)),
         calls=audit.entries(run_id, log.events),
-        pending=pending_of(state) if state.status == AWAITING else [],
-        schemas=dict(state.spec.get("tool_schemas") or {}),
         cost_usd=result.cost_usd,
         model_seconds=result.model_seconds,
         tool_seconds=result.tool_seconds,
@@ -308,29 +303,10 @@ def _preview(text: str) -> str:
     return flat if len(flat) <= PREVIEW else flat[: PREVIEW - 1] + "…"
 
 
-# The inbox ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InboxItem:
-    """One call waiting for a person, with the schema an edit must meet."""
-
-    call: PendingApproval
-    schema: Any
-
-
+# The inbox's count --------------------------------------------------------------------------
 def waiting(store: Store, viewer_tenant: str | None) -> int:
     """How many calls wait for a decision the viewer may make (the inbox's count, in the header)."""
     return len(pending_approvals(store, tenant=viewer_tenant))
-
-
-def inbox(store: Store, viewer_tenant: str | None) -> list[InboxItem]:
-    """Every call waiting for a decision that the viewer may decide, oldest parked run first."""
-    found = pending_approvals(store, tenant=viewer_tenant)
-    schemas: dict[str, dict[str, Any]] = {}
-    for call in found:
-        if call.run_id not in schemas:
-            spec = store.load_run(call.run_id, tenant=viewer_tenant).spec
-            schemas[call.run_id] = dict(spec.get("tool_schemas") or {})
-    return [InboxItem(call, schemas[call.run_id].get(call.tool)) for call in found]
 
 
 def pretty(value: Any) -> str:
@@ -341,13 +317,11 @@ def pretty(value: Any) -> str:
 __all__ = [
     "LIST_LIMIT",
     "STATUSES",
-    "InboxItem",
     "RunPage",
     "RunRow",
     "RunsFilter",
     "Step",
     "digest",
-    "inbox",
     "pretty",
     "run_page",
     "runs",

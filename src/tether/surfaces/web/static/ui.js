@@ -328,6 +328,21 @@
       });
       return;
     }
+    if (form.classList.contains("decide-all") && submitter && submitter.value === "approve-all") {
+      const turn = form.closest(".turn");
+      const edited = Array.from(turn ? turn.querySelectorAll("form.decide") : [])
+        .filter((card) => editedInput(card) !== null)
+        .map((card) => card.dataset.tool || "a call");
+      if (!edited.length) return;
+      event.preventDefault();
+      const text =
+        "You edited the input of " + edited.join(", ") + ". Approve all approves every call with the input shown, " +
+        "not your edit (to approve your edit, use Approve the edited input on its card first).";
+      ask("Approve all as shown?", text, "", "Approve all as shown").then((yes) => {
+        if (yes) resend(form, submitter);
+      });
+      return;
+    }
     const question = (submitter && submitter.dataset.confirm) || form.dataset.confirm;
     if (!question) return;
     event.preventDefault();
