@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,40 @@ def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLS
     assert listed("q=refund") == {parked.run_id, other.run_id}  # the pending call's tool too
     assert listed("q=nothing+like+this") == set()
     assert listed("status=no_such_status") == {parked.run_id, other.run_id}  # an unknown status filters nothing
+    said = browser.get("/?status=no_such_status&since=yesterday").text
+    assert "status &#39;no_such_status&#39; is not one of" in said  # and says so
+    assert "the date from &#39;yesterday&#39; is not a date (YYYY-MM-DD)" in said
+
+
+def test_the_runs_list_pages_over_every_run_with_its_filters(app: Any, store: SQLStore) -> None:
+    day = 1_800_000_000.0  # 2027-01-15, in any zone
+    for n in range(120):
+        spec = {"agent": "researcher" if n % 2 else "writer", "model": "claude-sonnet-4-5", "prompt": f"Task {n}"}
+        created = day + n * 3600.0
+        store.create_run(RunRecord(id=f"run_{n:03d}", status="done", version=1, spec=spec, created_at=created), [])
+    browser = client(app)
+
+    def listed(query: str) -> tuple[list[str], str]:
+        page = browser.get(f"/?{query}").text
+        count = re.search(r'data-testid="count">(.*?)</p>', page, re.S)
+        assert count is not None
+        return re.findall(r'data-run="([^"]+)"', page), " ".join(html.unescape(count.group(1)).split())
+
+    first, count = listed("")
+    assert (first[0], first[-1], len(first)) == ("run_119", "run_070", pages.PER_PAGE)
+    assert count.startswith("1\N{EN DASH}50 of 120 runs")
+    third, count = listed("page=3")
+    assert (third[0], third[-1]) == ("run_019", "run_000")
+    assert count.startswith("101\N{EN DASH}120 of 120 runs")
+    agents, count = listed("agent=RESEARCH&q=task+1")  # part of the agent's name; the prompt
+    assert set(agents) == {f"run_{n:03d}" for n in range(120) if n % 2 and f"Task {n}".startswith("Task 1")}
+    assert "matching these filters" in count
+    some_day = time.strftime("%Y-%m-%d", time.localtime(day + 50 * 3600.0))
+    that_day, _ = listed(f"since={some_day}&until={some_day}")
+    assert that_day
+    assert all(time.strftime("%Y-%m-%d", time.localtime(day + int(run[4:]) * 3600.0)) == some_day for run in that_day)
+    page = browser.get("/?agent=writer&page=2").text
+    assert 'href="/?agent=writer" rel="prev"' in page  # the pager keeps the filters
 
 
 def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLStore) -> None:
@@ -215,7 +250,7 @@ def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLS
         )
 
     def listed(status: str) -> list[str]:
-        return [row.id for row in pages.runs(store, None, pages.RunsFilter(status=status), limit=2)]
+        return [row.id for row in pages.runs(store, None, pages.RunsFilter(status=status), per_page=2).rows]
 
     assert listed("executing_tool") == ["run_executing"]
     assert listed("waiting_retry") == ["run_w2", "run_w1"]

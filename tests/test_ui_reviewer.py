@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import BROWSER_WAIT_MS
 from tether.core.events import ToolFinished
+from tether.stores import RunQuery, RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
 from ui_runs import Project, delegating, serve, shipping, two_calls
@@ -40,6 +42,8 @@ class Reviewed:
     """Parked by its child run (the clerk's), which waits on a refund (``toolu_clerk``)."""
     hostile: str
     """Parked on a shipment whose rule's note holds HTML and a ``javascript:`` link."""
+    total: int
+    """Runs in the database (child runs included)."""
 
     def results(self, run_id: str) -> dict[str, str]:
         """What each tool call of the run returned, by call id."""
@@ -76,10 +80,15 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
         pairs = [pair.park(store, prompt=f"Refund INV-7 and ship A-1 again, case {n}.").run_id for n in range(3)]
         parent = delegator.park(store, prompt="Have the clerk refund the duplicate charge.").run_id
         hostile_run = hostile.park(store, prompt="Ship it.").run_id
+        for n in range(60):  # an older history: enough for a second page of the list
+            spec = {"agent": "archivist", "model": "claude-haiku-4-5", "prompt": f"Archive box {n}"}
+            row = RunRecord(f"run_old_{n:02d}", "done", 1, spec=spec, summary={"output": f"Box {n} archived."})
+            store.create_run(replace(row, created_at=1_700_000_000.0 + n, updated_at=1_700_000_000.0 + n), [])
+        total = store.query_runs(RunQuery()).total
     finally:
         store.close()
     with serve(url, root / "ui.log") as (address, base, _):
-        yield Reviewed(address, base, url, parked, shipments, pairs, parent, hostile_run)
+        yield Reviewed(address, base, url, parked, shipments, pairs, parent, hostile_run, total)
 
 
 HOSTILE_RULES = """
@@ -90,6 +99,14 @@ description = '''**Careful** <script>window.__xss = 1</script> [click](javascrip
 <img src=x onerror=window.__xss=3>'''
 """
 """A rule whose note tries raw HTML, a script and a ``javascript:`` link: Markdown renders none of them."""
+
+
+def sized(browser: Any, width: int) -> Any:
+    """A fresh browser profile ``width`` pixels wide (a phone's 390, a laptop's 1280)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=BROWSER_WAIT_MS)
+    return browser.new_context(viewport={"width": width, "height": 900})
 
 
 def signed_in(reviewed: Reviewed, context: Any, path: str) -> Any:
@@ -233,7 +250,7 @@ def test_an_inbox_card_shows_what_the_call_will_do_and_why(reviewed: Reviewed, b
     from playwright.sync_api import expect
 
     for width in (1280, 390):
-        context = browser.new_context(viewport={"width": width, "height": 900})
+        context = sized(browser, width)
         try:
             page = signed_in(reviewed, context, "inbox")
             turn = turn_of(page, reviewed.pairs[2])
@@ -327,3 +344,42 @@ def test_markdown_in_a_note_is_shown_safely(reviewed: Reviewed, context: Any) ->
     assert note.locator("script, img, a").count() == 0
     assert page.evaluate("typeof window.__xss") == "undefined"
     assert errors == []
+
+
+# The runs list ---------------------------------------------------------------------------------
+def test_the_runs_list_pages_over_every_run_and_searches_them_all(
+    reviewed: Reviewed, browser: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    for width in (1280, 390):
+        context = sized(browser, width)
+        try:
+            page = signed_in(reviewed, context, "")
+            expect(page.get_by_test_id("count")).to_contain_text(f"1\N{EN DASH}50 of {reviewed.total} runs")
+            assert page.evaluate("document.documentElement.scrollWidth") == width
+            table = page.locator("table.runs")
+            assert table.evaluate("t => t.scrollWidth <= t.clientWidth")  # no sideways scroll, at 390 px too
+            page.screenshot(path=shots / f"ui-runs-{width}.png")
+
+            page.get_by_test_id("pager").get_by_role("link", name="older").click()
+            expect(page.get_by_test_id("count")).to_contain_text(
+                f"51\N{EN DASH}{reviewed.total} of {reviewed.total} runs"
+            )
+            expect(page.locator("tr[data-run=run_old_00]")).to_be_visible()  # the oldest, beyond any first page
+
+            page.get_by_label("Search").fill("archive box 7")  # a prompt, on every page
+            page.get_by_label("Agent").fill("archiv")
+            page.get_by_role("button", name="Filter").click()
+            expect(page.locator("tr[data-run]")).to_have_count(1)
+            expect(page.locator("tr[data-run=run_old_07]")).to_contain_text("archivist")
+            expect(page.locator("tr[data-run=run_old_07]")).to_contain_text("claude-haiku-4-5")
+            expect(page.get_by_test_id("count")).to_contain_text("matching these filters")
+            page.get_by_label("Search").fill("toolu_clerk")  # a pending call of a child run
+            page.get_by_label("Agent").fill("")
+            page.get_by_role("button", name="Filter").click()
+            expect(page.locator("tr[data-run]")).to_have_count(2)  # the child, and its parent waiting with it
+            expect(page.locator(f"tr[data-run={reviewed.parent}]")).to_be_visible()
+            expect(page.locator("tr[data-run] .parent")).to_contain_text(reviewed.parent)
+        finally:
+            context.close()

@@ -22,6 +22,7 @@ person is shown as text.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import re
 import shutil
@@ -155,22 +156,23 @@ class _Inspector:
     async def runs(self, request: Request) -> Response:
         viewer = self.viewer(request)
         wanted = pages.RunsFilter.of(dict(request.query_params))
-        rows, digest, waiting = await run_in_threadpool(self._runs, viewer, wanted)
+        listed, digest, waiting = await run_in_threadpool(self._runs, viewer, wanted)
         return self.render(
             request,
             "runs.html",
             viewer,
-            rows=rows,
+            listed=listed,
+            rows=listed.rows,
             wanted=wanted,
             statuses=pages.STATUSES,
-            tenants=pages.tenants(rows),
+            suggest={name: pages.suggestions(listed.rows, name) for name in ("tenant", "agent", "model")},
             digest=digest,
             waiting=waiting,
         )
 
-    def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[list[pages.RunRow], str, int]:
-        rows = pages.runs(self.store, viewer.tenant, wanted)
-        return rows, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
+    def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[pages.RunsList, str, int]:
+        listed = pages.runs(self.store, viewer.tenant, wanted)
+        return listed, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
 
     async def inbox(self, request: Request) -> Response:
         viewer = self.viewer(request)
@@ -533,6 +535,8 @@ def _templates() -> jinja2.Environment:
         finalize=_shown,
     )
     env.filters["when"] = _when
+    env.filters["iso"] = _iso
+    env.globals["zone"] = _zone()
     env.filters["clock"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
     env.filters["pretty"] = pages.pretty
     env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
@@ -550,7 +554,23 @@ def _shown(value: Any) -> Any:
 
 
 def _when(at: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else ""
+    """A moment as people read it, with its time zone (the server's): ``2026-11-28 14:03:22 CET``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S ", time.localtime(at)) + _zone(at) if at else ""
+
+
+def _iso(at: float | None) -> str:
+    """A moment as a machine reads it (an HTML ``<time datetime>``), with its UTC offset."""
+    return datetime.datetime.fromtimestamp(at).astimezone().isoformat(timespec="milliseconds") if at else ""
+
+
+def _zone(at: float | None = None) -> str:
+    """The server's time zone at ``at`` (now by default): its name, else its UTC offset (``+01:00``)."""
+    moment = time.localtime(at)
+    name = time.strftime("%Z", moment)
+    if name.isalpha():
+        return name
+    offset = time.strftime("%z", moment)
+    return f"UTC{offset[:3]}:{offset[3:]}"
 
 
 def _by_field(error: Exception) -> dict[str, str]:

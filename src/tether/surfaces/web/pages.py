@@ -11,10 +11,13 @@ reads (:mod:`tether.core.events`) is the only source.
 from __future__ import annotations
 
 import bisect
+import datetime
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlencode
 
 from tether.core import forks
 from tether.core.children import link_of, parent_of
@@ -39,36 +42,107 @@ from tether.core.state import RunState
 from tether.core.status import ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.drivers.runner import result_of, shown_status
 from tether.models import Usage
-from tether.stores import RunRecord, Store
+from tether.stores import DUE_KEY, RunQuery, RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals
 from tether.views.tree import started_by
 
 LIST_LIMIT = 200
-"""Runs a list shows (newest first)."""
+"""Runs the list's live digest watches (the newest: a change among them refreshes the page)."""
+PER_PAGE = 50
+"""Runs a page of the list shows."""
 PREVIEW = 160
 """Characters of a text shown in a timeline row (the whole text is in the messages and calls)."""
 STATUSES = SHOWN
 """The statuses the list filters on, as people read them."""
+DAY = 86_400.0
 
 
 @dataclass(frozen=True)
 class RunsFilter:
-    """The list's filters, as the query string gave them."""
+    """The list's filters and page, as the query string gave them."""
 
     status: str | None = None
     tenant: str | None = None
     search: str = ""
+    agent: str = ""
+    model: str = ""
+    since: str = ""
+    """The first day of runs created (``YYYY-MM-DD``, in the server's time zone), as typed."""
+    until: str = ""
+    """The last day (included)."""
+    page: int = 1
+    problems: tuple[str, ...] = ()
+    """What in the query string was not understood (and so filters nothing)."""
 
     @classmethod
     def of(cls, params: dict[str, str]) -> RunsFilter:
-        """Read the query string; an unknown status or an empty field filters nothing."""
+        """Read the query string; an unknown status, an empty field or a date that is not one filters nothing."""
         status = params.get("status") or None
+        problems = []
+        if status is not None and status not in STATUSES:
+            problems.append(f"status {status!r} is not one of {', '.join(STATUSES)}: all statuses are shown")
+            status = None
+        since, until = ((params.get(key) or "").strip() for key in ("since", "until"))
+        for key, day in (("from", since), ("to", until)):
+            if day and _midnight(day) is None:
+                problems.append(f"the date {key} {day!r} is not a date (YYYY-MM-DD): it filters nothing")
         return cls(
-            status=status if status in STATUSES else None,
+            status=status,
             tenant=(params.get("tenant") or "").strip() or None,
             search=(params.get("q") or "").strip(),
+            agent=(params.get("agent") or "").strip(),
+            model=(params.get("model") or "").strip(),
+            since=since,
+            until=until,
+            page=max(_positive(params.get("page")), 1),
+            problems=tuple(problems),
         )
+
+    def query(self, viewer_tenant: str | None) -> RunQuery:
+        """The store's query: a viewer bound to a tenant sees that tenant's runs, whatever ``tenant`` says."""
+        status, waiting_retry = stored_filter(self.status) if self.status else (None, None)
+        first, last = _midnight(self.since), _midnight(self.until)
+        return RunQuery(
+            status=status,
+            waiting_retry=waiting_retry,
+            tenant=viewer_tenant if viewer_tenant is not None else self.tenant,
+            agent=self.agent or None,
+            model=self.model or None,
+            created_from=first,
+            created_before=None if last is None else _midnight(self.until, days=1),
+            text=self.search,
+        )
+
+    def address(self, page: int) -> str:
+        """The list's address with these filters, on ``page``."""
+        given = {
+            "status": self.status or "",
+            "tenant": self.tenant or "",
+            "q": self.search,
+            "agent": self.agent,
+            "model": self.model,
+            "since": self.since,
+            "until": self.until,
+        }
+        kept = {key: value for key, value in given.items() if value}
+        return "/?" + urlencode({**kept, **({"page": page} if page > 1 else {})})
+
+
+def _positive(text: str | None) -> int:
+    try:
+        return int(text or "")
+    except ValueError:
+        return 1
+
+
+def _midnight(day: str, *, days: int = 0) -> float | None:
+    """Unix time of the start of ``day`` (``YYYY-MM-DD``, the server's local time) plus ``days``; None if not a date."""
+    try:
+        parsed = datetime.date.fromisoformat(day)
+    except ValueError:
+        return None
+    return time.mktime((parsed + datetime.timedelta(days=days)).timetuple())
 
 
 @dataclass(frozen=True)
@@ -90,17 +164,35 @@ class RunRow:
     unreadable: str | None = None
     parent: str | None = None
     """The run a child run serves (see :meth:`tether.Agent.as_tool`); None for a root run."""
+    agent: str | None = None
+    model: str | None = None
+    prompt: str = ""
+    """The start of what it was asked."""
+    due_at: float | None = None
+    """When the tool retry it waits for is due (a run ``waiting_retry``)."""
 
 
-def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: int = LIST_LIMIT) -> list[RunRow]:
-    """The runs the viewer may see that match the filters, newest first.
+@dataclass(frozen=True)
+class RunsList:
+    """One page of the runs list."""
 
-    A viewer bound to a tenant sees that tenant's runs whatever ``wanted.tenant`` says.
-    """
-    tenant = viewer_tenant if viewer_tenant is not None else wanted.tenant
-    status, waiting_retry = stored_filter(wanted.status) if wanted.status else (None, None)
-    records = store.list_runs(status=status, tenant=tenant, limit=limit, waiting_retry=waiting_retry)
-    return [_row(record) for record in records if _matches(record, wanted.search)]
+    rows: list[RunRow]
+    total: int
+    """Runs matching the filters, on every page."""
+    page: int
+    pages: int
+
+    @property
+    def first(self) -> int:
+        """The number of this page's first run among all those matching (1 the newest)."""
+        return (self.page - 1) * PER_PAGE + 1 if self.rows else 0
+
+
+def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, per_page: int = PER_PAGE) -> RunsList:
+    """The page of runs the viewer may see that match the filters, newest first, and how many match."""
+    found = store.query_runs(wanted.query(viewer_tenant), limit=per_page, offset=(wanted.page - 1) * per_page)
+    pages = max(1, -(-found.total // per_page))
+    return RunsList([_row(record) for record in found.records], found.total, wanted.page, pages)
 
 
 def _row(record: RunRecord) -> RunRow:
@@ -116,6 +208,7 @@ def _row(record: RunRecord) -> RunRow:
         outcome = "waits for a decision on " + ", ".join(str(item.get("tool")) for item in pending)
     else:
         outcome = str(summary.get("output") or "")
+    due = summary.get(DUE_KEY)
     return RunRow(
         id=record.id,
         status=status,
@@ -130,24 +223,16 @@ def _row(record: RunRecord) -> RunRow:
         outcome=_preview(outcome),
         unreadable=record.unreadable,
         parent=parent_of(record.spec),
+        agent=record.spec.get("agent"),
+        model=record.spec.get("model"),
+        prompt=_preview(str(record.spec.get("prompt") or "")),
+        due_at=float(due) if isinstance(due, int | float) else None,
     )
 
 
-def _matches(record: RunRecord, search: str) -> bool:
-    """Whether the run's id, tenant, status, answer, error or pending calls hold ``search`` (any case)."""
-    if not search:
-        return True
-    summary = record.summary
-    haystack = [record.id, record.tenant or "", shown_status(record)]
-    haystack += [str(summary.get("output") or ""), str(summary.get("error") or "")]
-    haystack.append(json.dumps(summary.get("pending_approvals") or [], ensure_ascii=False))
-    needle = search.casefold()
-    return any(needle in text.casefold() for text in haystack)
-
-
-def tenants(rows: list[RunRow]) -> list[str]:
-    """The tenants among ``rows``, for the tenant filter's suggestions."""
-    return sorted({row.tenant for row in rows if row.tenant})
+def suggestions(rows: list[RunRow], name: str) -> list[str]:
+    """The values of ``name`` (tenant, agent, model) among ``rows``, for a filter's suggestions."""
+    return sorted({value for row in rows if isinstance(value := getattr(row, name), str) and value})
 
 
 def digest(store: Store, viewer_tenant: str | None) -> str:
@@ -316,16 +401,18 @@ def pretty(value: Any) -> str:
 
 __all__ = [
     "LIST_LIMIT",
+    "PER_PAGE",
     "STATUSES",
     "RunPage",
     "RunRow",
     "RunsFilter",
+    "RunsList",
     "Step",
     "digest",
     "pretty",
     "run_page",
     "runs",
-    "tenants",
+    "suggestions",
     "timeline",
     "waiting",
 ]
