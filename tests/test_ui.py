@@ -37,6 +37,8 @@ OPERATOR = "operator-token-0123456789"
 ACME = "acme-token-0123456789"
 CREDENTIALS = Credentials({OPERATOR: None, ACME: "acme"})
 HTML = {"Accept": "text/html"}
+YES = {"confirmed": "1"}
+"""What a form whose effect is hard to take back carries once the person said yes to the page's question."""
 TEMPLATES = Path(__file__).resolve().parent.parent / "src" / "tether" / "surfaces" / "web" / "templates"
 
 
@@ -494,6 +496,39 @@ def test_deciding_a_turn_at_once_stops_at_a_refusal_and_says_what_was_decided(st
     assert browser.post("/decide", data={**form, "action": "maybe"}).status_code == 422
 
 
+def test_cancel_and_fork_need_a_yes_and_say_what_they_will_do(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store, tenant="acme")
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert 'data-testid="control-cancel"' in page
+    assert 'data-testid="control-resume"' not in page  # it waits for a person: nothing to drive on
+    form = {"csrf": csrf_of(page), "run_id": run.run_id, "action": "cancel", "reason": "withdrawn"}
+    asked = browser.post("/control", data=form)
+    assert asked.status_code == 200
+    assert f"Cancel run {run.run_id}?" in asked.text
+    assert 'name="confirmed" value="1"' in asked.text
+    assert 'name="reason" value="withdrawn"' in asked.text  # the yes sends the same form again
+    assert store.load_run(run.run_id).status == "awaitingApproval"
+
+    other = client(app, ACME)
+    mine = {**form, "csrf": csrf_of(other.get(f"/runs/{run.run_id}").text), **YES}
+    assert client(app, ACME).post("/control", data={**mine, "run_id": "run_nope"}).status_code == 403  # csrf
+    done = other.post("/control", data=mine)
+    assert done.status_code == 303
+    assert store.load_run(run.run_id).status == "cancelled"
+    assert "withdrawn" in str(store.load_run(run.run_id).summary["error"])
+    again = other.post("/control", data=mine)
+    assert again.status_code == 409
+    assert "control-error" in again.text
+    assert other.post("/control", data={**mine, "action": "explode"}).status_code == 422
+
+    fork = {"csrf": csrf_of(page), "run_id": run.run_id, "at": "1"}
+    asked = browser.post("/fork", data=fork)
+    assert asked.status_code == 200
+    assert "tools that need no approval run right away" in html.unescape(asked.text)
+    assert len(store.list_runs()) == 1  # no fork was made
+
+
 @ON_BOTH
 def test_a_decision_is_bound_to_what_was_shown_and_made_once(app: Any, store: SQLStore, project: Project) -> None:
     run = project.park(store)
@@ -773,7 +808,7 @@ def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
 # Forks ------------------------------------------------------------------------------------------
 def fork(browser: TestClient, run_id: str, page: str, at: str) -> Any:
     """Post a timeline row's fork form as the page rendered it."""
-    return browser.post("/fork", data={"csrf": csrf_of(page), "run_id": run_id, "at": at})
+    return browser.post("/fork", data={"csrf": csrf_of(page), "run_id": run_id, "at": at, "confirmed": "1"})
 
 
 def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
@@ -808,18 +843,18 @@ def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, proje
     assert 'data-testid="fork-text-1"' in page
     token = csrf_of(page)
 
-    made = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "Refund INV-9."})
+    made = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "Refund INV-9.", **YES})
 
     assert made.status_code == 303
     started = store.load_events(made.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
     assert isinstance(started, RunStarted)
     assert started.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-9."}]}]
-    blank = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "  "})
+    blank = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "  ", **YES})
     assert blank.status_code == 303  # a blank text edits nothing
     kept = store.load_events(blank.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
     assert isinstance(kept, RunStarted)
     assert kept.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-7."}]}]
-    mid_turn = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "2", "text": "hi"})
+    mid_turn = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "2", "text": "hi", **YES})
     assert mid_turn.status_code == 422  # refused, edited or not
 
 
@@ -841,7 +876,7 @@ def test_a_fork_after_tool_results_edits_the_prompt_by_default_or_by_its_number(
     token, at = csrf_of(page), str(after_results)
 
     def post(**fields: str) -> Any:
-        return browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": at, **fields})
+        return browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": at, **fields, **YES})
 
     made = post(message="0", text="Refund INV-9.")
 

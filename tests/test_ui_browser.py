@@ -127,6 +127,11 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
 
 
+def fork_it(page: Any) -> None:
+    """Say yes to the page's question before a fork (it runs tools at once)."""
+    page.get_by_role("dialog").get_by_role("button", name="Fork and run it").click()
+
+
 def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served, context: Any) -> None:
     from playwright.sync_api import expect
 
@@ -135,6 +140,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.goto(f"{served.base}runs/{served.done}")
     expect(page.get_by_test_id("run-status")).to_have_text("done")
     page.get_by_test_id("fork-1").click()  # the prompt: the model is asked again from there
+    fork_it(page)
 
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
     assert served.done not in page.url
@@ -145,6 +151,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_test_id("fork-edit-1").click()  # the prompt again, its text edited
     page.get_by_test_id("fork-text-1").fill("Refund INV-9 instead.")
     page.get_by_test_id("fork-edited-1").click()
+    fork_it(page)
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
     expect(page.locator("body")).to_contain_text("Refund INV-9 instead.")
 
@@ -156,6 +163,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_test_id(f"fork-message-{at}").fill("0")  # so the prompt, message 0, is the one edited
     page.get_by_test_id(f"fork-text-{at}").fill("Refund INV-11 instead.")
     page.get_by_test_id(f"fork-edited-{at}").click()
+    fork_it(page)
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #")
     expect(page.locator("body")).to_contain_text("Refund INV-11 instead.")
 

@@ -7,6 +7,7 @@ types, clicks, answers the page's questions, and then checks what the run did.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -15,12 +16,17 @@ from typing import Any
 
 import pytest
 
-from support import BROWSER_WAIT_MS
+from support import BROWSER_WAIT_MS, model_reply
+from tether.core.approvals import DecideLater
 from tether.core.events import ToolFinished
+from tether.drivers.loader import agent_from_spec
+from tether.drivers.runner import Runner
+from tether.errors import ModelError
 from tether.stores import RunQuery, RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
-from ui_runs import Project, delegating, serve, shipping, two_calls
+from tether.testing import ScriptedModel
+from ui_runs import Project, delegating, looking_up, serve, shipping, two_calls
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +48,10 @@ class Reviewed:
     """Parked by its child run (the clerk's), which waits on a refund (``toolu_clerk``)."""
     hostile: str
     """Parked on a shipment whose rule's note holds HTML and a ``javascript:`` link."""
+    retrying: str
+    """Waiting for a tool retry (``lookup``'s first try failed; the next is due 2 s after it)."""
+    failed: str
+    """Failed transiently (the model API was overloaded): a retry may mend it."""
     total: int
     """Runs in the database (child runs included)."""
 
@@ -80,6 +90,15 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
         pairs = [pair.park(store, prompt=f"Refund INV-7 and ship A-1 again, case {n}.").run_id for n in range(3)]
         parent = delegator.park(store, prompt="Have the clerk refund the duplicate charge.").run_id
         hostile_run = hostile.park(store, prompt="Ship it.").run_id
+        looker = Project.make(root / "looker", turns=looking_up("k1"))
+        retrying = Runner(agent_from_spec(looker.spec), store, approver=DecideLater()).run("Look k1 up.", max_wait=0)
+        assert retrying.status == "waiting_retry", retrying
+        mended = Project.make(
+            root / "mended", turns=[model_reply([{"type": "text", "text": "All good now."}], "end_turn")]
+        )
+        overloaded = ScriptedModel([ModelError("overloaded", status=529, retryable=True)])
+        failed = Runner(agent_from_spec(mended.spec, model=overloaded), store).run("Say it is all good.")
+        assert failed.status == "failed", failed
         for n in range(60):  # an older history: enough for a second page of the list
             spec = {"agent": "archivist", "model": "claude-haiku-4-5", "prompt": f"Archive box {n}"}
             row = RunRecord(f"run_old_{n:02d}", "done", 1, spec=spec, summary={"output": f"Box {n} archived."})
@@ -88,7 +107,9 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
     finally:
         store.close()
     with serve(url, root / "ui.log") as (address, base, _):
-        yield Reviewed(address, base, url, parked, shipments, pairs, parent, hostile_run, total)
+        yield Reviewed(
+            address, base, url, parked, shipments, pairs, parent, hostile_run, retrying.run_id, failed.run_id, total
+        )
 
 
 HOSTILE_RULES = """
@@ -375,11 +396,88 @@ def test_the_runs_list_pages_over_every_run_and_searches_them_all(
             expect(page.locator("tr[data-run=run_old_07]")).to_contain_text("archivist")
             expect(page.locator("tr[data-run=run_old_07]")).to_contain_text("claude-haiku-4-5")
             expect(page.get_by_test_id("count")).to_contain_text("matching these filters")
-            page.get_by_label("Search").fill("toolu_clerk")  # a pending call of a child run
+            page.get_by_label("Search").fill("refund inv-9")  # the clerk's task: a child run's prompt
             page.get_by_label("Agent").fill("")
             page.get_by_role("button", name="Filter").click()
-            expect(page.locator("tr[data-run]")).to_have_count(2)  # the child, and its parent waiting with it
-            expect(page.locator(f"tr[data-run={reviewed.parent}]")).to_be_visible()
+            expect(page.locator("tr[data-run]")).to_have_count(1)
             expect(page.locator("tr[data-run] .parent")).to_contain_text(reviewed.parent)
         finally:
             context.close()
+
+
+# Cancel, resume, retry and fork: each asked first ------------------------------------------------
+def test_a_run_waiting_for_a_retry_says_when_and_is_resumed_after_a_yes(
+    reviewed: Reviewed, context: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.retrying}")
+    expect(page.get_by_test_id("run-status")).to_have_text("waiting_retry")
+    expect(page.get_by_test_id("due")).to_contain_text("Waits for a tool retry due 20")
+    expect(page.locator("main")).to_have_attribute("data-waiting", re.compile(r"^retry due \d{4}-"))
+    page.screenshot(path=shots / "ui-waiting-retry.png")
+    page.get_by_test_id("control-resume").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"Resume run {reviewed.retrying}?")
+    expect(dialog).to_contain_text("tools that need no approval run at once")
+    dialog.get_by_role("button", name="Back").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("waiting_retry")  # nothing was sent
+
+    page.get_by_test_id("control-resume").click()
+    dialog.get_by_role("button", name="Resume the run").click()
+    expect(page.get_by_test_id("done")).to_contain_text(f"Run {reviewed.retrying} is driven on")
+    expect(page.get_by_test_id("run-status")).to_have_text("done")  # the retry ran, the model answered
+    assert reviewed.results(reviewed.retrying)["toolu_lookup"] == "found k1"
+
+
+def test_a_failed_run_a_new_try_may_mend_is_retried_from_its_page(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.failed}")
+    expect(page.get_by_test_id("run-status")).to_have_text("failed")
+    expect(page.get_by_test_id("control-resume")).to_have_count(0)  # it ended: only a retry goes on
+    page.get_by_test_id("control-retry").click()
+    page.get_by_role("dialog").get_by_role("button", name="Retry the run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    expect(page.get_by_test_id("run-output")).to_have_text("All good now.")
+    expect(page.get_by_test_id("controls")).to_have_count(0)  # nothing more to do to it
+
+
+def test_cancel_asks_first_on_the_page_or_without_a_script_on_a_page_of_its_own(
+    reviewed: Reviewed, context: Any, browser: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.parked[2]}")
+    page.get_by_label("Why cancel (optional)").fill("the customer withdrew")
+    page.get_by_test_id("control-cancel").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("It stops for good")
+    dialog.get_by_role("button", name="Cancel the run").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    expect(page.get_by_test_id("run-error")).to_contain_text("the customer withdrew")
+
+    plain = browser.new_context(java_script_enabled=False)
+    try:
+        page = signed_in(reviewed, plain, f"runs/{reviewed.parked[3]}")
+        page.get_by_test_id("control-cancel").click()
+        expect(page.get_by_test_id("confirm-page")).to_contain_text(f"Cancel run {reviewed.parked[3]}?")
+        page.get_by_role("link", name="Back to the run").click()
+        expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")  # nothing was done
+        page.get_by_test_id("control-cancel").click()
+        page.get_by_role("button", name="Cancel the run").click()
+        expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    finally:
+        plain.close()
+
+
+def test_a_fork_says_it_runs_tools_at_once_and_waits_for_a_yes(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = signed_in(reviewed, context, f"runs/{reviewed.shipments[0]}")
+    page.get_by_test_id("fork-1").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("Fork run")
+    expect(dialog).to_contain_text("tools that need no approval run right away")
+    dialog.get_by_role("button", name="Back").click()
+    expect(page).to_have_url(f"{reviewed.base}runs/{reviewed.shipments[0]}")  # no fork was made

@@ -31,11 +31,12 @@ TOOLS = textwrap.dedent(
     '''
     """Tools for the inspector's tests."""
 
+    from pathlib import Path
     from typing import Annotated, Literal
 
     import pydantic
 
-    from tether import Agent, tool
+    from tether import Agent, RetryPolicy, tool
     from tether.testing import ScriptedModel
 
 
@@ -67,6 +68,16 @@ TOOLS = textwrap.dedent(
         return f"shipped {order} by {carrier}: {boxes} box(es), express {express}, note {note!r}"
 
 
+    @tool(retry=RetryPolicy(max_attempts=3, initial_delay=2.0, retry_on=(ConnectionError,)))
+    def lookup(key: str) -> str:
+        """Look a key up in the directory (its first try fails: the directory is warming up)."""
+        tried = Path(__file__).parent / f"{key}.tried"
+        if not tried.exists():
+            tried.write_text("once")
+            raise ConnectionError("the directory is warming up")
+        return f"found {key}"
+
+
     def clerk(request):
         """The clerk's model: refunds INV-9 (a person approves it), then says so."""
         if request.invocation == 0:
@@ -78,7 +89,7 @@ TOOLS = textwrap.dedent(
 
 
     CLERK = Agent(ScriptedModel(clerk), tools=[refund], name="clerk")
-    TOOLS = [echo, refund, ship, CLERK.as_tool("delegate", "Hand a billing task to the clerk.")]
+    TOOLS = [echo, refund, ship, lookup, CLERK.as_tool("delegate", "Hand a billing task to the clerk.")]
     '''
 )
 RULES = textwrap.dedent(
@@ -177,6 +188,14 @@ def delegating() -> list[dict[str, Any]]:
     return [
         tool_use_turn(tool_use("toolu_delegate", "delegate", {"task": "Refund INV-9"})),
         model_reply([{"type": "text", "text": "The clerk refunded it."}], "end_turn"),
+    ]
+
+
+def looking_up(key: str) -> list[dict[str, Any]]:
+    """The model: look ``key`` up (its first try fails, the next is due 2 s later), then answer."""
+    return [
+        tool_use_turn(tool_use("toolu_lookup", "lookup", {"key": key})),
+        model_reply([{"type": "text", "text": f"Looked {key} up."}], "end_turn"),
     ]
 
 

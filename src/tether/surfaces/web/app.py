@@ -27,9 +27,10 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -61,6 +62,7 @@ from tether.errors import (
     ConfigError,
     InvalidEditedInput,
     InvalidForkPoint,
+    RunEnded,
     RunNotFound,
     StaleRun,
     TetherError,
@@ -69,6 +71,7 @@ from tether.errors import (
 from tether.policy.access import Credentials, Grant
 from tether.stores import Store
 from tether.surfaces.web import live, pages
+from tether.surfaces.web.confirm import CONFIRMED, CONTROLS, Question, question
 from tether.surfaces.web.decisions import (
     TURN_ACTIONS,
     BadFields,
@@ -213,6 +216,7 @@ class _Inspector:
         problem: _Problem | None = None,
         *,
         fork_error: str | None = None,
+        control_error: str | None = None,
     ) -> Response:
         page = await run_in_threadpool(pages.run_page, self.store, run_id, viewer.tenant)
         turns = await run_in_threadpool(self._turns, run_id, viewer.tenant)
@@ -233,6 +237,8 @@ class _Inspector:
             problem=problem,
             error_on_card=problem.on_a_card(turns),
             fork_error=fork_error,
+            control_error=control_error,
+            done=request.query_params.get("done"),
         )
 
     def _turns(self, run_id: str, tenant: str | None) -> list[Turn]:
@@ -321,6 +327,8 @@ class _Inspector:
         viewer = self.viewer(request)
         fields = await self.form(request, viewer)
         run_id = fields.get("run_id", "")
+        if fields.get(CONFIRMED) != "1":
+            return self._confirm(request, viewer, "/fork", fields, question("fork", run_id, fields.get("at", "")))
         try:
             fork = await run_in_threadpool(
                 self.decider.fork,
@@ -333,6 +341,36 @@ class _Inspector:
         except (BadForm, InvalidForkPoint) as error:
             return await self._run(request, viewer, run_id, 422, fork_error=str(error))
         return RedirectResponse(f"/runs/{quote(fork.id, safe='')}", status_code=303)
+
+    async def control(self, request: Request) -> Response:
+        """Cancel, resume or retry a run, once the person said yes (the page's dialog, or the page this answers)."""
+        viewer = self.viewer(request)
+        fields = await self.form(request, viewer)
+        run_id, action = fields.get("run_id", ""), fields.get("action", "")
+        if action not in CONTROLS:
+            raise _Refused(422, f"unknown action {action!r}: {', '.join(CONTROLS)}")
+        if fields.get(CONFIRMED) != "1":
+            return self._confirm(request, viewer, "/control", fields, question(action, run_id))
+        try:
+            if action == "cancel":
+                await run_in_threadpool(
+                    partial(self.decider.cancel, tenant=viewer.tenant, reason=fields.get("reason", "").strip()),
+                    run_id,
+                    by=fields.get("by", "").strip(),
+                )
+                done = f"run {run_id} is cancelled"
+            else:
+                done = await run_in_threadpool(partial(self.decider.go_on, tenant=viewer.tenant), run_id)
+        except (ConfigError, RunEnded, StaleRun) as error:
+            return await self._run(request, viewer, run_id, 409, control_error=str(error))
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?{urlencode({'done': done})}", status_code=303)
+
+    def _confirm(
+        self, request: Request, viewer: Viewer, action: str, fields: Mapping[str, str], asked: Question
+    ) -> Response:
+        """The question a form's effect needs a yes to, on a page of its own (the page's dialog did not ask)."""
+        kept = {name: value for name, value in fields.items() if name not in (CSRF_FIELD, CONFIRMED)}
+        return self.render(request, "confirm.html", viewer, action=action, fields=kept, asked=asked, waiting=0)
 
     async def form(self, request: Request, viewer: Viewer | None) -> dict[str, str]:
         """A posted form, once the request is known to come from our own page (CSRF-checked)."""
@@ -459,6 +497,7 @@ def create_app(
         Route("/runs/{run_id}/live", inspector.run_live),
         Route("/decide", inspector.decide, methods=["POST"]),
         Route("/fork", inspector.fork, methods=["POST"]),
+        Route("/control", inspector.control, methods=["POST"]),
         Route("/login", inspector.login_page, methods=["GET"]),
         Route("/login", inspector.login, methods=["POST"]),
         Route("/logout", inspector.logout, methods=["POST"]),
@@ -544,6 +583,7 @@ def _templates() -> jinja2.Environment:
     env.filters["segment"] = lambda value: quote(str(value), safe="")
     env.filters["markdown"] = markdown
     env.globals["fields_of"] = fields_of
+    env.globals["question"] = question
     env.globals["posted_fields"] = lambda posted: any(name.startswith(KIND) for name in posted)
     return env
 

@@ -27,12 +27,12 @@ from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_i
 from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
 from tether.core.state import RunState
-from tether.core.status import RunStatus
-from tether.drivers.loader import NoModel, agent_for, agent_spec, made_in_python, reader_agent
-from tether.drivers.queue import AgentFor, queue_of
+from tether.core.status import ENDED, RunStatus, status_name
+from tether.drivers.loader import NOT_FROM_SPEC, NoModel, agent_for, agent_spec, made_in_python, reader_agent
+from tether.drivers.queue import AgentFor, queue_of, requeue
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
-from tether.errors import ApprovalError, ConfigError, StaleRun, TetherError
+from tether.errors import ApprovalError, ConfigError, RunEnded, StaleRun, TetherError
 from tether.stores import RunRecord, Store
 from tether.surfaces.web import fields
 
@@ -249,6 +249,43 @@ class Decider:
                 return decided, error
             decided.append(call_id)
         return decided, None
+
+    def cancel(self, run_id: str, *, tenant: str | None, reason: str = "", by: str = "") -> RunResult:
+        """Stop a run that has not ended (its child runs after it), as ``tether cancel`` does: needs no tools.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+            RunEnded: it has ended already.
+        """
+        said = reason or "cancelled in tether ui"
+        return Runner(reader_agent(), self.store, telemetry=self.telemetry).cancel(
+            run_id, f"{said} (by {by})" if by else said, tenant=tenant
+        )
+
+    def go_on(self, run_id: str, *, tenant: str | None) -> str:
+        """Drive a run on (its tree's root, which drives its children first), as ``tether resume`` does.
+
+        For a run left mid-step, waiting for a tool retry, or failed in a way a new try may mend;
+        a submitted run is queued again for its worker instead. Returns what was done, in words.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+            RunEnded: it has ended, and no new try can change that.
+            ConfigError: made in Python, and no agent was given to drive it with (its program resumes it).
+        """
+        record = self.store.load_run(run_id, tenant=tenant)
+        root_id = chain_of(run_id, record.spec)[0]
+        root = record if root_id == run_id else self.store.load_run(root_id, tenant=tenant)
+        if root.status in ENDED and not (root.status == RunStatus.failed and root.summary.get("retryable")):
+            raise RunEnded(root.id, status_name(root.status), "resume")
+        if queue_of(root.spec) is not None:
+            queued = requeue(self.store, root.id)
+            return f"run {root.id} {'queued again' if queued else 'was queued already'} for its worker"
+        spec = agent_spec(self.store, root)
+        if self.agent is None and made_in_python(spec):
+            raise ConfigError(NOT_FROM_SPEC)
+        self.resume(root.id, tenant)
+        return f"run {root.id} is driven on" + ("" if root.id == run_id else f" (the root of {run_id})")
 
     def _drives_here(self, root: RunRecord, spec: dict[str, Any]) -> bool:
         """Whether this process drives the root on (its agent rebuilt from ``spec``, unless one was given).

@@ -4,7 +4,8 @@ A page is rendered with the version it shows (a run's row version, or the list's
 :func:`~tether.surfaces.web.pages.digest`); its script listens on a stream that watches the
 store's rows (one indexed read per poll, never the log) and sends ``changed`` when they move
 past it, so the page fetches itself again. A run's stream sends ``end`` and closes once the
-run has ended. Any process may be driving the run: the store is the only source.
+run has ended for good (a run that failed in a way a retry may mend is followed on). Any
+process may be driving the run: the store is the only source.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ async def run_changes(
             since = record.version
             said = time.monotonic()
             yield message("changed", state)
-        if record.status in ENDED:
+        if record.status in ENDED and not record.summary.get("retryable"):  # a retry may still move it
             yield message("end", state)
             return
         await asyncio.sleep(poll)

@@ -39,7 +39,7 @@ from tether.core.events import (
 )
 from tether.core.history import text_of
 from tether.core.state import RunState
-from tether.core.status import ENDED, SHOWN, RunStatus, status_name, stored_filter
+from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.drivers.runner import result_of, shown_status
 from tether.models import Usage
 from tether.stores import DUE_KEY, RunQuery, RunRecord, Store
@@ -274,7 +274,7 @@ class RunPage:
     status: str
     """As people read it: the machine's, or waiting_retry."""
     ended: bool
-    """Nothing more will happen unless someone resumes it: no live updates needed."""
+    """Nothing more will happen to it (a run a retry may mend has not): no live updates needed."""
     steps: list[Step]
     calls: list[audit.AuditEntry]
     cost_usd: float | None = None
@@ -284,6 +284,10 @@ class RunPage:
     """The link to the run this child run serves (``run_id``, ``call_id``, ``tool``); None for a root run."""
     children: list[dict[str, Any]] = field(default_factory=list)
     """The child runs its agent tools started (``run_id``, ``call_id``, ``agent``, ``status``...), oldest first."""
+    controls: tuple[str, ...] = ()
+    """What a person may do to it from its page (see :data:`~tether.surfaces.web.confirm.CONTROLS`)."""
+    due_at: float | None = None
+    """When the tool retry it waits for is due (a run ``waiting_retry``)."""
 
 
 def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
@@ -295,10 +299,17 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
     log = store.load_log(run_id, tenant=viewer_tenant)
     state = RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
     result = result_of(state)
+    ended = state.status in ENDED
+    retryable = state.status == RunStatus.failed and state.can_retry
+    controls = [
+        *(["resume"] if not ended and state.status != AWAITING else []),
+        *(["retry"] if retryable else []),
+        *(["cancel"] if not ended or retryable else []),
+    ]
     return RunPage(
         state=state,
         status=result.status,
-        ended=state.status in ENDED,
+        ended=ended and not retryable,
         steps=with_forks(timeline(log.events), forks.fork_points(log.events)),
         calls=audit.entries(run_id, log.events),
         cost_usd=result.cost_usd,
@@ -306,6 +317,8 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         tool_seconds=result.tool_seconds,
         parent=link_of(state.spec),
         children=started_by(store, log.events, tenant=viewer_tenant),
+        controls=tuple(controls),
+        due_at=result.next_due_at,
     )
 
 

@@ -108,6 +108,8 @@
   function swap(page, fresh) {
     const open = new Set(keys().filter(([details]) => details.open).map(([, name]) => name));
     main.replaceChildren(...Array.from(fresh.childNodes, (node) => document.importNode(node, true)));
+    if (fresh.dataset.waiting) main.dataset.waiting = fresh.dataset.waiting; // what the live badge says it waits for
+    else delete main.dataset.waiting;
     keys().forEach(([details, name]) => {
       if (open.has(name)) details.open = true;
     });
