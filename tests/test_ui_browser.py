@@ -12,6 +12,7 @@ Screenshots of the pages go to the test's directory, or to ``$TETHER_UI_SCREENSH
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Serv
     page.click(f"a[href='/runs/{served.parked}']")
     expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")
     expect(page.locator("main")).to_have_attribute("data-state", "live")  # listening to the run's stream
+    page.get_by_text("Path through the machine").click()  # folded at first: it is long
     expect(page.get_by_test_id("diagram")).to_be_visible()
     page.evaluate("window.__loaded_once = true")  # gone if the page reloads
     page.screenshot(path=shots / "ui-run.png", full_page=True)
@@ -127,6 +129,11 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
 
 
+def show_moves(page: Any) -> None:
+    """Show the timeline's moves between states (hidden at first): the rows the fork tests start from."""
+    page.get_by_test_id("timeline-filter").get_by_label("moves between states").check()
+
+
 def fork_it(page: Any) -> None:
     """Say yes to the page's question before a fork (it runs tools at once)."""
     page.get_by_role("dialog").get_by_role("button", name="Fork and run it").click()
@@ -139,6 +146,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.goto(served.address)
     page.goto(f"{served.base}runs/{served.done}")
     expect(page.get_by_test_id("run-status")).to_have_text("done")
+    show_moves(page)
     page.get_by_test_id("fork-1").click()  # the prompt: the model is asked again from there
     fork_it(page)
 
@@ -148,6 +156,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_role("link", name=served.done).click()
     expect(page.get_by_test_id("run-status")).to_have_text("done")  # the original is as it was
 
+    show_moves(page)
     page.get_by_test_id("fork-edit-1").click()  # the prompt again, its text edited
     page.get_by_test_id("fork-text-1").fill("Refund INV-9 instead.")
     page.get_by_test_id("fork-edited-1").click()
@@ -156,6 +165,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     expect(page.locator("body")).to_contain_text("Refund INV-9 instead.")
 
     page.get_by_role("link", name=served.done).click()  # the last fork point follows the tool results:
+    show_moves(page)
     edit = page.locator('summary[data-testid^="fork-edit-"]').last  # its last message has no text,
     at = (edit.get_attribute("data-testid") or "").removeprefix("fork-edit-")
     assert int(at) > 1
@@ -274,7 +284,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     page.goto(f"{lively.base}runs/{lively.edited}")
     call = page.locator("#call-toolu_refund")
     expect(call).to_contain_text("Input as edited by a person")
-    expect(call.locator("pre.json").last).to_contain_text('"amount": 5')  # the edit, not the 20 asked for
+    expect(call.get_by_test_id("edited-input")).to_contain_text(re.compile(r"amount\s*5\b"))  # not the 20 asked for
     expect(call).to_contain_text("approved by alice")
 
 
@@ -308,6 +318,7 @@ def test_a_live_refresh_reopens_only_the_panels_that_were_open(lively: Lively, c
     page = context.new_page()
     page.goto(f"{lively.base}runs/{lively.panels}")
     expect(page.locator("main")).to_have_attribute("data-state", "live")
+    show_moves(page)
     page.get_by_test_id("fork-edit-1").click()
     assert page.locator("main details[open]").count() == 1
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from support import BROWSER_WAIT_MS, model_reply
+from support import BROWSER_WAIT_MS, model_reply, tool_use, tool_use_turn
 from tether.core.approvals import DecideLater
 from tether.core.events import ToolFinished
 from tether.drivers.loader import agent_from_spec
@@ -26,7 +26,7 @@ from tether.stores import RunQuery, RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
 from tether.testing import ScriptedModel
-from ui_runs import Project, delegating, looking_up, serve, shipping, two_calls
+from ui_runs import REFUND, Project, delegating, looking_up, serve, shipping, two_calls
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +52,8 @@ class Reviewed:
     """Waiting for a tool retry (``lookup``'s first try failed; the next is due 2 s after it)."""
     failed: str
     """Failed transiently (the model API was overloaded): a retry may mend it."""
+    letter: str
+    """Has a system prompt; echoed a letter (a multi-line text) and parked before its refund."""
     total: int
     """Runs in the database (child runs included)."""
 
@@ -99,6 +101,12 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
         overloaded = ScriptedModel([ModelError("overloaded", status=529, retryable=True)])
         failed = Runner(agent_from_spec(mended.spec, model=overloaded), store).run("Say it is all good.")
         assert failed.status == "failed", failed
+        writing = [
+            tool_use_turn(tool_use("toolu_echo", "echo", {"text": LETTER}), tool_use("toolu_refund", "refund", REFUND)),
+            model_reply([{"type": "text", "text": "Sent."}], "end_turn"),
+        ]
+        writer = Project.make(root / "writer", turns=writing, system="You are the billing desk.\nBe brief.")
+        letter = writer.park(store, prompt="Write to Ana, then refund INV-7.").run_id
         for n in range(60):  # an older history: enough for a second page of the list
             spec = {"agent": "archivist", "model": "claude-haiku-4-5", "prompt": f"Archive box {n}"}
             row = RunRecord(f"run_old_{n:02d}", "done", 1, spec=spec, summary={"output": f"Box {n} archived."})
@@ -108,10 +116,23 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
         store.close()
     with serve(url, root / "ui.log") as (address, base, _):
         yield Reviewed(
-            address, base, url, parked, shipments, pairs, parent, hostile_run, retrying.run_id, failed.run_id, total
+            address,
+            base,
+            url,
+            parked,
+            shipments,
+            pairs,
+            parent,
+            hostile_run,
+            retrying.run_id,
+            failed.run_id,
+            letter,
+            total,
         )
 
 
+LETTER = "Dear Ana,\nyour refund is on its way.\n\nThe billing desk"
+"""A text with line breaks, in a call's input."""
 HOSTILE_RULES = """
 [[rules]]
 tool = "ship"
@@ -475,9 +496,43 @@ def test_a_fork_says_it_runs_tools_at_once_and_waits_for_a_yes(reviewed: Reviewe
     from playwright.sync_api import expect
 
     page = signed_in(reviewed, context, f"runs/{reviewed.shipments[0]}")
-    page.get_by_test_id("fork-1").click()
+    page.get_by_test_id("fork-2").click()  # the model's first step (forks at #1, before it)
     dialog = page.get_by_role("dialog")
     expect(dialog).to_contain_text("Fork run")
     expect(dialog).to_contain_text("tools that need no approval run right away")
     dialog.get_by_role("button", name="Back").click()
     expect(page).to_have_url(f"{reviewed.base}runs/{reviewed.shipments[0]}")  # no fork was made
+
+
+# Reading a run ---------------------------------------------------------------------------------
+def test_a_run_reads_as_text_with_its_zone_its_system_prompt_and_a_quiet_timeline(
+    reviewed: Reviewed, browser: Any, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    for width in (1280, 390):
+        context = sized(browser, width)
+        try:
+            page = signed_in(reviewed, context, f"runs/{reviewed.letter}")
+            expect(page.get_by_test_id("system-prompt")).to_contain_text("You are the billing desk.")
+            shown = page.locator("#call-toolu_echo dl.kv .str")
+            assert shown.inner_text() == LETTER  # its line breaks, not \n
+            started = re.compile(r"started \d{4}-\d\d-\d\d [\d:]+ \S+")  # with its time zone
+            expect(page.locator("header.run-head .meta")).to_contain_text(started)
+
+            timeline = page.locator("table.timeline").last
+            expect(timeline.locator("tr.tone-move").first).to_be_hidden()  # the noisy moves, hidden at first
+            expect(timeline.locator("tr.tone-model").first).to_be_visible()
+            page.get_by_test_id("timeline-filter").get_by_label("moves between states").check()
+            expect(timeline.locator("tr.tone-move").first).to_be_visible()
+            page.get_by_test_id("timeline-filter").get_by_label("model calls").uncheck()
+            expect(timeline.locator("tr.tone-model").first).to_be_hidden()
+
+            diagram = page.get_by_test_id("diagram")
+            expect(diagram).to_be_hidden()  # folded: it is long
+            page.get_by_text("Path through the machine").click()
+            expect(diagram).to_be_visible()
+            assert page.evaluate("document.documentElement.scrollWidth") == width
+            page.screenshot(path=shots / f"ui-run-{width}.png", full_page=True)
+        finally:
+            context.close()

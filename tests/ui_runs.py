@@ -124,6 +124,8 @@ class Project:
     """A directory holding the tools module, the model's script and the rules."""
 
     root: Path
+    system: str | None = None
+    """The agent's system prompt (``tether run --system``), if any."""
 
     @classmethod
     def make(
@@ -134,6 +136,7 @@ class Project:
         quoted: str = XSS,
         turns: list[dict[str, Any]] | None = None,
         rules: str = RULES,
+        system: str | None = None,
     ) -> Project:
         """The project's files; the model says ``turns``, or echoes ``echoed`` and asks for the refund."""
         root.mkdir(parents=True, exist_ok=True)
@@ -141,7 +144,7 @@ class Project:
         said = script(echoed, quoted) if turns is None else turns
         (root / "script.json").write_text(json.dumps(said), encoding="utf-8")
         (root / "rules.toml").write_text(rules, encoding="utf-8")
-        return cls(root)
+        return cls(root, system)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -151,6 +154,7 @@ class Project:
             "cwd": str(self.root),
             "model": f"scripted:{self.root / 'script.json'}",
             "policy": str(self.root / "rules.toml"),
+            **({"system": self.system} if self.system is not None else {}),
         }
 
     def park(self, store: Store, *, tenant: str | None = None, prompt: str = "Refund INV-7.") -> RunResult:

@@ -254,7 +254,8 @@ class Step:
     detail: str
     """Short; the whole text is in the messages and the calls."""
     tone: str = ""
-    """``model``, ``tool``, ``person``, ``error``, ``warning``, ``move`` or ``end``: how it is styled."""
+    """``start``, ``model``, ``tool``, ``person``, ``error``, ``warning``, ``move`` or ``end``: how it is styled,
+    and which of the timeline's filters shows it (moves between states are hidden at first)."""
     call_id: str | None = None
     """The tool call it is about, linked to its card."""
     usage: Usage | None = None
@@ -288,6 +289,8 @@ class RunPage:
     """What a person may do to it from its page (see :data:`~tether.surfaces.web.confirm.CONTROLS`)."""
     due_at: float | None = None
     """When the tool retry it waits for is due (a run ``waiting_retry``)."""
+    moves: int = 0
+    """Moves between the machine's states so far (what its diagram draws)."""
 
 
 def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
@@ -319,6 +322,7 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         children=started_by(store, log.events, tenant=viewer_tenant),
         controls=tuple(controls),
         due_at=result.next_due_at,
+        moves=sum(isinstance(event.fact, Transition) for event in log.events),
     )
 
 
@@ -331,7 +335,7 @@ def timeline(events: list[Event]) -> list[Step]:
         match fact:
             case RunStarted(messages=messages):
                 prompt = text_of(messages[-1]) if messages else ""
-                rows.append(Step(seq, at, "run started", _preview(prompt), "move"))
+                rows.append(Step(seq, at, "run started", _preview(prompt), "start"))
             case Transition(event=name, source=source, target=target):
                 moved = f"{status_name(source)} → {status_name(target)}" if source else status_name(target)
                 rows.append(Step(seq, at, "moved", f"{moved} ({name})", "move"))

@@ -6,6 +6,7 @@
 // - While a field has the focus, or any field holds a value other than the one the server rendered
 //   (typed, picked, ticked), the swap waits: <main data-state="stale"> says newer state is held back
 //   until the form is sent or its edits undone. What a form sends is always what the person sees.
+// - The view's own choices (inputs marked data-view: the timeline's filter) are kept, and never hold a swap back.
 // - The <details> panels that were open are opened again, each known by its form's hidden fields
 //   (the run, the call, the step), which of the forms with those it is (rows of the timeline share
 //   them; the timeline only grows at its end), and its place in that form; or by data-key if it has one.
@@ -53,6 +54,7 @@
   function edited(field) {
     // Whether a field holds something other than what the server rendered in it.
     if (field.disabled || /^(hidden|submit|button|reset|image|file)$/.test(field.type)) return false;
+    if (field.hasAttribute("data-view")) return false; // how the page is shown (a filter), not what a form sends
     if (field.type === "checkbox" || field.type === "radio") return field.checked !== field.defaultChecked;
     if (field.tagName === "SELECT") {
       const options = Array.from(field.options);
@@ -107,11 +109,16 @@
 
   function swap(page, fresh) {
     const open = new Set(keys().filter(([details]) => details.open).map(([, name]) => name));
+    const views = new Map(Array.from(main.querySelectorAll("input[data-view][id]"), (input) => [input.id, input.checked]));
     main.replaceChildren(...Array.from(fresh.childNodes, (node) => document.importNode(node, true)));
     if (fresh.dataset.waiting) main.dataset.waiting = fresh.dataset.waiting; // what the live badge says it waits for
     else delete main.dataset.waiting;
     keys().forEach(([details, name]) => {
       if (open.has(name)) details.open = true;
+    });
+    views.forEach((checked, id) => {
+      const input = document.getElementById(id);
+      if (input) input.checked = checked;
     });
     const header = page.querySelector("header.top");
     const current = document.querySelector("header.top");
