@@ -21,30 +21,30 @@ class Address(pydantic.BaseModel):
 
 
 @tool(approval=True)
-def ship(
-    order: str,
-    carrier: Literal["ups", "dhl"],
-    express: bool,
-    boxes: Annotated[int, pydantic.Field(ge=1, description="How many boxes")],
-    weight: float,
-    items: list[dict[str, int]],
-    to: Address,
+def book(
+    guest: str,
+    room: Literal["single", "double"],
+    breakfast: bool,
+    nights: Annotated[int, pydantic.Field(ge=1, description="How many nights")],
+    rate: float,
+    extras: list[dict[str, int]],
+    billing: Address,
     note: str | None = None,
-    level: Literal[1, 2] | None = None,
+    floor: Literal[1, 2] | None = None,
 ) -> str:
-    """Ship an order."""
-    return order
+    """Book a room."""
+    return guest
 
 
-SCHEMA = ship.input_schema()
+SCHEMA = book.input_schema()
 SHOWN = {
-    "order": "A-1",
-    "carrier": "dhl",
-    "express": False,
-    "boxes": 2,
-    "weight": 2.0,
-    "items": [{"sku": 1}],
-    "to": {"street": "1 Main St", "city": "Springfield"},
+    "guest": "Ana",
+    "room": "double",
+    "breakfast": False,
+    "nights": 2,
+    "rate": 2.0,
+    "extras": [{"cot": 1}],
+    "billing": {"street": "1 Main St", "city": "Springfield"},
 }
 
 
@@ -67,31 +67,31 @@ def test_each_property_gets_the_field_its_type_calls_for() -> None:
     assert fields is not None
     found = by_key(fields)
     assert [field.key for field in fields] == list(SCHEMA["properties"])  # the schema's order
-    assert (found["order"].control, found["order"].value, found["order"].required) == ("input", "A-1", True)
-    assert found["carrier"].control == "select"
-    assert found["carrier"].options == (('"ups"', "ups"), ('"dhl"', "dhl"))
-    assert found["express"].options == (("true", "true"), ("false", "false"))
-    boxes = found["boxes"]
-    assert (boxes.control, boxes.step, boxes.description) == ("number", "1", "How many boxes")
-    assert (found["weight"].control, found["weight"].value) == ("number", "2.0")
-    assert (found["items"].control, found["items"].kind) == ("textarea", "json")  # nested: raw JSON
-    assert found["to"].kind == "json"  # a model ($ref) too
+    assert (found["guest"].control, found["guest"].value, found["guest"].required) == ("input", "Ana", True)
+    assert found["room"].control == "select"
+    assert found["room"].options == (('"single"', "single"), ('"double"', "double"))
+    assert found["breakfast"].options == (("true", "true"), ("false", "false"))
+    nights = found["nights"]
+    assert (nights.control, nights.step, nights.description) == ("number", "1", "How many nights")
+    assert (found["rate"].control, found["rate"].value) == ("number", "2.0")
+    assert (found["extras"].control, found["extras"].kind) == ("textarea", "json")  # nested: raw JSON
+    assert found["billing"].kind == "json"  # a model ($ref) too
     assert (found["note"].kind, found["note"].required) == ("string?", False)  # blank leaves it out
-    assert found["level"].options[0] == ("", "— leave out")
-    assert ("null", "null") in found["level"].options
+    assert found["floor"].options[0] == ("", "— leave out")
+    assert ("null", "null") in found["floor"].options
 
 
 @pytest.mark.parametrize(
     "shown",
     [
         SHOWN,
-        {**SHOWN, "note": "two\nlines", "level": 2},
-        {**SHOWN, "note": None, "level": None},
-        {**SHOWN, "order": "tab\tand a right-to-left \u202e override", "note": ""},
-        {**SHOWN, "order": "carriage\r\nreturn", "boxes": 12345678901234567890},
+        {**SHOWN, "note": "two\nlines", "floor": 2},
+        {**SHOWN, "note": None, "floor": None},
+        {**SHOWN, "guest": "tab\tand a right-to-left \u202e override", "note": ""},
+        {**SHOWN, "guest": "carriage\r\nreturn", "nights": 12345678901234567890},
         {**SHOWN, "note": "\n leading line break", "extra": {"not": "in the schema"}},
-        {**SHOWN, "carrier": "fedex", "express": "yes", "boxes": "two"},  # not what the schema says
-        {"order": "A-1"},
+        {**SHOWN, "room": "suite", "breakfast": "yes", "nights": "two"},  # not what the schema says
+        {"guest": "Ana"},
     ],
 )
 def test_a_form_sent_untouched_says_exactly_the_input_shown(shown: dict[str, Any]) -> None:
@@ -106,31 +106,40 @@ def test_a_form_sent_untouched_says_exactly_the_input_shown(shown: dict[str, Any
 def test_a_changed_field_says_the_change() -> None:
     fields = fields_of(SCHEMA, SHOWN)
     assert fields is not None
-    form = sent(fields, boxes="3", weight="2.5", carrier='"ups"', express="true", note="fragile", items='[{"sku": 2}]')
-    changed = {"boxes": 3, "weight": 2.5, "carrier": "ups", "express": True, "items": [{"sku": 2}], "note": "fragile"}
+    form = sent(
+        fields, nights="3", rate="2.5", room='"single"', breakfast="true", note="late arrival", extras='[{"cot": 2}]'
+    )
+    changed = {
+        "nights": 3,
+        "rate": 2.5,
+        "room": "single",
+        "breakfast": True,
+        "extras": [{"cot": 2}],
+        "note": "late arrival",
+    }
     assert input_of(form) == ({**SHOWN, **changed}, {})
 
 
 def test_a_field_that_cannot_be_read_is_a_problem_of_that_field() -> None:
     fields = fields_of(SCHEMA, SHOWN)
     assert fields is not None
-    said, problems = input_of(sent(fields, boxes="2.5", weight="heavy", items="[{"))
-    assert set(problems) == {"boxes", "weight", "items"}
-    assert problems["boxes"] == "'2.5' is not a whole number"
-    assert problems["weight"] == "'heavy' is not a number"
-    assert problems["items"].startswith("not valid JSON")
+    said, problems = input_of(sent(fields, nights="2.5", rate="cheap", extras="[{"))
+    assert set(problems) == {"nights", "rate", "extras"}
+    assert problems["nights"] == "'2.5' is not a whole number"
+    assert problems["rate"] == "'cheap' is not a number"
+    assert problems["extras"].startswith("not valid JSON")
     assert said is not None
-    assert said["order"] == "A-1"  # the others are read
+    assert said["guest"] == "Ana"  # the others are read
 
 
 def test_blank_numbers_and_json_leave_their_key_out_for_the_schema_to_judge() -> None:
     fields = fields_of(SCHEMA, SHOWN)
     assert fields is not None
-    said, problems = input_of(sent(fields, boxes="", items=" "))
+    said, problems = input_of(sent(fields, nights="", extras=" "))
     assert problems == {}
     assert said is not None
-    assert "boxes" not in said
-    assert "items" not in said
+    assert "nights" not in said
+    assert "extras" not in said
 
 
 def test_no_fields_without_an_object_schema_or_an_object_input() -> None:
