@@ -18,7 +18,7 @@ import pytest
 
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import Event
+from tether.core.events import ApprovalRequested, Event
 from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
@@ -455,7 +455,7 @@ def test_a_rule_and_an_approval_callable_give_the_person_a_note(ran: Ran, tmp_pa
     )
     r = runner(REFUND_BIG, Policy.from_file(rules), ran=ran)
     parked = r.run("Refund I-9.")
-    [asked] = [e.fact for e in r.store.load_events(parked.run_id) if e.type == "approval_requested"]
+    [asked] = [e.fact for e in r.store.load_events(parked.run_id) if isinstance(e.fact, ApprovalRequested)]
     assert [call.note for call in asked.calls] == ["Check the **invoice** in the ledger first."]
     assert asked.to_json()["calls"][0]["note"] == "Check the **invoice** in the ledger first."
 
@@ -469,7 +469,7 @@ def test_a_rule_and_an_approval_callable_give_the_person_a_note(ran: Ran, tmp_pa
 
     sending = runner([calls(use("toolu_1", "send", {"to": "a"})), answer()], None, tools=[send])
     waiting = sending.run("Go.")
-    [asked] = [e.fact for e in sending.store.load_events(waiting.run_id) if e.type == "approval_requested"]
+    [asked] = [e.fact for e in sending.store.load_events(waiting.run_id) if isinstance(e.fact, ApprovalRequested)]
     assert [call.note for call in asked.calls] == ["Call _the customer_ first."]
     with pytest.raises(ConfigError, match="'description' must be a string"):
         Rule(action="require_approval", description=3)  # type: ignore[arg-type]
