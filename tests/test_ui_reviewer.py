@@ -446,7 +446,7 @@ def test_a_run_waiting_for_a_retry_says_when_and_is_resumed_after_a_yes(
 
     page.get_by_test_id("control-resume").click()
     dialog.get_by_role("button", name="Resume the run").click()
-    expect(page.get_by_test_id("done")).to_contain_text(f"Run {reviewed.retrying} is driven on")
+    expect(page.get_by_test_id("acted")).to_contain_text(f"Run {reviewed.retrying} is driven on")
     expect(page.get_by_test_id("run-status")).to_have_text("done")  # the retry ran, the model answered
     assert reviewed.results(reviewed.retrying)["toolu_lookup"] == "found k1"
 

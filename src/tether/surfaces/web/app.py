@@ -238,7 +238,7 @@ class _Inspector:
             error_on_card=problem.on_a_card(turns),
             fork_error=fork_error,
             control_error=control_error,
-            done=request.query_params.get("done"),
+            acted=request.query_params.get("acted"),
         )
 
     def _turns(self, run_id: str, tenant: str | None) -> list[Turn]:
@@ -358,12 +358,12 @@ class _Inspector:
                     run_id,
                     by=fields.get("by", "").strip(),
                 )
-                done = f"run {run_id} is cancelled"
+                acted = f"run {run_id} is cancelled"
             else:
-                done = await run_in_threadpool(partial(self.decider.go_on, tenant=viewer.tenant), run_id)
+                acted = await run_in_threadpool(partial(self.decider.go_on, tenant=viewer.tenant), run_id)
         except (ConfigError, RunEnded, StaleRun) as error:
             return await self._run(request, viewer, run_id, 409, control_error=str(error))
-        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?{urlencode({'done': done})}", status_code=303)
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?{urlencode({'acted': acted})}", status_code=303)
 
     def _confirm(
         self, request: Request, viewer: Viewer, action: str, fields: Mapping[str, str], asked: Question
