@@ -451,7 +451,7 @@ def worker_memory(history: str, calls: int, workdir: Path) -> dict[str, Any]:
     grows up to its cap (2 MiB per connection by default); the traced heap is the driver's own.
     """
     from tether import Runner
-    from tether.core.compaction import KeepLastTurns
+    from tether.policy.compaction import KeepLastTurns
 
     path = workdir / f"tether-memory-{history}-{calls}.db"
     store = open_sql_store(f"sqlite:///{path}")

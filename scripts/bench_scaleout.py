@@ -1,7 +1,7 @@
 """Section 6 of scripts/bench, scale-out: P ``tether worker`` processes on one PostgreSQL.
 
 R runs of CALLS tool calls each are submitted (Runner.submit: run and job in one transaction)
-once P worker processes (tether.drivers.queue.Worker, CONCURRENCY runs each) are ready; the
+once P worker processes (tether.drivers.worker.Worker, CONCURRENCY runs each) are ready; the
 model answers after MODEL_DELAY (awaited). Measured per P, each in a database of its own:
 runs/s and steps/s from the first submit to the last run done, database transactions per
 step (pg_stat_database; every autocommit statement is one, so for tether's one-statement
@@ -57,7 +57,7 @@ def bench_agent() -> Any:
 
 def worker_main(url: str) -> None:
     """A worker process: drive runs until SIGTERM, then print the model calls it made."""
-    from tether.drivers.queue import Worker
+    from tether.drivers.worker import Worker
 
     agent = bench_agent()
     worker = Worker(url, agent=agent, concurrency=CONCURRENCY, stalled_after=30)

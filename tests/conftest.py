@@ -113,7 +113,11 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[Any]:
-    """Headless Chromium driven by Playwright, one per test module (launching it takes a second)."""
+    """Debian's Chromium, headless, driven by Playwright: one per module.
+
+    Not one per session: Playwright's sync API keeps an event loop running in the thread while
+    it is open, and a later module's ``asyncio.run`` would then refuse to start.
+    """
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -124,7 +128,7 @@ def browser(chromium: str) -> Iterator[Any]:
 
 @pytest.fixture
 def context(browser: Any) -> Iterator[Any]:
-    """A fresh browser profile (no cookie yet), 1280 px wide, whose expectations wait up to BROWSER_WAIT_MS."""
+    """A fresh browser profile (no cookie yet) whose expectations wait up to BROWSER_WAIT_MS."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=BROWSER_WAIT_MS)
@@ -135,7 +139,7 @@ def context(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    """Where a browser test saves its screenshots: the test's directory, or ``$TETHER_UI_SCREENSHOTS``."""
+    """Where a browser test saves its screenshots: the test's directory, or $TETHER_UI_SCREENSHOTS."""
     where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
     where.mkdir(parents=True, exist_ok=True)
     return where

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tether import Agent, Approve, AsyncRunner, Deny, Runner, tool
 from tether.core.approvals import ApprovalRequest, Decision
-from tether.core.events import Event
 from tether.errors import RunBusy
+from tether.facts.events import Event
 from tether.models import ModelRequest
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore

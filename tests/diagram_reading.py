@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from tether.core.events import Event
 from tether.core.machine import AgentMachine
-from tether.core.status import RunStatus
+from tether.facts.events import Event
+from tether.facts.status import RunStatus
 from tether.views import diagram as dg
 
 Move = tuple[str, str, str]

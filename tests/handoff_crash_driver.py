@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tether import Agent, Runner, tool
-from tether.core.events import Event
 from tether.errors import RunBusy, RunNotFound
+from tether.facts.events import Event
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel

@@ -238,6 +238,12 @@ def graphviz_missing() -> str | None:
     return None if shutil.which("dot") else "Graphviz is not installed (apt-get install graphviz)"
 
 
+SCREENSHOTS = "TETHER_UI_SCREENSHOTS"
+"""Where the browser tests save their screenshots (scripts/ui-screenshots sets it to diagrams/)."""
+BROWSER_WAIT_MS = 30_000
+"""How long a browser test's expectation waits for the page (a shared 2-core machine can be slow); not a speed check."""
+
+
 def chromium_missing() -> str | None:
     """Why the browser tests cannot drive Debian's Chromium here, or None."""
     if shutil.which("chromium") is None:
@@ -247,12 +253,6 @@ def chromium_missing() -> str | None:
     except ImportError:
         return "the playwright package is not installed (pip install -e '.[dev]')"
     return None
-
-
-SCREENSHOTS = "TETHER_UI_SCREENSHOTS"
-"""Where the browser tests save their screenshots (``scripts/ui-screenshots`` sets it to diagrams/)."""
-BROWSER_WAIT_MS = 30_000
-"""How long a browser expectation waits for the page (a shared 2-core machine can be slow); not a speed check."""
 
 
 def mermaid_node(where: Path) -> str | None:

@@ -18,7 +18,7 @@ import pytest
 
 from support import Cli, tool_results, tool_use
 from tether import Agent, Runner, tool
-from tether.core.events import Event, RunStarted, Warned
+from tether.facts.events import Event, RunStarted, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel

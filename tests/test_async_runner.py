@@ -125,7 +125,7 @@ async def test_async_sqlite_runs_each_operation_whole_on_one_thread_of_its_own(s
         assert len(threads) == 1
         assert threads.pop().startswith("tether-sqlite")
         await store.close()  # the store reconnects if used again, on a thread of its own again
-        assert (await runner.load(parked[0].run_id)).status == "awaitingApproval"
+        assert (await runner.load(parked[0].run_id)).status == "awaiting_approval"
         assert len(threads) == 1
         assert threading.current_thread().name not in threads
         assert store._held is not None  # the thread keeps its connection between operations

@@ -19,8 +19,8 @@ import pytest
 from support import CliResult, run_tether, tool_use, tool_use_turn
 from tether import Agent, ApprovalVerdict, Approve, Deny, Policy, RetryPolicy, Rule, Runner, RunResult, tool
 from tether.core.approvals import Decision
-from tether.core.events import Event, ToolFinished, Warned
 from tether.errors import ConfigError, RunNotFound
+from tether.facts.events import Event, ToolFinished, Warned
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore

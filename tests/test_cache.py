@@ -18,9 +18,10 @@ import pytest
 
 from support import run_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Limits, Runner, RunResult, tool
-from tether.core.cache import cache_key, canonical_json
-from tether.core.events import Event
+from tether.canonical import canonical_json
+from tether.core.cache import cache_key
 from tether.errors import ToolDefinitionError
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import Budget
 from tether.stores.memory import MemoryStore

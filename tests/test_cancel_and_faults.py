@@ -19,8 +19,8 @@ import pytest
 
 from support import libpq_dsn, tool_use, tool_use_turn
 from tether import Agent, AsyncRunner, Limits, RunResult, tool
-from tether.core.events import Event
 from tether.errors import StoreError, TetherError
+from tether.facts.events import Event
 from tether.models import ModelRequest, ModelResponse
 from tether.stores import AsyncStore
 from tether.stores.sql import AsyncSQLStore

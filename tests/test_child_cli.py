@@ -265,7 +265,7 @@ def test_a_fork_of_a_child_run_is_driven_with_the_childs_agent_from_the_cli_and_
     store = SQLStore(tether.db)
     try:
         InProcess(store, max_wait=0).drive(forks[1], None)  # parks at the publish, as the child did
-        assert store.load_run(forks[1]).status == "awaitingApproval"
+        assert store.load_run(forks[1]).status == "awaiting_approval"
     finally:
         store.close()
     assert tether.effects() == ["publish a", "publish a"]

@@ -13,10 +13,10 @@ from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Deny, Runner, RunResult, tool
 from tether.core.approvals import CallbackApprover, DecideLater
 from tether.core.children import ChildFailed, child_run_id
-from tether.core.results import OUTPUT_TOOL
 from tether.policy.policies import Budget, Limits, RetryPolicy
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel
+from tether.tools.output import OUTPUT_TOOL
 from tether.views.pending import pending_approvals
 
 

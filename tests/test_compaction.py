@@ -14,8 +14,13 @@ import pytest
 
 from tether import Runner, tool
 from tether.agent import Agent
-from tether.core import events as ev
-from tether.core.compaction import (
+from tether.errors import ConfigError, ModelError
+from tether.facts import events as ev
+from tether.facts.events import Event
+from tether.facts.history import check_pairing
+from tether.models import ModelRequest, ModelResponse, Usage
+from tether.models.scripted import ScriptedModel
+from tether.policy.compaction import (
     DROPPED_RESULT,
     SUMMARY_HEADER,
     DropToolResults,
@@ -24,11 +29,6 @@ from tether.core.compaction import (
     Summarise,
     rounds,
 )
-from tether.core.events import Event
-from tether.core.history import check_pairing
-from tether.errors import ConfigError, ModelError
-from tether.models import ModelRequest, ModelResponse, Usage
-from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 
 Message = dict[str, Any]

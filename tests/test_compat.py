@@ -96,7 +96,7 @@ def test_incompatible_changes_are_refused_naming_the_tool_and_change(changed: st
         runner.drive(run_id)
     with pytest.raises(IncompatibleRun):
         runner.decide(run_id, "t1", Approve())
-    assert store.load_run(run_id).status == "awaitingApproval"  # nothing was changed
+    assert store.load_run(run_id).status == "awaiting_approval"  # nothing was changed
 
 
 @pytest.mark.parametrize(("key", "current"), [("machine_version", MACHINE_VERSION), ("schema_version", SCHEMA_VERSION)])

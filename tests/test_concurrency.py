@@ -199,7 +199,7 @@ def test_concurrent_decisions_exactly_one_applies(db_url: str, tmp_path: Path) -
 
 APPEND_STEPS = """
 import sys
-from tether.core.events import Event, Warned
+from tether.facts.events import Event, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 url, run_id, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -213,7 +213,7 @@ store.close()
 
 def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str) -> None:
     """Runner.load reads the version and the events at one instant: never a version behind them."""
-    from tether.core.events import Event, Warned
+    from tether.facts.events import Event, Warned
     from tether.stores import RunRecord
 
     store = SQLStore(db_url)

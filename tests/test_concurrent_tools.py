@@ -17,9 +17,9 @@ import pytest
 
 from support import done, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, ConfigError, RetryPolicy, Runner, RunResult, Tool, tool
-from tether.core.events import Event
 from tether.core.state import RunState
 from tether.errors import ToolDefinitionError
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.testing import RecordingApprover

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa  # noqa: TID251 - the tests damage rows as an outside writer would
 
 from support import Cli, tool_use
-from tether.core.events import Event, Warned
 from tether.errors import CorruptData
+from tether.facts.events import Event, Warned
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from support import run_script
-from tether.core.events import Event
+from tether.facts.events import Event
 from tether.stores.sql import SQLStore
 from tether.testing import validate_messages_request
 

@@ -13,8 +13,8 @@ import pytest
 from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, Runner, tool
 from tether.core.approvals import Approve, Deny
-from tether.core.events import ApprovalDecided, Event
 from tether.errors import AlreadyDecided
+from tether.facts.events import ApprovalDecided, Event
 from tether.stores import RunRecord
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel

@@ -37,9 +37,9 @@ from diagram_reading import (
 from support import mermaid_parse_errors
 from tether import AutoApprover, RetryLater, RetryPolicy, Runner, RunNotFound, RunResult, tool
 from tether.agent import Agent
-from tether.core import events
-from tether.core.events import Event
 from tether.core.machine import AgentMachine
+from tether.facts import events
+from tether.facts.events import Event
 from tether.policy.policies import ApprovalVerdict
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel

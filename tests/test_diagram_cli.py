@@ -26,7 +26,7 @@ from support import (
     spawn_tether,
     start_tether,
 )
-from tether.core.events import Event
+from tether.facts.events import Event
 from tether.stores import open_store
 from tether.views import diagram as dg
 

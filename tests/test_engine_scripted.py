@@ -22,10 +22,10 @@ import tether
 from support import tool_use
 from tether import Agent, Approve, AsyncRunner, Deny, Limits, RetryPolicy, Runner, RunResult, tool
 from tether.core.approvals import DecideLater
-from tether.core.history import check_pairing
 from tether.core.state import RunState
-from tether.core.status import ENDED
 from tether.errors import ApprovalError, ModelError
+from tether.facts.history import check_pairing
+from tether.facts.status import ENDED
 from tether.models.scripted import ScriptedModel
 from tether.stores.memory import MemoryStore
 from tether.testing import validate_messages_request
@@ -559,7 +559,7 @@ def test_approve_with_edited_input_is_validated_and_used(kind: str, ran: Calls) 
         h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe", "force": True}))
     # the refused edits changed nothing
     still = h.settle(h.runner.load(parked.run_id))
-    assert still.status == "awaitingApproval"
+    assert still.status == "awaiting_approval"
     assert still.decisions == {}
     h.decide(parked.run_id, "toolu_1", Approve(input={"path": "/tmp/safe"}))
     result = h.drive(parked.run_id)
@@ -592,7 +592,7 @@ def test_a_decision_with_a_wrong_fingerprint_is_refused(kind: str, ran: Calls) -
     shown = parked.pending_approvals[0]["fingerprint"]
     with pytest.raises(ApprovalError, match="differ"):
         h.decide(parked.run_id, "toolu_1", Approve(), fingerprint="0" * 16)
-    assert h.settle(h.runner.load(parked.run_id)).status == "awaitingApproval"
+    assert h.settle(h.runner.load(parked.run_id)).status == "awaiting_approval"
     h.decide(parked.run_id, "toolu_1", Approve(), fingerprint=shown)
     assert h.drive(parked.run_id).status == "done"
     h.verify()

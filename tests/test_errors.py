@@ -73,7 +73,7 @@ def test_a_second_decision_is_already_decided_naming_who_and_how(parked: tuple[R
 
 def test_an_edit_back_to_the_input_shown_is_a_plain_approval(parked: tuple[Runner, RunResult]) -> None:
     """The model is not told a reviewer edited what nobody changed (key order aside)."""
-    from tether.core.events import ApprovalDecided
+    from tether.facts.events import ApprovalDecided
 
     runner, run = parked
     runner.decide(run.run_id, "toolu_1", Approve(input={"path": "/tmp/x"}, actor="alice"))
@@ -117,7 +117,7 @@ def test_a_call_that_is_not_waiting_is_not_awaiting_approval(parked: tuple[Runne
     runner, run = parked
     with pytest.raises(NotAwaitingApproval, match="call 'toolu_0' is not pending approval") as caught:
         runner.decide(run.run_id, "toolu_0", Approve())  # an earlier batch's call, never gated
-    assert caught.value.status == "awaitingApproval"
+    assert caught.value.status == "awaiting_approval"
     runner.decide(run.run_id, "toolu_1", Deny("no"))
     runner.drive(run.run_id)
     with pytest.raises(NotAwaitingApproval, match=f"run {run.run_id} is not awaiting approval") as ended:

@@ -21,7 +21,6 @@ from tether import Agent, Approve, Limits, RetryPolicy, tool
 from tether.core import cache, engine
 from tether.core.approvals import Decision
 from tether.core.engine import CallModel, Step, cancellation, start_events
-from tether.core.events import Event, HistoryCompacted
 from tether.core.flow import (
     STORE_RETRY_WAITS,
     Announce,
@@ -46,9 +45,10 @@ from tether.core.flow import (
 )
 from tether.core.machine import AgentMachine
 from tether.core.state import RunState
-from tether.core.status import status_name
 from tether.drivers.runner import record_of
 from tether.errors import ModelError, StaleRun, StoreError
+from tether.facts.events import Event, HistoryCompacted
+from tether.facts.status import status_name
 from tether.models import ModelResponse
 from tether.models.scripted import ScriptedModel
 from tether.stores import RunLog

@@ -238,7 +238,8 @@ REVIEW = tool_use_turn(tool_use("toolu_review", "review", {"task": "check 2 + 3"
 
 
 def test_a_fork_of_a_child_run_is_a_root_run_driven_with_the_childs_agent() -> None:
-    from tether.core.children import child_run_id, link_of
+    from tether.core.children import child_run_id
+    from tether.core.links import link_of
 
     store = MemoryStore()
     sums = tool_use_turn(tool_use("toolu_add", "add", {"a": 2, "b": 3}))

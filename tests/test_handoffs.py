@@ -12,10 +12,10 @@ import pytest
 from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, ConfigError, Handoff, Runner, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import HandedOff, HistoryCompacted
 from tether.core.handoffs import without_tool_calls
-from tether.core.history import check_pairing, tool_uses
 from tether.errors import IncompatibleRun
+from tether.facts.events import HandedOff, HistoryCompacted
+from tether.facts.history import check_pairing, tool_uses
 from tether.policy.policies import Limits
 from tether.stores.memory import MemoryStore
 from tether.testing import ScriptedModel

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tether.core.history import (
+from tether.errors import InvalidHistory
+from tether.facts.history import (
     CACHE_BREAKPOINT,
     append_user_text,
     check_pairing,
@@ -17,7 +18,6 @@ from tether.core.history import (
     tool_uses,
     with_cache_breakpoints,
 )
-from tether.errors import InvalidHistory
 
 Message = dict[str, Any]
 

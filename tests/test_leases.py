@@ -23,10 +23,10 @@ import pytest
 
 from support import clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Runner, tool
-from tether.core import events as ev
 from tether.core.approvals import DecideLater
 from tether.drivers.loader import agent_from_spec
 from tether.errors import RunBusy, StaleRun
+from tether.facts import events as ev
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore

@@ -14,10 +14,10 @@ from support import tool_use, tool_use_turn
 from tether import Agent, Approve, Deny, tool
 from tether.core import lifecycle
 from tether.core.engine import CallModel
-from tether.core.events import Event
 from tether.core.flow import CheckLease, CreateRun, Flow, Flowing, LoadLog, Notify, Persist
 from tether.core.state import RunState
 from tether.errors import ApprovalError, RunEnded
+from tether.facts.events import Event
 from tether.models import ModelResponse
 from tether.stores import RunLog
 from tether.testing import ScriptedModel
@@ -84,7 +84,7 @@ def parked_log() -> RunLog:
     for _ in range(2):  # the model's answer, then the gate
         effects, _ = perform(drive.step(state), {CallModel: answer})
         events += [event for effect in effects if isinstance(effect, Persist) for event in effect.events]
-    assert state.status == "awaitingApproval"
+    assert state.status == "awaiting_approval"
     return RunLog(state.version, "acme", events)
 
 

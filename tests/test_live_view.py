@@ -18,11 +18,11 @@ from rich.console import Console  # noqa: TID251 - the view is checked on rich c
 
 from support import ANSI, DEMO_PROMPT, FIBONACCI, demo_db_url, model_reply, run_tether, screen_text, spawn_tether
 from tether import Agent, AsyncRunner, Runner, tool
-from tether.core import events as ev
 from tether.core.engine import CallModel, RunTool, WaitUntil
-from tether.core.events import Event
 from tether.core.flow import Activity, RunningTools
 from tether.core.state import PendingCall, RunState
+from tether.facts import events as ev
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.surfaces.terminal import LiveView, describe_activity
 
@@ -79,7 +79,7 @@ def test_on_action_is_told_before_each_model_call_and_tool_attempt(kind: str) ->
     # Before the I/O: the model has not yet been called for the call being announced.
     assert recorder.seen == [
         ("CallModel", "thinking", 0),
-        ("RunTool", "executingTool", 1),
+        ("RunTool", "executing_tool", 1),
         ("CallModel", "thinking", 1),
     ]
 
@@ -213,7 +213,7 @@ def test_live_view_shows_a_model_retry_wait_in_the_spinner() -> None:
 
 def test_describe_activity_names_the_status_by_its_python_id() -> None:
     call = PendingCall(call_id="c1", tool="add", input={"a": 1, "b": 2})
-    state = RunState(id="r", status="executingTool", steps=4)
+    state = RunState(id="r", status="executing_tool", steps=4)
     running = RunTool(call=call, tool=add, arguments=add.validate(call.input), attempt=1)
     assert describe_activity(state, running) == "executing_tool · step 4 · running add…"
     retrying = RunTool(call=call, tool=add, arguments=add.validate(call.input), attempt=3)

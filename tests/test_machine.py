@@ -14,10 +14,10 @@ import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
 from tether.core.machine import AgentMachine, bind
-from tether.core.status import FINAL, RunStatus
 from tether.errors import IncompatibleRun
+from tether.facts.status import FINAL, RunStatus
 
-STATES = ["thinking", "executingTool", "awaitingApproval", "done", "failed", "cancelled"]
+STATES = ["thinking", "executing_tool", "awaiting_approval", "done", "failed", "cancelled"]
 EVENTS = [
     "tools_requested",
     "answered",
@@ -55,13 +55,13 @@ def _tool_finished(guards: Guards) -> str:
     if final and not pending:
         return "done"
     if pending:
-        return "executingTool"
+        return "executing_tool"
     return "thinking"
 
 
 def _decided(guards: Guards) -> str:
     _, _, undecided, _ = guards
-    return "awaitingApproval" if undecided else "executingTool"
+    return "awaiting_approval" if undecided else "executing_tool"
 
 
 def _retried(guards: Guards) -> str | None:
@@ -75,20 +75,20 @@ def _cancelled_after_failure(guards: Guards) -> str | None:
 
 # The whole table: a (state, event) pair missing here must be refused by the machine.
 LEGAL: dict[tuple[str, str], Target] = {
-    ("thinking", "tools_requested"): "executingTool",
+    ("thinking", "tools_requested"): "executing_tool",
     ("thinking", "answered"): "done",
     ("thinking", "reinvoked"): "thinking",
     ("thinking", "compacted"): "thinking",
     ("thinking", "fail"): "failed",
     ("thinking", "cancel"): "cancelled",
-    ("executingTool", "tool_finished"): _tool_finished,
-    ("executingTool", "retry_scheduled"): "executingTool",
-    ("executingTool", "approval_needed"): "awaitingApproval",
-    ("executingTool", "fail"): "failed",
-    ("executingTool", "cancel"): "cancelled",
-    ("awaitingApproval", "decided"): _decided,
-    ("awaitingApproval", "fail"): "failed",
-    ("awaitingApproval", "cancel"): "cancelled",
+    ("executing_tool", "tool_finished"): _tool_finished,
+    ("executing_tool", "retry_scheduled"): "executing_tool",
+    ("executing_tool", "approval_needed"): "awaiting_approval",
+    ("executing_tool", "fail"): "failed",
+    ("executing_tool", "cancel"): "cancelled",
+    ("awaiting_approval", "decided"): _decided,
+    ("awaiting_approval", "fail"): "failed",
+    ("awaiting_approval", "cancel"): "cancelled",
     ("failed", "retried"): _retried,
     ("failed", "cancel"): _cancelled_after_failure,
 }
@@ -98,7 +98,7 @@ def test_the_table_covers_exactly_the_machine_states_and_events() -> None:
     assert {state.value for state in AgentMachine.states} == set(STATES)
     # The metaclass's events property (a list of the class's events); mypy sees only the instance's.
     assert {event.id for event in AgentMachine.events} == set(EVENTS)  # type: ignore[attr-defined]
-    assert {source for source, _ in LEGAL} == {"thinking", "executingTool", "awaitingApproval", "failed"}
+    assert {source for source, _ in LEGAL} == {"thinking", "executing_tool", "awaiting_approval", "failed"}
 
 
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(STATES, EVENTS)))
@@ -121,13 +121,13 @@ def test_transition(state: str, event: str) -> None:
     ("guards", "target"),
     [
         pytest.param((False, True, False), "done", id="final-result-and-nothing-pending"),
-        pytest.param((True, True, False), "executingTool", id="final-result-but-calls-pending"),
-        pytest.param((True, False, False), "executingTool", id="calls-pending"),
+        pytest.param((True, True, False), "executing_tool", id="final-result-but-calls-pending"),
+        pytest.param((True, False, False), "executing_tool", id="calls-pending"),
         pytest.param((False, False, False), "thinking", id="batch-complete"),
     ],
 )
 def test_tool_finished_guard_branches(guards: tuple[bool, bool, bool], target: str) -> None:
-    run = Run("executingTool", *guards, False)
+    run = Run("executing_tool", *guards, False)
     bind(run).send("tool_finished")
     assert run.status == target
 
@@ -135,12 +135,12 @@ def test_tool_finished_guard_branches(guards: tuple[bool, bool, bool], target: s
 @pytest.mark.parametrize(
     ("undecided", "target"),
     [
-        pytest.param(True, "awaitingApproval", id="others-still-undecided"),
-        pytest.param(False, "executingTool", id="all-decided"),
+        pytest.param(True, "awaiting_approval", id="others-still-undecided"),
+        pytest.param(False, "executing_tool", id="all-decided"),
     ],
 )
 def test_decided_guard_branches(undecided: bool, target: str) -> None:
-    run = Run("awaitingApproval", has_undecided_approvals=undecided)
+    run = Run("awaiting_approval", has_undecided_approvals=undecided)
     bind(run).send("decided")
     assert run.status == target
 
@@ -169,10 +169,10 @@ def test_a_failed_run_moves_only_when_its_failure_was_transient() -> None:
 
 
 def test_bind_keeps_the_stored_state() -> None:
-    run = Run("awaitingApproval")
+    run = Run("awaiting_approval")
     machine = bind(run)
     assert machine.awaiting_approval.is_active
-    assert run.status == "awaitingApproval"
+    assert run.status == "awaiting_approval"
     assert sorted(event.id for event in machine.allowed_events) == ["cancel", "decided", "fail"]
 
 
@@ -183,36 +183,28 @@ def test_bind_without_a_status_enters_thinking() -> None:
     assert machine.thinking.is_active
 
 
-@pytest.mark.parametrize("bad", ["executing_tool", "awaiting_approval", "Done", "", "bogus"])
+@pytest.mark.parametrize("bad", ["executingTool", "awaitingApproval", "Done", "", "bogus"])
 def test_bind_refuses_an_unknown_stored_status(bad: str) -> None:
     with pytest.raises(IncompatibleRun, match="unknown run status"):
         bind(Run(bad))
 
 
 def test_the_machine_is_built_from_run_status() -> None:
-    """Each state's Python id is a status's shown name, its persisted value the status's value."""
-    by_value = {status.value: status.shown for status in RunStatus}
-    assert {state.value: state.id for state in AgentMachine.states} == by_value
+    """Each state's Python id is a status's name, and so is its value: one spelling everywhere."""
+    assert [(state.id, state.value) for state in AgentMachine.states] == [(s.name, s.value) for s in RunStatus]
     assert AgentMachine.initial_state.value == RunStatus.thinking
-    assert {status.value: status.shown for status in RunStatus} == {
-        "thinking": "thinking",
-        "executingTool": "executing_tool",
-        "awaitingApproval": "awaiting_approval",
-        "done": "done",
-        "failed": "failed",
-        "cancelled": "cancelled",
-    }
+    assert all(status.value == status.name == status.shown for status in RunStatus)
 
 
-def test_state_is_persisted_as_the_value_not_the_id() -> None:
+def test_state_is_kept_as_the_value_people_read() -> None:
     run = Run("thinking")
     machine = bind(run)
     machine.send("tools_requested")
-    assert run.status == "executingTool"
+    assert run.status == "executing_tool"
     machine.send("approval_needed")
-    assert run.status == "awaitingApproval"
+    assert run.status == "awaiting_approval"
     machine.send("decided")
-    assert run.status == "executingTool"
+    assert run.status == "executing_tool"
     machine.send("tool_finished")
     assert run.status == "thinking"
     machine.send("answered")

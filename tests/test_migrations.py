@@ -21,8 +21,8 @@ import pytest
 
 from support import clean_env, libpq_dsn
 from tether import Agent, ModelError, Runner
-from tether.core.events import Event, RunStarted
 from tether.errors import StoreError
+from tether.facts.events import Event, RunStarted
 from tether.stores import SCHEMA_VERSION, RunRecord
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import MIGRATIONS, SQLStore

@@ -14,8 +14,8 @@ import pytest
 from support import model_reply, run_tether, tool_use
 from tether import Agent, Approve, Deny, Runner, tool
 from tether.core.approvals import fingerprint
-from tether.core.events import Event
 from tether.errors import ApprovalError, RunNotFound
+from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
 from tether.stores.memory import MemoryStore
@@ -168,7 +168,7 @@ def test_decisions_from_another_process_shrink_the_list_and_the_run_resumes_on_t
             deciding.decide(run_id, c1.call_id, Deny("changed my mind"), tenant="acme")
         deciding.decide(run_id, c2.call_id, Deny("not this one", actor="bob"), fingerprint=c2.fingerprint)
         assert pending_approvals(service) == []
-        assert service.load_run(run_id).status == "executingTool"  # decided, not driven yet
+        assert service.load_run(run_id).status == "executing_tool"  # decided, not driven yet
 
         result = runner(service, TWO_REFUNDS, Clock()).drive(run_id)
         assert (result.status, result.output, result.tool_calls) == ("done", "Both handled.", 1)  # c2 was denied

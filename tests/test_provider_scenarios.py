@@ -16,14 +16,14 @@ import pytest
 
 from support import closed_port, settled, token_usage
 from tether import Approve, AsyncRunner, Deny, Limits
-from tether.core import events as ev
 from tether.core.approvals import DecideLater
-from tether.core.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, HistoryProcessor, Summarise
-from tether.core.history import check_pairing
-from tether.core.results import OUTPUT_TOOL
+from tether.facts import events as ev
+from tether.facts.history import check_pairing
 from tether.models import Usage
+from tether.policy.compaction import DROPPED_RESULT, SUMMARY_HEADER, DropToolResults, HistoryProcessor, Summarise
 from tether.stores.memory import MemoryStore
 from tether.tools import Tool
+from tether.tools.output import OUTPUT_TOOL
 from wires import Calls, Harness, event_types, user_text
 
 

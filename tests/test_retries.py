@@ -597,7 +597,7 @@ def test_a_drive_with_max_wait_parks_a_later_retry_and_a_later_drive_runs_it() -
     assert parked.next_due_at == 1060.0
     assert len(attempts) == 1
     row = runner.store.load_run(parked.run_id)
-    assert row.status == "executingTool"
+    assert row.status == "executing_tool"
     assert row.summary["next_due_at"] == 1060.0  # persisted: any process can find it
     assert runner.store.list_due(1059.0) == []
     assert [r.id for r in runner.store.list_due(1060.0)] == [parked.run_id]
@@ -689,11 +689,11 @@ def test_runs_by_status_finds_executing_runs_behind_a_hundred_waiting_ones(tmp_p
     """``runs --status executing_tool`` is not cut to the newest hundred runs stored that way."""
     store = SQLStore(f"sqlite:///{tmp_path / 'tether.db'}")
     summary = {"steps": 1, "tool_calls": 0}
-    store.create_run(RunRecord(id="run_old", status="executingTool", version=1, summary=summary, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_old", status="executing_tool", version=1, summary=summary, created_at=1.0), [])
     due_later = {**summary, "next_due_at": 9e9}
     for n in range(101):  # newer, and each waiting for a retry
         store.create_run(
-            RunRecord(id=f"run_{n:03}", status="executingTool", version=1, summary=due_later, created_at=2.0 + n), []
+            RunRecord(id=f"run_{n:03}", status="executing_tool", version=1, summary=due_later, created_at=2.0 + n), []
         )
     store.close()
     cli = Cli(tmp_path)

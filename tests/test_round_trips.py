@@ -22,8 +22,8 @@ import pytest
 import sqlalchemy as sa  # noqa: TID251 - the test counts the store's own statements
 
 from support import libpq_dsn, opened_store
-from tether.core.events import Event, Warned
 from tether.errors import StaleRun
+from tether.facts.events import Event, Warned
 from tether.stores import RunRecord
 from tether.stores import sql as sql_store
 

@@ -18,8 +18,8 @@ import pytest
 
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import ApprovalRequested, Event
 from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
+from tether.facts.events import ApprovalRequested, Event
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.rules import decide_call

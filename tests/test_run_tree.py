@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.core.events import ChildStarted, Event
+from tether.facts.events import ChildStarted, Event
 from tether.stores import RunRecord
 from tether.stores.memory import MemoryStore
 from tether.views import tree
@@ -20,7 +20,7 @@ def link(parent: str, call_id: str) -> dict[str, object]:
 
 def test_a_child_whose_start_is_committed_but_not_created_is_shown_so() -> None:
     store = MemoryStore()
-    store.create_run(RunRecord("root", "executingTool", 1), [started(0, "c1", "child_1"), started(1, "c2", "child_2")])
+    store.create_run(RunRecord("root", "executing_tool", 1), [started(0, "c1", "child_1"), started(1, "c2", "child_2")])
     store.create_run(RunRecord("child_1", "done", 1, spec=link("root", "c1")), [])
 
     root = tree.run_tree(store, "root")
@@ -39,7 +39,7 @@ def test_a_child_whose_start_is_committed_but_not_created_is_shown_so() -> None:
 
 def test_a_tree_past_its_limit_is_cut_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     store = MemoryStore()
-    store.create_run(RunRecord("root", "executingTool", 1), [started(0, "c1", "child_1"), started(1, "c2", "child_2")])
+    store.create_run(RunRecord("root", "executing_tool", 1), [started(0, "c1", "child_1"), started(1, "c2", "child_2")])
     for index in (1, 2):
         store.create_run(RunRecord(f"child_{index}", "done", 1, spec=link("root", f"c{index}")), [])
     monkeypatch.setattr(tree, "MAX_RUNS", 2)

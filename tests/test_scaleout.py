@@ -27,6 +27,7 @@ from support import LaggyProxy, PgSchema, clean_env, libpq_dsn, model_reply, too
 from tether import Agent, AsyncRunner, Runner, tool
 from tether.core.approvals import Approve, DecideLater, Deny
 from tether.drivers import queue
+from tether.drivers import worker as workers
 from tether.errors import ConfigError
 from tether.policy.policies import RetryPolicy
 from tether.stores.sql import AsyncSQLStore, SQLStore
@@ -215,7 +216,7 @@ def _defer_by_hand(url: str, run_id: str) -> None:
 
 
 async def test_a_stopped_worker_finishes_the_step_and_leaves_the_run_queued(pg_schema: PgSchema) -> None:
-    worker: queue.Worker | None = None
+    worker: workers.Worker | None = None
 
     @tool
     async def pause(reason: str) -> str:
@@ -226,8 +227,8 @@ async def test_a_stopped_worker_finishes_the_step_and_leaves_the_run_queued(pg_s
 
     turn = tool_use_turn(tool_use("call_1", "pause", {"reason": "deploy"}))
     the_agent = Agent(model=ScriptedModel([turn, DONE]), tools=[pause])
-    notes: list[queue.WorkerNote] = []
-    worker = queue.Worker(pg_schema.url, agent=the_agent, stalled_after=3, on_note=notes.append)
+    notes: list[workers.WorkerNote] = []
+    worker = workers.Worker(pg_schema.url, agent=the_agent, stalled_after=3, on_note=notes.append)
     store = AsyncSQLStore(pg_schema.url)
     try:
         run_id = await AsyncRunner(the_agent, store).submit("go")
@@ -258,14 +259,14 @@ async def test_a_worker_notes_each_run_it_picks_up_and_where_its_drive_left_it(p
         return DONE
 
     the_agent = Agent(model=ScriptedModel(reply), tools=[wipe, fetch])
-    notes: list[queue.WorkerNote] = []
+    notes: list[workers.WorkerNote] = []
 
-    def seen(note: queue.WorkerNote) -> None:
+    def seen(note: workers.WorkerNote) -> None:
         notes.append(note)
         if sum(n.what != "picked_up" for n in notes) == 3:
             worker.stop()
 
-    worker = queue.Worker(pg_schema.url, agent=the_agent, stalled_after=3, on_note=seen)
+    worker = workers.Worker(pg_schema.url, agent=the_agent, stalled_after=3, on_note=seen)
     store = AsyncSQLStore(pg_schema.url)
     try:
         runs = {await AsyncRunner(the_agent, store).submit(prompt): prompt for prompt in ("go", "wipe", "fetch")}
@@ -360,7 +361,7 @@ async def test_runs_finish_when_postgresql_restarts_under_a_worker(pg_schema: Pg
     the_agent = Agent(model=SlowModel([*turns, DONE]), tools=[step])
     store = AsyncSQLStore(pg_schema.url)
     with CuttableProxy(pg_schema.url) as proxy:
-        worker = queue.Worker(proxy.url, agent=the_agent, stalled_after=3, concurrency=4)
+        worker = workers.Worker(proxy.url, agent=the_agent, stalled_after=3, concurrency=4)
         serving = asyncio.create_task(worker.run())
         try:
             runner = AsyncRunner(the_agent, store)

@@ -127,7 +127,7 @@ def approve_pending(store: SQLStore, spec: dict[str, Any]) -> int:
     """Approve every call waiting for a person, from this process (as `tether approve` would)."""
     runner = Runner(agent_from_spec(spec, model=NoModel()), store)
     approved = 0
-    for record in store.list_runs(status="awaitingApproval", limit=RUNS):
+    for record in store.list_runs(status="awaiting_approval", limit=RUNS):
         for pending in record.summary.get("pending_approvals") or []:
             runner.decide(record.id, pending["call_id"], Approve(actor="ops"), fingerprint=pending.get("fingerprint"))
             approved += 1

@@ -22,8 +22,8 @@ import tether
 from support import model_reply, opened_store, settled, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Runner
 from tether.core import engine, machine, snapshots
-from tether.core.events import Event, Warned
 from tether.core.state import RunState
+from tether.facts.events import Event, Warned
 from tether.stores import Snapshot, sql
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import AsyncSQLStore, SQLStore

@@ -19,8 +19,8 @@ import pytest
 
 from support import PgSchema, fresh_pg_schema, libpq_dsn
 from tether import Agent, Limits, Runner, tool
-from tether.core.events import Event, Warned
 from tether.errors import ConfigError, StaleRun, StoreError, TetherError
+from tether.facts.events import Event, Warned
 from tether.models import ModelRequest
 from tether.stores import RunRecord, open_store
 from tether.stores.sql import SQLStore

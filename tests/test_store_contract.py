@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from support import Blocking, opened_store
-from tether.core.events import Event, RunStarted, ToolStarted, Warned
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
+from tether.facts.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
@@ -338,11 +338,11 @@ def test_list_runs_tells_runs_waiting_for_a_retry_before_the_limit(store: Store)
     """``executing_tool`` and ``waiting_retry`` share a stored status; the store splits them before its limit."""
     for n, due in enumerate([None, 50.0, None, 70.0, None]):
         summary = {"steps": 1, "next_due_at": due} if n != 4 else {"steps": 1}  # run_4: no key at all
-        store.create_run(record(f"run_{n}", status="executingTool", summary=summary, created_at=float(n)), [])
-    store.create_run(record("parked", status="awaitingApproval", summary={"next_due_at": None}, created_at=9.0), [])
+        store.create_run(record(f"run_{n}", status="executing_tool", summary=summary, created_at=float(n)), [])
+    store.create_run(record("parked", status="awaiting_approval", summary={"next_due_at": None}, created_at=9.0), [])
 
     def ids(**filters: Any) -> list[str]:
-        return [r.id for r in store.list_runs(status="executingTool", **filters)]
+        return [r.id for r in store.list_runs(status="executing_tool", **filters)]
 
     assert ids(waiting_retry=True) == ["run_3", "run_1"]
     assert ids(waiting_retry=True, limit=1) == ["run_3"]
@@ -411,11 +411,11 @@ def test_query_runs_filters_by_status_tenant_agent_model_and_creation_time(store
 
 
 def test_query_runs_tells_runs_waiting_for_a_retry(store: Store) -> None:
-    store.create_run(record("retrying", status="executingTool", summary={"next_due_at": 5.0}, created_at=2.0), [])
-    store.create_run(record("running", status="executingTool", summary={}, created_at=1.0), [])
-    query = RunQuery(status="executingTool", waiting_retry=True)
+    store.create_run(record("retrying", status="executing_tool", summary={"next_due_at": 5.0}, created_at=2.0), [])
+    store.create_run(record("running", status="executing_tool", summary={}, created_at=1.0), [])
+    query = RunQuery(status="executing_tool", waiting_retry=True)
     assert [r.id for r in store.query_runs(query).records] == ["retrying"]
-    query = RunQuery(status="executingTool", waiting_retry=False)
+    query = RunQuery(status="executing_tool", waiting_retry=False)
     assert [r.id for r in store.query_runs(query).records] == ["running"]
 
 
@@ -448,7 +448,7 @@ def test_query_runs_searches_ids_prompts_tools_pending_calls_errors_and_answers(
 
 
 def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> None:
-    def waiting(run_id: str, due: float | None, *, status: str = "executingTool", tenant: str | None = None) -> None:
+    def waiting(run_id: str, due: float | None, *, status: str = "executing_tool", tenant: str | None = None) -> None:
         summary = {"steps": 1, "next_due_at": due}
         store.create_run(record(run_id, status=status, tenant=tenant, summary=summary), events(0))
 
@@ -457,8 +457,8 @@ def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> 
     waiting("due_a", 100.5, tenant="a")
     waiting("exactly_now", 300.0)
     waiting("running", None)  # executing a tool, no retry pending
-    waiting("parked", 100.0, status="awaitingApproval")  # not waiting for a retry
-    store.create_run(record("no_key", status="executingTool"), events(0))
+    waiting("parked", 100.0, status="awaiting_approval")  # not waiting for a retry
+    store.create_run(record("no_key", status="executing_tool"), events(0))
 
     def ids(now: float, **filters: Any) -> list[str]:
         return [r.id for r in store.list_due(now, **filters)]
@@ -468,26 +468,26 @@ def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> 
     assert ids(300.0, limit=1) == ["due_a"]
     assert ids(50.0) == []
     assert store.list_due(100.5)[0] == record(
-        "due_a", status="executingTool", tenant="a", summary={"steps": 1, "next_due_at": 100.5}
+        "due_a", status="executing_tool", tenant="a", summary={"steps": 1, "next_due_at": 100.5}
     )
     with pytest.raises(ConfigError, match="limit"):
         store.list_due(0.0, limit=-1)
 
 
 def test_list_due_sees_a_retry_scheduled_then_started(store: Store) -> None:
-    store.create_run(record(status="executingTool"), events(0))
-    store.append(record(version=2, status="executingTool", summary={"next_due_at": 10.0}), 1, events(1))
+    store.create_run(record(status="executing_tool"), events(0))
+    store.append(record(version=2, status="executing_tool", summary={"next_due_at": 10.0}), 1, events(1))
     assert [r.id for r in store.list_due(10.0)] == ["run_1"]
-    store.append(record(version=3, status="executingTool", summary={"next_due_at": None}), 2, events(2))
+    store.append(record(version=3, status="executing_tool", summary={"next_due_at": None}), 2, events(2))
     assert store.list_due(10.0) == []
 
 
 def test_list_due_leaves_out_child_runs_their_root_is_listed_instead(store: Store) -> None:
     due = {"steps": 1, "next_due_at": 10.0}
-    store.create_run(record("root", status="executingTool", summary=due), events(0))
+    store.create_run(record("root", status="executing_tool", summary=due), events(0))
     link = {"run_id": "root", "call_id": "toolu_1", "tool": "review", "depth": 1, "chain": ["root"]}
     child_spec = {**record().spec, "parent": link}
-    store.create_run(record("child", status="executingTool", spec=child_spec, summary=due), events(0))
+    store.create_run(record("child", status="executing_tool", spec=child_spec, summary=due), events(0))
     assert [r.id for r in store.list_due(10.0)] == ["root"]
 
 
@@ -497,8 +497,8 @@ def test_delete_runs_removes_only_old_finished_runs_and_their_events(store: Stor
     for run_id, status, updated in [
         ("old_done", "done", old),
         ("old_failed", "failed", old),
-        ("old_parked", "awaitingApproval", old),
-        ("old_running", "executingTool", old),
+        ("old_parked", "awaiting_approval", old),
+        ("old_running", "executing_tool", old),
         ("new_done", "done", old + 10_000),
     ]:
         store.create_run(record(run_id, status=status, updated_at=updated, created_at=updated), events(0, 1))
@@ -543,17 +543,17 @@ def test_delete_runs_keeps_transient_failures_unless_asked(store: Store) -> None
 def test_delete_runs_removes_old_parked_runs_only_when_asked(store: Store) -> None:
     """Parked: awaiting a decision, waiting for a retry, or left mid-step by a driver that stopped."""
     for run_id, status, updated, summary in [
-        ("old_awaiting", "awaitingApproval", 1.0, {}),
-        ("old_waiting_retry", "executingTool", 1.0, {"next_due_at": 5.0}),
-        ("old_interrupted_tool", "executingTool", 1.0, {}),
+        ("old_awaiting", "awaiting_approval", 1.0, {}),
+        ("old_waiting_retry", "executing_tool", 1.0, {"next_due_at": 5.0}),
+        ("old_interrupted_tool", "executing_tool", 1.0, {}),
         ("old_interrupted_thinking", "thinking", 1.0, {}),
         ("old_failed_transiently", "failed", 1.0, {"retryable": True}),
-        ("new_awaiting", "awaitingApproval", 3.0, {}),
+        ("new_awaiting", "awaiting_approval", 3.0, {}),
         ("old_done", "done", 1.0, {}),
     ]:
         store.create_run(record(run_id, status=status, summary=summary, updated_at=updated), events(0, 1))
 
-    store.create_run(record("old_driven", status="executingTool", updated_at=1.0), events(0, 1))
+    store.create_run(record("old_driven", status="executing_tool", updated_at=1.0), events(0, 1))
     store.claim_run("old_driven", "host:1:live", now=1.5, ttl=0.5)  # renewed until the cutoff: driven since
     store.claim_run("old_interrupted_tool", "host:2:gone", now=0.5, ttl=1.0)  # expired before it
 
@@ -566,12 +566,12 @@ def test_delete_runs_removes_old_parked_runs_only_when_asked(store: Store) -> No
         store.load_events("old_awaiting")
 
 
-@pytest.mark.parametrize("statuses", [{"awaitingApproval"}, {"done", "thinking"}, set()])
+@pytest.mark.parametrize("statuses", [{"awaiting_approval"}, {"done", "thinking"}, set()])
 def test_delete_runs_refuses_unfinished_statuses(store: Store, statuses: set[str]) -> None:
-    store.create_run(record("parked", status="awaitingApproval", updated_at=1.0), events(0))
+    store.create_run(record("parked", status="awaiting_approval", updated_at=1.0), events(0))
     with pytest.raises(ConfigError, match="only finished runs"):
         store.delete_runs(finished_before=2.0, statuses=statuses)
-    assert store.load_run("parked").status == "awaitingApproval"
+    assert store.load_run("parked").status == "awaiting_approval"
 
 
 # Tool-result cache --------------------------------------------------------------------

@@ -21,8 +21,8 @@ import pytest
 
 from support import fake_api_env, fake_api_model, run_tether, screen_text, settled, spawn_tether, token_usage
 from tether import Agent, AsyncRunner, Limits, Runner, RunResult, tool
-from tether.core import events as ev
 from tether.errors import ModelError
+from tether.facts import events as ev
 from tether.models import (
     AsyncStreamingModelAdapter,
     ModelRequest,

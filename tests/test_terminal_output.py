@@ -300,7 +300,7 @@ def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
 
 
 def test_show_says_an_events_moments_as_local_times_and_json_keeps_the_number() -> None:
-    from tether.core.events import Event, RetryScheduled
+    from tether.facts.events import Event, RetryScheduled
     from tether.surfaces.terminal import _detail
 
     at = time.mktime((2026, 11, 25, 1, 16, 6, 0, 0, -1)) + 0.882

@@ -169,10 +169,11 @@ def test_an_unreachable_server_is_an_error_and_no_run_is_made(cli: Cli) -> None:
     assert runs_made(cli) == []
 
 
-def test_the_readme_mcp_example_runs_as_it_says(cli: Cli) -> None:
-    """README's notes server, and its ``tether run --mcp`` command, with a scripted model."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    start = readme.index("```python\n", readme.index("(`notes_server.py`)")) + len("```python\n")
+def test_the_guide_mcp_example_runs_as_it_says(cli: Cli) -> None:
+    """The toolsets guide's notes server, and its ``tether run --mcp`` command, with a scripted model."""
+    readme = (Path(__file__).parent.parent / "docs" / "guides" / "toolsets.md").read_text()
+    fence = '```python title="notes_server.py"\n'
+    start = readme.index(fence) + len(fence)
     (cli.cwd / "notes_server.py").write_text(readme[start : readme.index("```\n", start)])
     command = readme[readme.index("tether run ", start) : readme.index("\n", readme.index("tether run ", start))]
     (cli.cwd / "notes").mkdir()

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tether.core.approvals import Approve
-from tether.core.history import tool_uses
 from tether.examples import triage
+from tether.facts.history import tool_uses
 from tether.testing import ScriptedModel
 
 

@@ -14,13 +14,13 @@ import pytest
 
 from tether import Runner, tool
 from tether.agent import Agent
-from tether.core import events as ev
-from tether.core.results import MAX_RESULT_DEMANDS, OUTPUT_TOOL
 from tether.errors import ConfigError
+from tether.facts import events as ev
 from tether.models import ModelSettings
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import Limits
 from tether.stores.memory import MemoryStore
+from tether.tools.output import MAX_RESULT_DEMANDS, OUTPUT_TOOL
 
 
 class Invoice(pydantic.BaseModel):

@@ -21,15 +21,15 @@ from starlette.testclient import TestClient
 
 from tether import Agent, Runner, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import ApprovalDecided, ToolFinished
 from tether.errors import ConfigError
+from tether.facts.events import ApprovalDecided, ToolFinished
 from tether.policy.access import Credentials
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
 from tether.surfaces.web.decisions import TWO_EDITS, UNCONFIRMED_EDIT, InProcess
-from tether.surfaces.web.guard import check_bind, is_loopback
+from tether.surfaces.web.listen import check_bind, is_loopback
 from tether.testing import ScriptedModel
 from ui_runs import SHOWN_FINGERPRINT, Project, two_calls
 
@@ -108,7 +108,7 @@ def test_every_page_needs_a_token(app: Any, store: SQLStore, project: Project) -
     assert stranger.get(f"/runs/{run.run_id}/live").status_code == 401
     refused = stranger.post("/decide", data={"run_id": run.run_id, "call_id": "toolu_refund", "action": "approve"})
     assert refused.status_code == 401
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
     assert stranger.get("/static/ui.css").status_code == 200  # the sign-in page needs its style
 
 
@@ -176,7 +176,7 @@ def test_a_tenant_token_reaches_its_tenant_only(app: Any, store: SQLStore, proje
         assert acme.get(path).status_code == 404, path
     hidden = decide(acme, theirs.run_id, inbox, action="approve")
     assert hidden.status_code == 404
-    assert store.load_run(theirs.run_id).status == "awaitingApproval"
+    assert store.load_run(theirs.run_id).status == "awaiting_approval"
 
     everyone = client(app, OPERATOR).get("/").text
     assert mine.run_id in everyone
@@ -244,11 +244,11 @@ def test_the_runs_list_pages_over_every_run_with_its_filters(app: Any, store: SQ
 
 def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLStore) -> None:
     """A run waiting for a retry is stored executing tools: the filter must not spend the list's limit on it."""
-    store.create_run(RunRecord(id="run_executing", status="executingTool", version=1, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_executing", status="executing_tool", version=1, created_at=1.0), [])
     for n in range(3):
         waiting = {"next_due_at": 9e9}
         store.create_run(
-            RunRecord(id=f"run_w{n}", status="executingTool", version=1, summary=waiting, created_at=2.0 + n), []
+            RunRecord(id=f"run_w{n}", status="executing_tool", version=1, summary=waiting, created_at=2.0 + n), []
         )
 
     def listed(status: str) -> list[str]:
@@ -260,7 +260,7 @@ def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLS
 
 def test_the_runs_list_says_which_run_a_child_serves(app: Any, store: SQLStore) -> None:
     link = {"run_id": "run_root", "call_id": "toolu_1", "tool": "review", "depth": 1, "chain": ["run_root"]}
-    store.create_run(RunRecord(id="run_root", status="executingTool", version=1, created_at=1.0), [])
+    store.create_run(RunRecord(id="run_root", status="executing_tool", version=1, created_at=1.0), [])
     store.create_run(RunRecord(id="run_child", status="done", version=1, spec={"parent": link}, created_at=2.0), [])
     page = client(app).get("/").text
     child_row = page[page.index('data-run="run_child"') :].split("</tr>")[0]
@@ -411,7 +411,7 @@ def test_an_edit_the_schema_or_the_rules_refuse_changes_nothing(
     [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
     assert said in error.replace("&#39;", "'")
     assert f">{_escaped(edited)}</textarea>" in refused.text  # what they typed is kept, to fix
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
     assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
 
 
@@ -508,7 +508,7 @@ def test_cancel_and_fork_need_a_yes_and_say_what_they_will_do(app: Any, store: S
     assert f"Cancel run {run.run_id}?" in asked.text
     assert 'name="confirmed" value="1"' in asked.text
     assert 'name="reason" value="withdrawn"' in asked.text  # the yes sends the same form again
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
     other = client(app, ACME)
     mine = {**form, "csrf": csrf_of(other.get(f"/runs/{run.run_id}").text), **YES}
@@ -618,11 +618,11 @@ def test_without_its_agent_a_python_runs_approval_is_refused_saying_why_and_a_de
     refused = decide(browser, run.run_id, browser.get("/inbox").text, action="approve")
     assert refused.status_code == 409
     assert "started from Python" in html.unescape(refused.text)
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
     denied = decide(browser, run.run_id, browser.get("/inbox").text, action="deny", reason="no")
     assert denied.status_code == 303
-    assert store.load_run(run.run_id).status == "executingTool"  # decided, not driven: its program resumes it
+    assert store.load_run(run.run_id).status == "executing_tool"  # decided, not driven: its program resumes it
     later = Runner(_service_agent(), store).drive(run.run_id)
     assert later.status == "done"
 
@@ -652,7 +652,7 @@ def test_a_forged_decision_is_refused_unread(
     }
     refused = browser.post("/decide", data=form, headers=headers)
     assert refused.status_code == 403
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
 
 def test_an_unknown_action_or_a_form_without_fingerprint_is_422(app: Any, store: SQLStore, project: Project) -> None:
@@ -662,7 +662,7 @@ def test_an_unknown_action_or_a_form_without_fingerprint_is_422(app: Any, store:
     assert decide(browser, run.run_id, inbox, action="maybe").status_code == 422
     assert decide(browser, run.run_id, inbox, action="approve", fingerprint="").status_code == 422
     assert decide(browser, run.run_id, inbox, action="approve", call_id="toolu_nope").status_code == 404
-    assert store.load_run(run.run_id).status == "awaitingApproval"
+    assert store.load_run(run.run_id).status == "awaiting_approval"
 
 
 # Live updates -----------------------------------------------------------------------------------
@@ -715,15 +715,18 @@ def test_the_list_stream_says_when_any_visible_run_moves(store: SQLStore, projec
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "::1", "[::1]"])
 def test_loopback_addresses(host: str) -> None:
     assert is_loopback(host)
-    check_bind(host, token_given=False)
+    check_bind(host, token_given=False, tls=False)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.com"])
-def test_another_address_needs_a_token_given_for_it(host: str) -> None:
+def test_another_address_needs_a_token_given_for_it_and_tls(host: str) -> None:
     assert not is_loopback(host)
     with pytest.raises(ConfigError, match="give it a token"):
-        check_bind(host, token_given=False)
-    check_bind(host, token_given=True)
+        check_bind(host, token_given=False, tls=True)
+    with pytest.raises(ConfigError, match="in clear: give --certfile and --keyfile"):
+        check_bind(host, token_given=True, tls=False)
+    check_bind(host, token_given=True, tls=True)
+    check_bind(host, token_given=True, tls=False, insecure=True)  # another layer encrypts, the person says
 
 
 def test_tether_ui_refuses_an_open_bind_without_a_token(
@@ -738,8 +741,10 @@ def test_tether_ui_refuses_an_open_bind_without_a_token(
     assert "--host 0.0.0.0 lets other machines reach the inspector: give it a token" in capsys.readouterr().err
     assert main(["ui", "--db", db, "--tokens", str(tmp_path / "absent.json")]) == 2
     assert "cannot read the token file" in capsys.readouterr().err
-    assert main(["ui", "--db", db, "--token", "short"]) == 2
+    monkeypatch.setenv("TETHER_UI_TOKEN", "short")
+    assert main(["ui", "--db", db]) == 2
     assert "too weak" in capsys.readouterr().err
+    monkeypatch.delenv("TETHER_UI_TOKEN")
     assert main(["ui", "--db", db, "--tokens", "t.json", "--tenant", "acme"]) == 2
     assert "give it alone" in capsys.readouterr().err
 
@@ -761,7 +766,7 @@ def _escaped(text: str) -> str:
 
 
 def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
-    from tether.core.events import (
+    from tether.facts.events import (
         BudgetExhausted,
         CacheHit,
         CallAbandoned,
@@ -828,14 +833,14 @@ def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
     fork_id = made.headers["location"].removeprefix("/runs/")
     forked = store.load_run(fork_id)
     assert (forked.tenant, forked.spec["forked_from"]) == ("acme", {"run_id": run.run_id, "step": 1})
-    assert forked.status == "awaitingApproval"  # driven on: the model asked for the refund again
+    assert forked.status == "awaiting_approval"  # driven on: the model asked for the refund again
     shown = browser.get(made.headers["location"]).text
     assert f'forked from <a href="/runs/{run.run_id}">{run.run_id}</a> at #1' in shown
     assert store.load_events(run.run_id) == before  # the original is untouched
 
 
 def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, project: Project) -> None:
-    from tether.core.events import RunStarted
+    from tether.facts.events import RunStarted
 
     run = project.park(store, tenant="acme")
     browser = client(app, ACME)
@@ -863,7 +868,7 @@ def test_a_fork_after_tool_results_edits_the_prompt_by_default_or_by_its_number(
 ) -> None:
     """There the last message holds only tool results: the form's message number reaches the prompt."""
     from tether.core import forks
-    from tether.core.events import RunStarted
+    from tether.facts.events import RunStarted
 
     run = project.park(store, tenant="acme")
     browser = client(app, ACME)

@@ -6,7 +6,8 @@ in the inbox, and watches the run page, left open, follow the run to its end ove
 events without a reload; text a model and a tool wrote holding ``<script>`` stays text.
 
 Screenshots of the pages go to the test's directory, or to ``$TETHER_UI_SCREENSHOTS``
-(``scripts/ui-screenshots`` sets it to diagrams/ for the README).
+(``scripts/ui-screenshots`` sets it to diagrams/ for the README); the browser, its fresh
+profiles and that directory are conftest.py's fixtures.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,8 @@ from tether.core.approvals import AutoApprover
 from tether.drivers.loader import agent_from_spec
 from tether.drivers.runner import Runner
 from tether.stores.sql import SQLStore
-from ui_runs import XSS, Project, serve
+from ui_runs import XSS, Project
+from ui_servers import ui_server
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +44,14 @@ class Served:
     """Parked before its refund, for the person to approve."""
     done: str
     """Ended, its tool output and answer holding the XSS attempt (the parked runs hold none)."""
+
+
+@contextmanager
+def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
+    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
+    with ui_server(url, log) as server:
+        assert server.token is not None
+        yield server.address, server.base, server.token
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +137,7 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     expect(page.get_by_role("alert")).to_have_text("That token is not valid.")
     page.get_by_label("Token").fill(served.token)
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    expect(page.get_by_role("heading", name="Inbox")).to_be_visible()  # the page it asked for
 
 
 def show_moves(page: Any) -> None:

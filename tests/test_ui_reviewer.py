@@ -18,15 +18,16 @@ import pytest
 
 from support import BROWSER_WAIT_MS, model_reply, tool_use, tool_use_turn
 from tether.core.approvals import DecideLater
-from tether.core.events import ToolFinished
 from tether.drivers.loader import agent_from_spec
 from tether.drivers.runner import Runner
 from tether.errors import ModelError
+from tether.facts.events import ToolFinished
 from tether.stores import RunQuery, RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
 from tether.testing import ScriptedModel
-from ui_runs import REFUND, Project, delegating, looking_up, serve, shipping, two_calls
+from ui_runs import REFUND, Project, delegating, looking_up, shipping, two_calls
+from ui_servers import ui_server
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +115,8 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
         total = store.query_runs(RunQuery()).total
     finally:
         store.close()
-    with serve(url, root / "ui.log") as (address, base, _):
+    with ui_server(url, root / "ui.log") as server:
+        address, base = server.address, server.base
         yield Reviewed(
             address,
             base,

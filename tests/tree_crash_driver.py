@@ -21,8 +21,8 @@ from typing import Any
 
 from tether import Agent, Approve, Runner, tool
 from tether.core.approvals import DecideLater
-from tether.core.events import Event
 from tether.errors import RunBusy, RunNotFound
+from tether.facts.events import Event
 from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel

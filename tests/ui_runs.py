@@ -8,17 +8,12 @@ Imported as ``from ui_runs import ...`` (tests/ is on sys.path).
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support import clean_env, model_reply, tool_use, tool_use_turn
+from support import model_reply, tool_use, tool_use_turn
 from tether.core.approvals import DecideLater, fingerprint
 from tether.drivers.loader import agent_from_spec
 from tether.drivers.runner import Runner, RunResult
@@ -205,25 +200,3 @@ def looking_up(key: str) -> list[dict[str, Any]]:
 
 SHOWN_FINGERPRINT = fingerprint(REFUND)
 """What the inbox shows for the parked refund, and a decision must carry."""
-
-
-@contextmanager
-def serve(url: str, log: Path) -> Iterator[tuple[str, str, str]]:
-    """``tether ui`` on ``url``: the printed address, the base URL and the token."""
-    command = [sys.executable, "-m", "tether", "ui", "--db", url, "--port", "0"]
-    with (
-        log.open("w") as errors,
-        subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE, stderr=errors, text=True) as server,
-    ):
-        try:
-            assert server.stdout is not None
-            found = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", server.stdout.readline())  # once bound
-            assert found is not None, log.read_text()
-            yield found.group(0), found.group(1), found.group(2)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    assert "Traceback" not in log.read_text(), log.read_text()

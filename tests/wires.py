@@ -24,10 +24,10 @@ import pydantic
 from support import settled
 from tether import AsyncRunner, Limits, Runner, RunResult, tool
 from tether.agent import Agent
-from tether.core.compaction import HistoryProcessor
-from tether.core.history import check_pairing
 from tether.core.state import RunState
+from tether.facts.history import check_pairing
 from tether.models import ModelAdapter, ModelSettings, Usage
+from tether.policy.compaction import HistoryProcessor
 from tether.stores import AsyncStore, Store
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI, validate_chat_request, validate_messages_request
 from tether.tools import Tool

@@ -2,14 +2,20 @@
 
 One model invocation is one step; every step is a transition of
 :class:`tether.core.machine.AgentMachine` and one committed write. The packages follow the
-layers, dependencies pointing down:
+layers, dependencies pointing down (import-linter's contracts in pyproject.toml keep them so):
 
-- ``surfaces`` (the CLI, the terminal) and ``views`` (audit, pending, diagrams);
-- ``drivers``: the runners that perform I/O for a flow;
-- ``core``: the facts, the machine and the decisions (no I/O); ``policy``: what it applies;
-- ``tools`` (run by ``execution``), and the adapters: ``models`` (``tether.models.anthropic``,
-  ...), ``stores`` (``tether.stores.sql``, ...) and ``toolsets`` (``tether.toolsets.mcp``,
-  ``tether.toolsets.openapi``: tools from MCP servers and OpenAPI services).
+- ``surfaces`` (the CLI, the terminal, the web inspector); ``examples`` and ``testing``;
+- ``views`` (audit, pending, diagrams), read-only;
+- ``drivers``: the runners that perform I/O for a flow, the queue and its worker, tracing;
+- ``core``: the machine, the state and the decisions (no I/O), with the extensions beside the
+  flow (agents as tools, handoffs) and forks;
+- ``stores`` (``tether.stores.sql``, ``tether.stores.memory``);
+- ``agent``: an agent's configuration, plain data;
+- ``toolsets`` (``tether.toolsets.mcp``, ``tether.toolsets.openapi``: tools from MCP servers
+  and OpenAPI services), ``tools`` (run by ``execution``), ``policy`` (rules, retries, limits,
+  pricing, compaction) and ``models`` (``tether.models.anthropic``, ...);
+- ``facts``: the words every layer speaks (statuses, the Messages API history, usage, events);
+- ``errors`` and small helpers (``redact``, ``durations``, ``canonical``).
 """
 
 from tether import _moved

@@ -1,29 +1,35 @@
-"""An agent: immutable configuration shared by all of its runs."""
+"""An agent: immutable configuration shared by all of its runs.
+
+Plain data, below the core: an :class:`Agent`, the :class:`Handoff` s it may hand a conversation
+to and the agents it uses as tools (:class:`AgentTool`). What a run *does* with them is the core's
+(:mod:`tether.core.flow` and its extensions :mod:`tether.core.handoffs` and
+:mod:`tether.core.children`); nothing here imports the core.
+"""
 
 from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from tether.core import results
-from tether.core.compaction import HistoryProcessor, check_processors
-from tether.errors import ConfigError
+from tether.errors import ConfigError, IncompatibleRun, ToolDefinitionError
+from tether.facts.history import Message
 from tether.models import ModelAdapter, ModelSettings
+from tether.policy.compaction import HistoryProcessor, check_processors
 from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
 from tether.policy.rules import Policy
-from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, tools_by_name
+from tether.tools import INTERRUPTED_POLICIES, OnInterrupted, Tool, make_tool, tools_by_name
+from tether.tools import output as results
 from tether.toolsets import Toolset
 
 if TYPE_CHECKING:
-    from tether.core.children import AgentTool
-    from tether.core.handoffs import Handoff, HandoffTool
     from tether.policy.policies import ApprovalSetting, RetryPolicy
 
 DEFAULT_MAX_CONCURRENT_TOOLS = 8
@@ -58,10 +64,10 @@ class Agent:
     stores them in its spec."""
     output_type: type[pydantic.BaseModel] | None = None
     """When set, a run's result is a validated instance of this model, given by the model
-    through an added final tool (see :mod:`tether.core.results`)."""
+    through an added final tool (see :mod:`tether.tools.output`)."""
     history_processors: Sequence[HistoryProcessor] = ()
     """Run before each model call, in order, to keep a long run within the model's context
-    (:class:`~tether.core.compaction.KeepLastTurns`, ``DropToolResults``, ``Summarise``)."""
+    (:class:`~tether.policy.compaction.KeepLastTurns`, ``DropToolResults``, ``Summarise``)."""
     on_interrupted: OnInterrupted = "ask"
     """A call a crash left in doubt, of a tool that is not idempotent and sets nothing itself:
     ``"ask"`` a person whether to run it again (with no one to ask, as ``"error"``), or
@@ -137,15 +143,11 @@ class Agent:
         """One ``transfer_to_<name>`` tool per handoff (see :mod:`tether.core.handoffs`)."""
         if not self.handoffs:
             return ()
-        from tether.core.handoffs import handoff_tool
-
         return tuple(handoff_tool(handoff) for handoff in self.handoffs)
 
     @cached_property
     def reachable_agents(self) -> dict[str, Agent]:
         """This agent and every agent its handoffs reach, by name: whom a run of it can be handed to."""
-        from tether.core.handoffs import reachable
-
         return reachable(self)
 
     @property
@@ -155,9 +157,6 @@ class Agent:
         Whoever made them closes them all at the end (the CLI: each one's model and toolsets).
         Toolsets are not connected to find them.
         """
-        from tether.core.children import AgentTool
-        from tether.core.handoffs import handoffs_of
-
         found: dict[int, Agent] = {}
         queue: list[Agent] = [self]
         while queue:
@@ -226,7 +225,7 @@ class Agent:
     def with_limits(self, limits: Limits) -> Agent:
         """This agent with other limits; its tools, listed once, are shared.
 
-        For a child run, capped by its parent's remainder (:func:`tether.policy.budgets.child_limits`).
+        For a child run, capped by its parent's remainder (:func:`tether.core.budgets.child_limits`).
         A copy, not :func:`dataclasses.replace`: that would check the agent again, add the typed
         result's tool a second time and list the toolsets anew.
         """
@@ -251,6 +250,139 @@ class Agent:
         result, a failed child an ``is_error`` result under ``retry``. A gated call in the
         child parks both runs until it is decided. See :mod:`tether.core.children`.
         """
-        from tether.core.children import agent_tool
-
         return agent_tool(self, name, description, approval=approval, retry=retry)
+
+
+# Handoffs and agents as tools: configuration only (the core's extensions drive them) ----------
+HistoryFilter = Callable[[list[Message]], list[Message]]
+"""What the agent taken over sees of the history: the messages so far in, the messages to go on with out."""
+TOOL_PREFIX = "transfer_to_"
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A handoff with options: to ``agent`` (or the agent of that name among the run's agents)."""
+
+    agent: Agent | str
+    """The agent handed to, or its name (an agent among the run's agents, e.g. the one handing back to)."""
+    description: str | None = None
+    """Tells the model when to hand off (the tool's description)."""
+    input_filter: HistoryFilter | None = None
+    """Changes the history the agent taking over goes on with (see :func:`without_tool_calls`)."""
+    tool_name: str | None = None
+    """Replaces ``transfer_to_<name>``."""
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            raise ConfigError(
+                "a handoff's agent needs a name: the run records whom it was handed to and a resume finds it by name"
+            )
+
+    @property
+    def target(self) -> str:
+        """The name of the agent handed to."""
+        return self.agent if isinstance(self.agent, str) else self.agent.name or ""
+
+
+@dataclass(frozen=True)
+class HandoffTool(Tool):
+    """The tool the model calls to hand off (see :class:`Handoff`); a drive answers it, never runs it."""
+
+    handoff: Handoff | None = None
+    """Never None once made by :func:`handoff_tool`."""
+
+    @property
+    def target(self) -> Handoff:
+        """The handoff this tool makes."""
+        assert self.handoff is not None  # handoff_tool always sets it
+        return self.handoff
+
+
+def handoff_tool(handoff: Agent | Handoff | str) -> HandoffTool:
+    """The tool handing the conversation to ``handoff``'s agent (what an agent's ``handoffs`` become)."""
+    if not isinstance(handoff, Handoff):
+        handoff = Handoff(handoff)
+    target = handoff.target
+    name = handoff.tool_name or (TOOL_PREFIX + re.sub(r"[^a-zA-Z0-9_-]+", "_", target).strip("_").lower())[:64]
+    description = handoff.description or f"Hand the conversation over to the {target} agent, which takes it from here."
+
+    def transfer() -> str:
+        """Never called: a drive answers the call and hands the run over."""
+        raise ToolDefinitionError(f"tool {name!r} hands a run over to {target!r}: drive its caller with a Runner")
+
+    base = make_tool(transfer, name=name, description=description, concurrent=False)
+    return HandoffTool(**{field.name: getattr(base, field.name) for field in fields(Tool)}, handoff=handoff)
+
+
+def handoffs_of(agent: Agent) -> list[HandoffTool]:
+    """The agent's handoff tools: its ``handoffs``', and any among its ``tools`` (a tools module's, for the CLI)."""
+    return [tool for tool in (*agent.tools, *agent.handoff_tools) if isinstance(tool, HandoffTool)]
+
+
+def reachable(root: Agent) -> dict[str, Agent]:
+    """``root`` and every agent its handoffs reach, by name (breadth first; unnamed ones cannot be handed to).
+
+    Raises:
+        ConfigError: two different agents have the same name, so a run handed to it could not tell which.
+    """
+    found: dict[str, Agent] = {}
+    seen: set[int] = set()
+    queue = [root]
+    while queue:
+        agent = queue.pop(0)
+        if id(agent) in seen:
+            continue
+        seen.add(id(agent))
+        if agent.name and found.setdefault(agent.name, agent) is not agent:
+            raise ConfigError(f"two different agents are named {agent.name!r} among the agents handoffs reach")
+        queue.extend(tool.target.agent for tool in handoffs_of(agent) if not isinstance(tool.target.agent, str))
+    return found
+
+
+def named(root: Agent, name: str, *, run_id: str) -> Agent:
+    """The agent called ``name`` among ``root``'s (itself and those its handoffs reach)."""
+    agent = root.reachable_agents.get(name)
+    if agent is None:
+        known = ", ".join(repr(name) for name in root.reachable_agents) or "none has a name"
+        raise IncompatibleRun(
+            f"run {run_id} was handed off to agent {name!r}, which the agent driving it cannot reach through its "
+            f"handoffs (its agents: {known}): drive it with the agent it started with, whose handoffs lead to {name!r}",
+            run_id=run_id,
+        )
+    return agent
+
+
+@dataclass(frozen=True)
+class AgentTool(Tool):
+    """A tool whose calls are served by child runs of ``agent`` (see :meth:`tether.Agent.as_tool`)."""
+
+    agent: Agent | None = None
+    """The agent each call starts a child run of (never None once made by :func:`agent_tool`)."""
+
+    @property
+    def child_agent(self) -> Agent:
+        """The child's agent."""
+        assert self.agent is not None  # agent_tool always sets it
+        return self.agent
+
+    def settings(self) -> dict[str, Any]:
+        """The tool's settings, and whose child runs serve its calls (``tether diagram --run`` says so)."""
+        return {**super().settings(), "agent": self.child_agent.name or self.name}
+
+
+def agent_tool(
+    agent: Agent, name: str, description: str, *, approval: ApprovalSetting = False, retry: RetryPolicy | None = None
+) -> AgentTool:
+    """A tool that hands ``task`` to ``agent`` in a child run (what :meth:`tether.Agent.as_tool` returns)."""
+
+    def delegate(task: str) -> str:
+        """Never called: a driver serves the call with a child run."""
+        raise ToolDefinitionError(
+            f"tool {name!r} runs agent {agent.name or name!r} as a child run: drive its caller with a Runner",
+            tool=name,
+        )
+
+    base = make_tool(delegate, name=name, description=description, approval=approval, retry=retry, concurrent=False)
+    settings = {field.name: getattr(base, field.name) for field in fields(Tool)}
+    # idempotent: a resumed call finds its child by id and drives it on; nothing runs twice
+    return AgentTool(**{**settings, "idempotent": True}, agent=agent)

@@ -1,9 +1,11 @@
-"""The core that decides: a run's facts, its state machine, and what happens next. No I/O.
+"""The core that decides: a run's state, its state machine, and what happens next. No I/O.
 
-``status`` spells the statuses, ``machine`` is the graph built from them, ``events`` is the
-vocabulary of recorded facts and ``state`` folds them into a run's state; ``history`` keeps
-the Messages API list valid. ``engine`` turns a state and an outcome into a step and
-``flow`` strings the steps of one drive into effects a driver performs (``lifecycle`` the
-rest of a run's life: create, fork, decide, cancel); ``approvals``, ``cache``, ``compat`` and
-``forks`` are the decisions the flows consult.
+``machine`` is the graph (built from :mod:`tether.facts.status`) and ``state`` folds a run's
+events (:mod:`tether.facts.events`) into its state. ``engine`` turns a state and an outcome
+into a step; ``flow`` strings the steps of one drive into effects a driver performs: one
+agent's story (``lifecycle`` the rest of a run's life: create, fork, decide, cancel).
+``approvals``, ``budgets``, ``cache``, ``compat`` and ``snapshots`` are the decisions the flow
+consults; ``links`` reads a run's place among runs. Beside the flow, through its extension
+point (:class:`tether.core.flow.Extension`): ``children`` (agents as tools) and ``handoffs``;
+``forks`` makes new runs from an earlier run's step.
 """

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.core.cache import canonical_json
-from tether.core.status import AWAITING, status_name
+from tether.canonical import canonical_json
 from tether.errors import ConfigError
+from tether.facts.status import AWAITING, status_name
 
 if TYPE_CHECKING:
     from tether.agent import Agent

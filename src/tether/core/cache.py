@@ -19,18 +19,13 @@ sharing a database never read each other's results.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import TYPE_CHECKING, Any
 
-from tether.core.events import CacheHit, CacheMiss
+from tether.canonical import canonical_json
+from tether.facts.events import CacheMiss
 
 if TYPE_CHECKING:
     from tether.core.engine import RunTool
-
-
-def canonical_json(value: Any) -> str:
-    """One spelling per value: sorted keys, no spaces, so equal inputs hash equally."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def cache_key(tool: str, arguments: Any, *, tenant: str | None = None) -> str:
@@ -50,9 +45,4 @@ def miss_record(action: RunTool, key: str) -> CacheMiss:
     return CacheMiss(action.call.call_id, action.tool.name, key)
 
 
-def hit_record(action: RunTool, key: str) -> CacheHit:
-    """The fact written, in place of a start, when a cached value answers the call (with who let it through)."""
-    return CacheHit(action.call.call_id, action.tool.name, key, action.allowed)
-
-
-__all__ = ["cache_key", "canonical_json", "hit_record", "key_for", "miss_record"]
+__all__ = ["cache_key", "key_for", "miss_record"]

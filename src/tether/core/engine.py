@@ -18,15 +18,26 @@ from typing import Any
 import pydantic
 
 from tether.agent import Agent
-from tether.core import compaction, results
+from tether.core import budgets
 from tether.core.approvals import Approve, Deny, PendingApproval, fingerprint, pending_call
-from tether.core.cache import hit_record
-from tether.core.compaction import SummaryPlan
-from tether.core.events import (
+from tether.core.machine import bind
+from tether.core.state import PendingCall, RunState
+from tether.errors import (
+    AlreadyDecided,
+    DeniedByPolicy,
+    IncompatibleRun,
+    InvalidEditedInput,
+    ModelError,
+    NotAwaitingApproval,
+    StaleFingerprint,
+    UnknownCall,
+)
+from tether.facts.events import (
     Allowed,
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
+    CacheHit,
     CallAbandoned,
     ContextExceeded,
     Event,
@@ -44,22 +55,11 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.history import check_pairing, text_of, tool_uses
-from tether.core.machine import bind
-from tether.core.state import PendingCall, RunState
-from tether.core.status import AWAITING, ENDED, RunStatus
-from tether.errors import (
-    AlreadyDecided,
-    DeniedByPolicy,
-    IncompatibleRun,
-    InvalidEditedInput,
-    ModelError,
-    NotAwaitingApproval,
-    StaleFingerprint,
-    UnknownCall,
-)
+from tether.facts.history import check_pairing, text_of, tool_uses
+from tether.facts.status import AWAITING, ENDED, RunStatus
 from tether.models import ModelAdapter, ModelRequest, ModelResponse
-from tether.policy import budgets
+from tether.policy import compaction
+from tether.policy.compaction import SummaryPlan
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.pricing import price_for
 from tether.policy.rules import decide_call, denial
@@ -73,6 +73,7 @@ from tether.tools import (
     field_problems,
     plain_errors,
 )
+from tether.tools import output as results
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
 CONTEXT_EXCEEDED = "model_context_window_exceeded"
@@ -85,7 +86,7 @@ class CallModel:
 
     request: ModelRequest
     summary: SummaryPlan | None = None
-    """The call writes a summary of the history (see :mod:`tether.core.compaction`), not the agent's next turn."""
+    """The call writes a summary of the history (see :mod:`tether.policy.compaction`), not the agent's next turn."""
     model: ModelAdapter | None = None
     """Who answers: the adapter of the agent in charge (after a handoff, not the driver's own); None: the driver's."""
 
@@ -459,7 +460,7 @@ def _verdict(
 ) -> tuple[ApprovalVerdict, list[Warned], Allowed]:
     """The agent's policy, else the tool's setting, softened by an approval for the run.
 
-    Also says who would let the call run unasked (see :class:`~tether.core.events.Allowed`).
+    Also says who would let the call run unasked (see :class:`~tether.facts.events.Allowed`).
     Warnings are only produced before a call's first attempt: retries and re-runs after a
     crash were warned about already.
     """
@@ -688,7 +689,8 @@ def on_cache_hit(action: RunTool, content: str, *, key: str) -> Step:
     """
     step = _success(action, content, cached=True)
     warnings = [w for w in action.warnings if w not in action.execution_warnings]  # no start: warn here
-    step.records[:0] = [*warnings, hit_record(action, key)]
+    hit = CacheHit(action.call.call_id, action.tool.name, key, action.allowed)  # in place of a start
+    step.records[:0] = [*warnings, hit]
     return step
 
 

@@ -31,11 +31,19 @@ Effects and what performing one gives back:
 :class:`Attempt`       the tool's serialised result; raises what the tool raised
 :class:`Launch`        a handle for the attempt, started and not waited for
 :class:`Landed`        ``(handle, result or what the tool raised)`` of each ended attempt
-``DriveChild``         the child run's :class:`~tether.RunResult`, once created and driven (``tether.core.children``)
+:class:`DriveRun`      the other run's :class:`RunReport` (a :class:`~tether.RunResult`), once created and driven
 ====================== ==========================================================
 
 Concurrent calls (tools that :meth:`~tether.Agent.runs_concurrently`) are the one place a step
 has several attempts under way: see :meth:`Flow._run_batch`.
+
+The flow tells one agent's story: ask the model, run the calls, ask people, commit. What goes
+beyond it plugs in beside it through its one extension point, :class:`Extension`, at named
+moments: which agent drives a stored run, which agent is in charge of it now, a step due before
+the engine decides, and calls served by the extension instead of run as functions (a call that
+drives another run). Agents as tools (:mod:`tether.core.children`) and handoffs
+(:mod:`tether.core.handoffs`) are such extensions; the flow names none of them, and a driver
+chooses which it gives a flow.
 """
 
 from __future__ import annotations
@@ -46,18 +54,20 @@ import random
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from tether.agent import Agent
-from tether.core import cache, children, engine, forks, handoffs, snapshots
+from tether.core import cache, engine, snapshots
 from tether.core.approvals import Decision, PendingApproval, overruled, pending_of
 from tether.core.compat import check_compatible
-from tether.core.events import Event, Fact
 from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, RunStatus, stored_status
 from tether.errors import IncompatibleRun, ModelError, RunBusy, StaleRun, StoreError, TetherError
+from tether.facts.events import Event, Fact
+from tether.facts.status import AWAITING, ENDED, RunStatus, stored_status
+from tether.facts.usage import Usage
 from tether.models import ModelResponse
 from tether.stores import RunLog, RunRecord
+from tether.tools import Tool
 
 STORE_RETRY_WAITS = (0.1, 0.5, 2.0)
 """Seconds to wait before each new try of a step's write that failed transiently (see
@@ -224,6 +234,47 @@ class Landed:
     handles: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class DriveRun:
+    """Create a run (unless it exists) and drive it as far as it goes; gives back its :class:`RunReport`.
+
+    What an extension yields for a call that drives another run (a child run serving an agent
+    tool's call): the run is created with ``prompt``, ``link`` as its spec's ``parent`` entry and
+    the id ``run_id``, and driven with ``agent`` (exactly that agent: see ``resolves_agent`` of
+    :class:`Flow`), this driver's store and approver.
+    """
+
+    agent: Agent
+    run_id: str
+    prompt: str
+    link: dict[str, Any]
+    tenant: str | None
+    max_wait: float | None
+
+
+class RunReport(Protocol):
+    """Where a driven run stands after a drive (a :class:`tether.RunResult`)."""
+
+    @property
+    def status(self) -> str: ...  # noqa: D102 - the fields of RunResult
+    @property
+    def output(self) -> str | None: ...  # noqa: D102
+    @property
+    def result(self) -> Any: ...  # noqa: D102
+    @property
+    def error(self) -> str | None: ...  # noqa: D102
+    @property
+    def usage(self) -> Usage: ...  # noqa: D102
+    @property
+    def cost_usd(self) -> float | None: ...  # noqa: D102
+    @property
+    def tool_calls(self) -> int: ...  # noqa: D102
+    @property
+    def pending_approvals(self) -> list[dict[str, Any]]: ...  # noqa: D102
+    @property
+    def next_due_at(self) -> float | None: ...  # noqa: D102
+
+
 Effect = (
     CheckLease
     | LoadLog
@@ -242,7 +293,7 @@ Effect = (
     | Attempt
     | Launch
     | Landed
-    | children.DriveChild
+    | DriveRun
 )
 Flowing = Generator[Effect, Any, T]
 """A flow that yields effects, is sent their outcomes and returns a ``T``."""
@@ -290,20 +341,42 @@ class _Reporting:
         return error is not None
 
 
-def agent_of(root: Agent, spec: dict[str, Any], tenant: str | None) -> Flowing[Agent]:
-    """The agent a run in ``root``'s tree started with: down the agent tools its chain of parents went through.
+class Extension:
+    """A capability beside the one-agent story, plugged into the flow at its named moments.
 
-    A parent handed off when it called the agent tool names the agent then in charge in the link.
-    A fork of a child run is driven with the child's agent (see :func:`tether.core.forks.agent_link`).
+    Each moment's default leaves the story as it is, so an extension implements only its own.
+    The moments a flow consults, in each extension's order:
+
+    - :meth:`agent_of_run`: a stored run is driven by another agent of this flow's tree;
+    - :meth:`agent_in_charge`: another agent is in charge of a run now (and :meth:`check` that it
+      can go on with the run);
+    - :meth:`step_due`: a step of the extension's own comes before the engine decides;
+    - :meth:`serves` / :meth:`serve`: the extension serves a call itself, instead of running a
+      function (it may yield :class:`DriveRun` to drive another run for it).
     """
-    link = forks.agent_link(spec)
-    if link is None:
-        return root
-    parent: RunRecord = yield LoadRun(str(link["run_id"]), tenant)
-    caller = yield from agent_of(root, parent.spec, tenant)
-    if link.get("agent") is not None:
-        caller = handoffs.named(caller, str(link["agent"]), run_id=parent.id)
-    return children.child_agent(caller, link)
+
+    def agent_of_run(self, flow: Flow, state: RunState, tenant: str | None) -> Flowing[Agent] | None:
+        """The agent that drives the stored run ``state`` when it is not ``flow``'s; None: not this one's concern."""
+        return None
+
+    def agent_in_charge(self, root: Agent, state: RunState) -> Agent | None:
+        """The agent in charge of ``state`` now, when it is not the run's own agent ``root``; None: no change."""
+        return None
+
+    def check(self, root: Agent, state: RunState) -> None:
+        """Raise :class:`~tether.errors.IncompatibleRun` if ``root``'s agents cannot go on with the loaded run."""
+
+    def step_due(self, flow: Flow, state: RunState, max_wait: float | None) -> Flowing[bool] | None:
+        """A step of this extension's to take before the engine decides (as :meth:`Flow.step`); None: none due."""
+        return None
+
+    def serves(self, tool: Tool) -> bool:
+        """Whether this extension serves calls of ``tool`` (they are never run as functions)."""
+        return False
+
+    def serve(self, flow: Flow, state: RunState, action: engine.RunTool, max_wait: float | None) -> Flowing[bool]:
+        """Serve ``action``'s call (one it :meth:`serves`), as :meth:`Flow.step`: False if nothing more can be done."""
+        raise TypeError(f"{type(self).__name__} serves no calls (tool {action.tool.name!r})")
 
 
 class Flow:
@@ -313,6 +386,9 @@ class Flow:
     says whether it has an approver. ``clock`` gives the time events are stamped with and
     schedules are read against; ``timer`` measures tool attempts; ``rng`` draws retry jitter.
     ``root``: the runs' own agent when ``agent`` is one a handoff handed them to (see :meth:`in_charge`).
+    ``extensions``: what plugs into the story beside it (see :class:`Extension`). ``resolves_agent``:
+    whether a run given by id is driven by the agent an extension names for it (a child run's);
+    False for a flow made to drive one run with exactly its ``agent`` (a :class:`DriveRun`).
     """
 
     def __init__(
@@ -325,9 +401,13 @@ class Flow:
         timer: Callable[[], float] = time.perf_counter,
         rng: random.Random | None = None,
         root: Agent | None = None,
+        extensions: Sequence[Extension] = (),
+        resolves_agent: bool = True,
     ) -> None:
         self.agent = agent
         self.root = root or agent
+        self.extensions = tuple(extensions)
+        self.resolves_agent = resolves_agent
         self.owner = owner
         self.can_ask = can_ask
         self.clock = clock
@@ -342,29 +422,34 @@ class Flow:
         return self if agent is self.agent else self._driving(agent, root=agent)
 
     def for_run(self, state: RunState, tenant: str | None) -> Flowing[Flow]:
-        """The flow for a run of this agent's tree: this one, or a child run's (or a fork of one's) agent's.
-
-        A fork of a child run whose tools are this agent's (``tether resume`` builds the agent from
-        the run's spec) is this agent's to drive.
-        """
-        if forks.agent_link(state.spec) is None or (children.link_of(state.spec) is None and self._fits(state)):
-            return self
-        return self.for_agent((yield from agent_of(self.agent, state.spec, tenant)))
+        """The flow for a run of this agent's tree: this one, or the one of the agent an extension says drives it."""
+        for extension in self.extensions:
+            found = extension.agent_of_run(self, state, tenant)
+            if found is not None:
+                return self.for_agent((yield from found))
+        return self
 
     def in_charge(self, state: RunState) -> Flow:
-        """The decisions for ``state`` by the agent in charge of it: this flow's, or after a handoff the other agent's.
+        """The decisions for ``state`` by the agent in charge of it: this flow's, or another an extension names.
 
         Raises:
             IncompatibleRun: the run was handed to an agent this flow's agents do not reach.
         """
-        if state.agent is None and self.agent is self.root:
-            return self
-        agent = handoffs.in_charge(self.root, state)
+        agent = self.root
+        for extension in self.extensions:
+            agent = extension.agent_in_charge(self.root, state) or agent
         return self if agent is self.agent else self._driving(agent, root=self.root)
 
     def _driving(self, agent: Agent, *, root: Agent) -> Flow:
         flow = Flow(
-            agent, owner=self.owner, can_ask=self.can_ask, clock=self.clock, timer=self.timer, rng=self.rng, root=root
+            agent,
+            owner=self.owner,
+            can_ask=self.can_ask,
+            clock=self.clock,
+            timer=self.timer,
+            rng=self.rng,
+            root=root,
+            extensions=self.extensions,
         )
         flow.starts_ahead = self.starts_ahead
         return flow
@@ -385,9 +470,9 @@ class Flow:
         cancel) ends the drive with a :class:`StaleRun` saying what the run is now.
         """
         flow, state = self, None
-        if isinstance(run, str):  # read once: a fork of a child run names the agent that drives it
+        if isinstance(run, str):  # read once: an extension may name the agent that drives it
             state = yield from self._rebuild(run, tenant)
-            if children.link_of(state.spec) is None:  # a child run is driven by its own agent's flow
+            if self.resolves_agent:
                 flow = yield from self.for_run(state, tenant)
         state = yield from flow._start(state or run, tenant, force=force, read=state is not None)
         flow.starts_ahead = True
@@ -417,7 +502,7 @@ class Flow:
             reason = "forced: the operator says its driver is gone"
             records = engine.abandon_in_flight(state, by=self.owner, reason=reason)
             if records:
-                yield from self._record(state, records)
+                yield from self.record(state, records)
         if state.status == RunStatus.failed and state.can_retry:  # a run that failed transiently: try again
             yield from self.commit(state, engine.retry_after_failure())
         return state
@@ -449,10 +534,11 @@ class Flow:
         state = run if isinstance(run, RunState) else (yield from self._rebuild(run, tenant))
         check_compatible(state.id, state.spec, self.root.tool_index)
         self.in_charge(state)  # a run handed to an agent out of reach is refused before any step
-        handoffs.check_handed_tools(self.root, state)
+        for extension in self.extensions:
+            extension.check(self.root, state)
         return state
 
-    def _fits(self, state: RunState) -> bool:
+    def fits(self, state: RunState) -> bool:
         """Whether this agent's tools are the run's."""
         try:
             check_compatible(state.id, state.spec, self.root.tool_index)
@@ -484,13 +570,12 @@ class Flow:
             yield Announce(state, started)
             yield from self._attempt(state, started)
             return True
-        if handoffs.filter_due(state):
-            yield from handoffs.apply_filter(self, state)
-            return True
+        for extension in self.extensions:
+            due = extension.step_due(self, state, max_wait)
+            if due is not None:
+                return (yield from due)
         action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
         if isinstance(action, engine.Stop):
-            if state.status == AWAITING and state.waiting_on:
-                return (yield from children.resume_parked(self, state, max_wait))
             if state.status != AWAITING or not self.can_ask:
                 return False
             asked = pending_of(state, self.agent)
@@ -506,15 +591,17 @@ class Flow:
             yield from self.commit(state, action.step)
         elif isinstance(action, engine.CallModel):
             yield from self._call_model(state, action)
-        elif isinstance(action.tool, handoffs.HandoffTool):
-            yield from handoffs.hand_off(self, state, action)
-        elif isinstance(action.tool, children.AgentTool):
-            return (yield from children.run_child(self, state, action, max_wait))
+        elif (server := self._server_of(action.tool)) is not None:
+            return (yield from server.serve(self, state, action, max_wait))
         elif self._runs_beside_others(state, action):
             yield from self._run_batch(state, action)
         elif not (yield from self._answered_from_cache(state, action)):
             yield from self._run_tool(state, action)
         return True
+
+    def _server_of(self, tool: Tool) -> Extension | None:
+        """The extension that serves calls of ``tool`` itself, if one does."""
+        return next((extension for extension in self.extensions if extension.serves(tool)), None)
 
     def _call_model(self, state: RunState, action: engine.CallModel) -> Flowing[None]:
         started = self.clock()
@@ -544,7 +631,7 @@ class Flow:
 
     def _run_tool(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
         """Commit the attempt's start, run it, commit its outcome, and keep a fresh result in the cache."""
-        yield from self._record(state, self._start_of(state, action))
+        yield from self.record(state, self.start_of(state, action))
         yield from self._attempt(state, action)
 
     def _attempt(self, state: RunState, action: engine.RunTool) -> Flowing[None]:
@@ -555,8 +642,8 @@ class Flow:
             outcome = yield Attempt(action, state.id)
         except Exception as error:  # noqa: BLE001 - any tool failure becomes data for the model
             outcome = error
-        step = self._outcome_step(action, outcome, self.timer() - began)
-        yield from self._finish(state, action, step, outcome, start_next=True)
+        step = self.outcome_step(action, outcome, self.timer() - began)
+        yield from self.finish(state, action, step, outcome, start_next=True)
 
     def _runs_beside_others(self, state: RunState, action: engine.RunTool) -> bool:
         """Whether ``action`` opens a batch: its tool runs concurrently and another concurrent call can start now."""
@@ -582,7 +669,7 @@ class Flow:
         while True:
             while up_next is not None and len(running) < self.agent.max_concurrent_tools:
                 if not (yield from self._answered_from_cache(state, up_next)):
-                    yield from self._record(state, self._start_of(state, up_next))
+                    yield from self.record(state, self.start_of(state, up_next))
                     handle = yield Launch(Attempt(up_next, state.id))
                     running[handle] = (up_next, self.timer())
                 up_next = self._next_beside(state, self._busy(running, held))
@@ -595,11 +682,11 @@ class Flow:
                 action, began = running.pop(handle)
                 if not isinstance(outcome, str | Exception):
                     raise outcome  # not the tool's failure: a KeyboardInterrupt, a cancellation
-                step = self._outcome_step(action, outcome, ended - began)
+                step = self.outcome_step(action, outcome, ended - began)
                 if engine.held_back(step):
                     held[action.call.call_id] = step
                 else:
-                    yield from self._finish(state, action, step, outcome)
+                    yield from self.finish(state, action, step, outcome)
             up_next = None if held else self._next_beside(state, self._busy(running, held))
         for step in engine.settle([held[call.call_id] for call in state.batch if call.call_id in held]):
             yield from self._save(
@@ -614,19 +701,20 @@ class Flow:
         """Calls of a batch launched whose outcome is not committed: none of them is started again."""
         return {action.call.call_id for action, _ in running.values()} | set(held)
 
-    def _start_of(self, state: RunState, action: engine.RunTool) -> list[Fact]:
+    def start_of(self, state: RunState, action: engine.RunTool) -> list[Fact]:
         """What an attempt's start commits: its warnings, its start and, for a cached tool, the miss just seen."""
         records: list[Fact] = [*action.warnings, engine.tool_started(action, owner=self.owner)]
         if action.tool.cache_ttl is not None:  # the lookup just missed: say so in the same write
             records.insert(0, cache.miss_record(action, cache.key_for(action, tenant=state.tenant)))
         return records
 
-    def _outcome_step(self, action: engine.RunTool, outcome: str | Exception, duration: float) -> engine.Step:
+    def outcome_step(self, action: engine.RunTool, outcome: str | Exception, duration: float) -> engine.Step:
+        """The step an attempt's outcome (its result, or what it raised) makes, after ``duration`` seconds."""
         if isinstance(outcome, Exception):
             return engine.on_tool_error(action, outcome, now=self.clock(), duration=duration, rng=self.rng.random)
         return engine.on_tool_success(action, outcome, duration=duration)
 
-    def _finish(
+    def finish(
         self,
         state: RunState,
         action: engine.RunTool,
@@ -720,23 +808,27 @@ class Flow:
         produced = engine.commit(state, step, now=self.clock())
         starting = self._starting_now(state) if start_next and self.starts_ahead else None
         if starting is not None:
-            produced += self._facts(state, self._start_of(state, starting))
+            produced += self._facts(state, self.start_of(state, starting))
         yield from self._persist(state, produced)
         state.started_here = starting
 
     def _starting_now(self, state: RunState) -> engine.RunTool | None:
         """The attempt :meth:`step` would start next, if it is one call run alone and nothing comes first.
 
-        Not a handoff or an agent tool (their steps differ), not a call that runs beside others, not a
-        cached tool (the cache is looked up first), not under another agent or a handoff's filter.
+        Not a call an extension serves (its step differs), not a call that runs beside others, not a
+        cached tool (the cache is looked up first), not under another agent or after an extension's step due.
         """
-        if state.status != RunStatus.executing_tool or self.in_charge(state) is not self or handoffs.filter_due(state):
+        if state.status != RunStatus.executing_tool or self.in_charge(state) is not self or self._step_due(state):
             return None
         action = engine.next_action(state, self.agent, now=self.clock(), can_ask=self.can_ask)
         if not isinstance(action, engine.RunTool) or action.tool.cache_ttl is not None:
             return None
-        special = isinstance(action.tool, handoffs.HandoffTool | children.AgentTool)
-        return None if special or self._runs_beside_others(state, action) else action
+        served = self._server_of(action.tool) is not None
+        return None if served or self._runs_beside_others(state, action) else action
+
+    def _step_due(self, state: RunState) -> bool:
+        """Whether an extension has a step of its own due before the engine decides (not taken here)."""
+        return any(extension.step_due(self, state, None) is not None for extension in self.extensions)
 
     def _started_here(self, state: RunState) -> engine.RunTool | None:
         """The attempt this drive committed the start of with its last write and has yet to run (taken once)."""
@@ -764,7 +856,7 @@ class Flow:
                 transient=error.transient,
             ) from error
 
-    def _record(self, state: RunState, records: Sequence[Fact]) -> Flowing[None]:
+    def record(self, state: RunState, records: Sequence[Fact]) -> Flowing[None]:
         """Commit facts that need no transition (a tool's start, an operator's override)."""
         produced = self._facts(state, records)
         state.version += 1

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tether.core.events import Event, RunStarted
-from tether.core.history import Message, check_pairing, text_block, tool_uses
+from tether.core.links import agent_link
 from tether.core.state import RunState
 from tether.errors import InvalidForkPoint, InvalidHistory
+from tether.facts.events import Event, RunStarted
+from tether.facts.history import Message, check_pairing, text_block, tool_uses
 from tether.stores import PARENT_KEY
 
 FORK_KEYS_DROPPED = (PARENT_KEY, "forked_from", "trace", "handed_to")
@@ -158,14 +159,4 @@ def spec_of(run_id: str, events: list[Event], then: RunState, step: int) -> dict
     return spec
 
 
-def agent_link(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The parent link that names a run's agent: its own (a child run), its origin's (a fork of one), or None."""
-    link = spec.get(PARENT_KEY)
-    if isinstance(link, dict):
-        return link
-    origin = spec.get("forked_from")
-    found = origin.get("agent_of") if isinstance(origin, dict) else None
-    return found if isinstance(found, dict) else None
-
-
-__all__ = ["MessageEdit", "agent_link", "edited", "fork_points", "spec_of", "state_at"]
+__all__ = ["MessageEdit", "edited", "fork_points", "spec_of", "state_at"]

@@ -2,7 +2,7 @@
 
 ``Agent(handoffs=[billing, Handoff(refunds, input_filter=without_tool_calls)])`` gives the model
 one tool per handoff, ``transfer_to_<name>``. When the model calls one, the flow answers the call
-(so the history stays valid) and records a :class:`~tether.core.events.HandedOff` in the same
+(so the history stays valid) and records a :class:`~tether.facts.events.HandedOff` in the same
 write. Once the turn's results go back, the other agent is in charge: its system prompt, tools,
 policy and approval gates, model and limits drive every later step, on the history carried over
 (through the handoff's ``input_filter``, if it has one, applied once before the next model call
@@ -19,109 +19,45 @@ in charge gets an ``is_error`` result the model can recover from.
 from __future__ import annotations
 
 import copy
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
+from tether.agent import Agent, Handoff, HandoffTool, handoffs_of, named
 from tether.core import engine
 from tether.core.compat import check_compatible
-from tether.core.events import Fact, HandedOff, HistoryCompacted, ToolFinished
-from tether.core.history import Message, check_pairing
+from tether.core.flow import Extension, Flow, Flowing
 from tether.core.state import RunState
-from tether.core.status import RunStatus
-from tether.errors import ConfigError, IncompatibleRun, InvalidHistory, ToolDefinitionError
-from tether.tools import Tool, make_tool
+from tether.errors import ConfigError, IncompatibleRun, InvalidHistory
+from tether.facts.events import Fact, HandedOff, HistoryCompacted, ToolFinished
+from tether.facts.history import Message, check_pairing
+from tether.facts.status import RunStatus
+from tether.tools import Tool
 
-if TYPE_CHECKING:
-    from tether.agent import Agent
-    from tether.core.flow import Flow, Flowing
-
-HistoryFilter = Callable[[list[Message]], list[Message]]
-"""What the agent taken over sees of the history: the messages so far in, the messages to go on with out."""
-TOOL_PREFIX = "transfer_to_"
 HANDED_OVER = "(The conversation was handed over to you: carry on from here.)"
 """Closes a filtered history that would otherwise end with the other agent's words."""
 
 
-@dataclass(frozen=True)
-class Handoff:
-    """A handoff with options: to ``agent`` (or the agent of that name among the run's agents)."""
+class Handoffs(Extension):
+    """Handoffs: the driving agent changes (the flow's "a change of the driving agent")."""
 
-    agent: Agent | str
-    """The agent handed to, or its name (an agent among the run's agents, e.g. the one handing back to)."""
-    description: str | None = None
-    """Tells the model when to hand off (the tool's description)."""
-    input_filter: HistoryFilter | None = None
-    """Changes the history the agent taking over goes on with (see :func:`without_tool_calls`)."""
-    tool_name: str | None = None
-    """Replaces ``transfer_to_<name>``."""
+    def agent_in_charge(self, root: Agent, state: RunState) -> Agent | None:
+        """The agent the run was last handed to; None while its own agent is in charge."""
+        return None if state.agent is None else named(root, state.agent, run_id=state.id)
 
-    def __post_init__(self) -> None:
-        if not self.target:
-            raise ConfigError(
-                "a handoff's agent needs a name: the run records whom it was handed to and a resume finds it by name"
-            )
+    def check(self, root: Agent, state: RunState) -> None:
+        """Refuse a run whose agent in charge cannot go on with the tools it was handed (:func:`check_handed_tools`)."""
+        check_handed_tools(root, state)
 
-    @property
-    def target(self) -> str:
-        """The name of the agent handed to."""
-        return self.agent if isinstance(self.agent, str) else self.agent.name or ""
+    def step_due(self, flow: Flow, state: RunState, max_wait: float | None) -> Flowing[bool] | None:
+        """The last handoff's ``input_filter``, applied once before the next model call."""
+        return _apply_filter(flow, state) if filter_due(state) else None
 
+    def serves(self, tool: Tool) -> bool:
+        """Handoff tools' calls, which hand the run over instead of running anything."""
+        return isinstance(tool, HandoffTool)
 
-@dataclass(frozen=True)
-class HandoffTool(Tool):
-    """The tool the model calls to hand off (see :class:`Handoff`); a drive answers it, never runs it."""
-
-    handoff: Handoff | None = None
-    """Never None once made by :func:`handoff_tool`."""
-
-    @property
-    def target(self) -> Handoff:
-        """The handoff this tool makes."""
-        assert self.handoff is not None  # handoff_tool always sets it
-        return self.handoff
-
-
-def handoff_tool(handoff: Agent | Handoff | str) -> HandoffTool:
-    """The tool handing the conversation to ``handoff``'s agent (what an agent's ``handoffs`` become)."""
-    if not isinstance(handoff, Handoff):
-        handoff = Handoff(handoff)
-    target = handoff.target
-    name = handoff.tool_name or (TOOL_PREFIX + re.sub(r"[^a-zA-Z0-9_-]+", "_", target).strip("_").lower())[:64]
-    description = handoff.description or f"Hand the conversation over to the {target} agent, which takes it from here."
-
-    def transfer() -> str:
-        """Never called: a drive answers the call and hands the run over."""
-        raise ToolDefinitionError(f"tool {name!r} hands a run over to {target!r}: drive its caller with a Runner")
-
-    base = make_tool(transfer, name=name, description=description, concurrent=False)
-    return HandoffTool(**{field.name: getattr(base, field.name) for field in fields(Tool)}, handoff=handoff)
-
-
-def handoffs_of(agent: Agent) -> list[HandoffTool]:
-    """The agent's handoff tools: its ``handoffs``', and any among its ``tools`` (a tools module's, for the CLI)."""
-    return [tool for tool in (*agent.tools, *agent.handoff_tools) if isinstance(tool, HandoffTool)]
-
-
-def reachable(root: Agent) -> dict[str, Agent]:
-    """``root`` and every agent its handoffs reach, by name (breadth first; unnamed ones cannot be handed to).
-
-    Raises:
-        ConfigError: two different agents have the same name, so a run handed to it could not tell which.
-    """
-    found: dict[str, Agent] = {}
-    seen: set[int] = set()
-    queue = [root]
-    while queue:
-        agent = queue.pop(0)
-        if id(agent) in seen:
-            continue
-        seen.add(id(agent))
-        if agent.name and found.setdefault(agent.name, agent) is not agent:
-            raise ConfigError(f"two different agents are named {agent.name!r} among the agents handoffs reach")
-        queue.extend(tool.target.agent for tool in handoffs_of(agent) if not isinstance(tool.target.agent, str))
-    return found
+    def serve(self, flow: Flow, state: RunState, action: engine.RunTool, max_wait: float | None) -> Flowing[bool]:
+        """Hand the run over (from the turn's end on), or answer why not."""
+        return _hand_off(flow, state, action)
 
 
 def in_charge(root: Agent, state: RunState) -> Agent:
@@ -146,21 +82,7 @@ def check_handed_tools(root: Agent, state: RunState) -> None:
     check_compatible(state.id, {"tool_schemas": handed.tool_schemas}, agent.tool_index, whose=f"agent {agent.name!r}")
 
 
-def named(root: Agent, name: str, *, run_id: str) -> Agent:
-    """The agent called ``name`` among ``root``'s (itself and those its handoffs reach)."""
-    agent = root.reachable_agents.get(name)
-    if agent is None:
-        known = ", ".join(repr(name) for name in root.reachable_agents) or "none has a name"
-        raise IncompatibleRun(
-            f"run {run_id} was handed off to agent {name!r}, which the agent driving it cannot reach through its "
-            f"handoffs (its agents: {known}): drive it with the agent it started with, whose handoffs lead to {name!r}",
-            run_id=run_id,
-        )
-    return agent
-
-
-# The flow's side --------------------------------------------------------------------------
-def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[None]:
+def _hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[bool]:
     """Answer a call of a handoff tool: hand the run over (from the turn's end on), or say why not."""
     tool, call = action.tool, action.call
     assert isinstance(tool, HandoffTool)
@@ -170,7 +92,7 @@ def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[Non
     if refusal is not None:
         finished = ToolFinished(call.call_id, tool.name, f"Error: not transferred: {refusal}", True)
         yield from flow.commit(state, engine.Step("tool_finished", [*warnings, finished]))
-        return
+        return True
     note = f"Transferred to {handoff.target}: it takes the conversation over from here."
     filtered = handoff.input_filter is not None
     schemas = named(flow.root, handoff.target, run_id=state.id).tool_schemas()
@@ -180,6 +102,7 @@ def hand_off(flow: Flow, state: RunState, action: engine.RunTool) -> Flowing[Non
         HandedOff(flow.agent.name, handoff.target, call.call_id, tool.name, filtered=filtered, tool_schemas=schemas),
     ]
     yield from flow.commit(state, engine.Step("tool_finished", records))
+    return True
 
 
 def _refusal(flow: Flow, state: RunState, target: str) -> str | None:
@@ -203,7 +126,7 @@ def filter_due(state: RunState) -> bool:
     return state.filter_due and state.status == RunStatus.thinking
 
 
-def apply_filter(flow: Flow, state: RunState) -> Flowing[None]:
+def _apply_filter(flow: Flow, state: RunState) -> Flowing[bool]:
     """Apply the last handoff's ``input_filter`` to the history, recorded as a ``history_compacted``.
 
     The filter's history is checked first (every ``tool_use`` answered, ending with the user): a
@@ -227,6 +150,7 @@ def apply_filter(flow: Flow, state: RunState) -> Flowing[None]:
     removed = len(state.messages) - len(messages)
     step = engine.Step("compacted", [HistoryCompacted(f"handoff:{handoff.target}", messages, removed)])
     yield from flow.commit(state, step)
+    return True
 
 
 def _last_handoff(flow: Flow, state: RunState) -> Handoff:
@@ -271,3 +195,6 @@ def without_tool_calls(messages: list[Message]) -> list[Message]:
     if kept and kept[-1]["role"] == "assistant":
         kept.append({"role": "user", "content": [{"type": "text", "text": HANDED_OVER}]})
     return kept
+
+
+__all__ = ["HANDED_OVER", "Handoff", "Handoffs", "in_charge", "without_tool_calls"]

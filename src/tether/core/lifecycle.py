@@ -12,15 +12,16 @@ import uuid
 from contextlib import suppress
 from typing import Any
 
-from tether.core import children, engine, forks, snapshots
+from tether.core import engine, forks, snapshots
 from tether.core.approvals import Decision, Deny
 from tether.core.compat import check_versions
-from tether.core.flow import DECISION_TRIES, CreateRun, Flow, Flowing, LoadLog, LoadRun, Notify
-from tether.core.history import append_user_text, close_unanswered, text_of
+from tether.core.flow import DECISION_TRIES, CreateRun, DriveRun, Flow, Flowing, LoadLog, LoadRun, Notify
+from tether.core.links import pending_below
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
-from tether.core.status import ENDED, RunStatus, status_name
 from tether.errors import RunEnded, RunNotFound, StaleRun
+from tether.facts.history import append_user_text, close_unanswered, text_of
+from tether.facts.status import ENDED, RunStatus, status_name
 from tether.stores import PARENT_KEY, SCHEMA_VERSION, RunLog
 
 
@@ -174,7 +175,7 @@ def decide(
     while True:
         tries_left -= 1
         state = yield from read(run_id, tenant)
-        below = children.pending_below(state, call_id)
+        below = pending_below(state, call_id)
         if below is not None:
             state = yield from read(below, tenant)
         deciding = flow
@@ -192,7 +193,7 @@ def decide(
                 raise
 
 
-def create_child(flow: Flow, child: children.DriveChild, trace: dict[str, Any] | None = None) -> Flowing[None]:
+def create_child(flow: Flow, child: DriveRun, trace: dict[str, Any] | None = None) -> Flowing[None]:
     """Create ``child``'s run with ``flow`` (the child's agent's) unless it exists: a resumed parent finds its child."""
     try:
         yield LoadRun(child.run_id, child.tenant)

@@ -12,8 +12,8 @@ from typing import Any
 from statemachine import State, StateMachine
 from statemachine.states import States
 
-from tether.core.status import FINAL, INITIAL, RunStatus
 from tether.errors import IncompatibleRun
+from tether.facts.status import FINAL, INITIAL, RunStatus
 
 MACHINE_VERSION = 3
 """Bumped whenever states or transitions change meaning; stored with each run (2: ``compacted``,
@@ -21,18 +21,18 @@ and the ``result_demanded``, ``history_compacted`` and ``context_exceeded`` fact
 cannot fold; 3: the ``handed_off`` fact, after which another agent drives the run)."""
 
 _STATES = States.from_enum(RunStatus, initial=INITIAL, final=FINAL, use_enum_instance=False)
-"""One state per :class:`~tether.core.status.RunStatus`: its name the Python id, its value the persisted one.
+"""One state per :class:`~tether.facts.status.RunStatus`: its name both the Python id and the value.
 
 Plain ``str`` values (not the members), so the status written to a run is a plain string."""
 
 
 class AgentMachine(StateMachine):
-    """thinking → executingTool → awaitingApproval → done (plus failed / cancelled).
+    """thinking → executing_tool → awaiting_approval → done (plus failed / cancelled).
 
     The model object (a run state) exposes the guard attributes: ``has_pending_calls``,
     ``has_final_result``, ``has_undecided_approvals`` and ``can_retry``; the state lives in its
-    ``status`` field, holding the persisted value. The states come from :class:`RunStatus`
-    (see :mod:`tether.core.status` for what each means).
+    ``status`` field (a store maps it to its own spelling). The states come from :class:`RunStatus`
+    (see :mod:`tether.facts.status` for what each means).
     """
 
     thinking: State = _STATES.thinking

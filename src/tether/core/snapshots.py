@@ -19,10 +19,11 @@ from typing import Any
 
 import pydantic
 
-from tether.core import engine, events, history, machine, state
-from tether.core.events import Event
+from tether.core import engine, machine, state
 from tether.core.state import RunState
-from tether.models import Usage
+from tether.facts import events, history, status
+from tether.facts.events import Event
+from tether.facts.usage import Usage
 from tether.stores import RunLog, Snapshot
 
 _ADAPTER = pydantic.TypeAdapter(RunState)
@@ -39,7 +40,7 @@ _AS_IS = frozenset({"messages"})
 def snapshot_format() -> str:
     """A fingerprint of the code that folds events: a snapshot written under another is never used."""
     digest = hashlib.sha256(f"machine {machine.MACHINE_VERSION}".encode())
-    for part in (state, events, history, Usage):
+    for part in (state, events, history, status, Usage):
         digest.update(inspect.getsource(part).encode())
     return digest.hexdigest()[:32]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.core import events as ev
-from tether.core.events import Event, Fact
-from tether.core.history import Message, append_user_text, text_of, tool_result_block, tool_uses
-from tether.core.status import RunStatus
-from tether.models import Usage
+from tether.facts import events as ev
+from tether.facts.events import Event, Fact
+from tether.facts.history import Message, append_user_text, text_of, tool_result_block, tool_uses
+from tether.facts.status import RunStatus
+from tether.facts.usage import Usage
 
 
 @dataclass
@@ -70,7 +70,7 @@ class RunState:
     """How the run was started: model, tools, system, limits (for resume)."""
     tenant: str | None = None
     status: str | None = None
-    """The machine's persisted state value (a :class:`~tether.core.status.RunStatus` value)."""
+    """The machine's persisted state value (a :class:`~tether.facts.status.RunStatus` value)."""
     version: int = 0
     """Optimistic-concurrency version: the number of committed steps."""
     next_seq: int = 0
@@ -109,13 +109,13 @@ class RunState:
     tool_seconds: float = 0.0
     """Summed duration of the tool attempts."""
     budget_warned: set[str] = field(default_factory=set)
-    """Limits already warned about (each is warned once; see :attr:`tether.policy.budgets.Reading.key`)."""
+    """Limits already warned about (each is warned once; see :attr:`tether.core.budgets.Reading.key`)."""
     final_answer_requested: bool = False
     """A budget ran out: the next model call has tools disabled and must answer."""
     result_demands: int = 0
     """Times a prose answer was asked again for the agent's typed result."""
     demanding_result: bool = False
-    """The next model call forces the result tool (see :mod:`tether.core.results`)."""
+    """The next model call forces the result tool (see :mod:`tether.tools.output`)."""
     compaction_forced: bool = False
     """The conversation overflowed the model's context and no model call answered since: the
     history processors compact even below their thresholds, and another overflow fails the run."""
@@ -343,7 +343,7 @@ def _child_fact(
 def _warned(state: RunState, fact: ev.Warned) -> None:
     if fact.budget:
         state.budget_warned.add(fact.budget)
-    if fact.limit:  # a hard cap of Limits (see tether.policy.budgets.Reading.key)
+    if fact.limit:  # a hard cap of Limits (see tether.core.budgets.Reading.key)
         state.budget_warned.add(f"limits.{fact.limit}")
 
 

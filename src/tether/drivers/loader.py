@@ -12,14 +12,14 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.agent import Agent
-from tether.core import children, forks
+from tether.core import links
 from tether.errors import ConfigError, ToolDefinitionError
 from tether.models import ModelAdapter, ModelSettings, providers
 from tether.policy.policies import Budget, Limits
@@ -29,9 +29,8 @@ from tether.stores import RunRecord, Store
 from tether.tools import Tool, tools_by_name
 from tether.toolsets import changes, from_record
 
-if TYPE_CHECKING:
-    from tether.drivers.queue import AgentFor
-
+AgentFor = Callable[[dict[str, Any]], Agent]
+"""How a service, the inspector or a worker gets the agent of a stored run: a function of the run's spec."""
 ENV_PREFIX = "TETHER_"
 """Only these environment settings are stored with a run: never credentials."""
 PRIVATE_PREFIX = "_tether_tools_"
@@ -110,7 +109,7 @@ def import_tools_module(name: str, base: Path) -> ModuleType:
 def load_model(spec: str) -> ModelAdapter:
     """The offline demo model, or the adapter a model name stands for (see :mod:`tether.models.providers`)."""
     if spec == DEMO_MODEL:
-        from tether.examples.demo import DemoScript
+        from tether.models.demo import DemoScript
         from tether.models.scripted import ScriptedModel
 
         return ScriptedModel(DemoScript(), name=DEMO_MODEL)
@@ -149,8 +148,8 @@ def agent_spec(store: Store, run: RunRecord) -> dict[str, Any]:
     child's agent is an agent tool's, reached from the agent of the tree it was forked from, whose
     root's spec is returned (read from ``store``; the drive then takes the child's agent from it).
     """
-    link = forks.agent_link(run.spec)
-    if link is None or children.link_of(run.spec) is not None:  # a child run itself is driven by its root
+    link = links.agent_link(run.spec)
+    if link is None or links.link_of(run.spec) is not None:  # a child run itself is driven by its root
         return run.spec
     root = (link.get("chain") or [link["run_id"]])[0]
     return store.load_run(str(root), tenant=run.tenant).spec

@@ -43,7 +43,10 @@ except ImportError as missing:  # pragma: no cover - the extra installs it
 
 from tether.agent import Agent
 from tether.core.engine import CallModel
-from tether.core.events import (
+from tether.core.flow import Activity, Attempt
+from tether.core.state import RunState
+from tether.errors import ConfigError
+from tether.facts.events import (
     ApprovalDecided,
     ApprovalRequested,
     ContextExceeded,
@@ -57,10 +60,7 @@ from tether.core.events import (
     ToolStarted,
     Transition,
 )
-from tether.core.flow import Activity, Attempt
-from tether.core.state import RunState
-from tether.core.status import RunStatus, status_name
-from tether.errors import ConfigError
+from tether.facts.status import RunStatus, status_name
 from tether.models import ModelRequest
 
 # GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/)

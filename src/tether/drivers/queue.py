@@ -27,25 +27,16 @@ procrastinate is imported only when a submitted run is written or a worker start
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import json
 import logging
-import os
-import socket
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tether.agent import Agent
-from tether.core.approvals import DecideLater
-from tether.core.children import link_of
-from tether.core.status import ENDED, RunStatus, status_name
-from tether.drivers.telemetry import Telemetry
-from tether.errors import ConfigError, RunBusy, RunEnded, RunNotFound, StaleRun, StoreError
+from tether.core.links import link_of
+from tether.errors import ConfigError, RunEnded, StoreError
+from tether.facts.status import ENDED, RunStatus, status_name
 from tether.redact import scrub
 from tether.stores import DUE_KEY, AsyncStore, RunRecord, Store, leases, shown_url
 from tether.stores.awaitable import AwaitableStore
@@ -84,7 +75,8 @@ def is_postgres(url: str) -> bool:
     return urlsplit(url).scheme.split("+")[0] in {"postgresql", "postgres"}
 
 
-def _procrastinate() -> Any:
+def procrastinate_module() -> Any:
+    """The procrastinate package, or a one-line error naming the extra that brings it."""
     try:
         import procrastinate
     except ImportError as error:
@@ -117,7 +109,7 @@ def check_can_queue(store: Store | AsyncStore) -> str:
             f"queued runs need PostgreSQL and a `tether worker`: {where} cannot hold a queue "
             "(use --db postgresql+psycopg://... ; without --detach the run is driven here)"
         )
-    _procrastinate()
+    procrastinate_module()
     attach(store)
     return str(sql.url)
 
@@ -133,7 +125,7 @@ def ensure_schema(url: str) -> None:
     key = libpq_url(url)
     if key in _READY:
         return
-    procrastinate = _procrastinate()
+    procrastinate = procrastinate_module()
     import psycopg
 
     try:
@@ -150,7 +142,7 @@ def ensure_schema(url: str) -> None:
     _READY.add(key)
 
 
-def _job(app: App, run_id: str, queue: str, at: float | None, connection: Any = None) -> Any:
+def drive_job(app: App, run_id: str, queue: str, at: float | None, connection: Any = None) -> Any:
     """The deferrer of a run's drive job: locked by the run id, due now or at Unix time ``at``."""
     when = None if at is None else datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
     options: dict[str, Any] = {"lock": run_id, "queueing_lock": run_id, "queue": queue, "schedule_at": when}
@@ -178,12 +170,12 @@ def requeue(store: Store | AsyncStore, run_id: str) -> bool:
     if record.status in ENDED and not record.summary.get("retryable"):
         raise RunEnded(run_id, status_name(record.status), "queue")
     ensure_schema(url)
-    procrastinate = _procrastinate()
+    procrastinate = procrastinate_module()
     import psycopg
 
     with psycopg.connect(libpq_url(url)) as connection:
         try:
-            _job(Dispatch(sql).app, run_id, queue, None, connection).defer(run_id=run_id)
+            drive_job(Dispatch(sql).app, run_id, queue, None, connection).defer(run_id=run_id)
         except procrastinate.exceptions.AlreadyEnqueued:
             return False
     return True
@@ -221,7 +213,7 @@ class Dispatch:
     def app(self) -> App:
         """A procrastinate app that only defers, on connections it is given (never opened)."""
         if self._app is None:
-            procrastinate = _procrastinate()
+            procrastinate = procrastinate_module()
             self._app = procrastinate.App(connector=procrastinate.PsycopgConnector())
         return self._app
 
@@ -265,13 +257,13 @@ class Dispatch:
         if target is None:
             return
         action, run_id, queue, at = target
-        procrastinate = _procrastinate()
+        procrastinate = procrastinate_module()
         if action == "remove":
             for job in self._waiting_jobs(connection, run_id):
                 self.app.job_manager.cancel_job_by_id(job["id"], delete_job=True, connection=connection)
             return
         with suppress(procrastinate.exceptions.AlreadyEnqueued), connection.transaction():  # a savepoint
-            _job(self.app, run_id, queue, at, connection).defer(run_id=run_id)
+            drive_job(self.app, run_id, queue, at, connection).defer(run_id=run_id)
 
     async def arun(self, write: Write, connection: Any) -> None:
         """:meth:`run` on psycopg's async connection."""
@@ -279,17 +271,17 @@ class Dispatch:
         if target is None:
             return
         action, run_id, queue, at = target
-        procrastinate = _procrastinate()
+        procrastinate = procrastinate_module()
         if action == "remove":
             for job in await self._await_waiting_jobs(connection, run_id):
                 await self.app.job_manager.cancel_job_by_id_async(job["id"], delete_job=True, connection=connection)
             return
         with suppress(procrastinate.exceptions.AlreadyEnqueued):
             async with connection.transaction():  # a savepoint
-                await _job(self.app, run_id, queue, at, connection).defer_async(run_id=run_id)
+                await drive_job(self.app, run_id, queue, at, connection).defer_async(run_id=run_id)
 
     def _waiting_jobs(self, connection: Any, run_id: str) -> list[dict[str, Any]]:
-        sql = _procrastinate().sql.queries["list_jobs"]
+        sql = procrastinate_module().sql.queries["list_jobs"]
         sync = self.app.connector.get_sync_connector()
         found: list[dict[str, Any]] = sync.execute_query_all_with_connection(
             connection, query=sql, **_WAITING_JOBS, queueing_lock=run_id
@@ -297,215 +289,8 @@ class Dispatch:
         return found
 
     async def _await_waiting_jobs(self, connection: Any, run_id: str) -> list[dict[str, Any]]:
-        sql = _procrastinate().sql.queries["list_jobs"]
+        sql = procrastinate_module().sql.queries["list_jobs"]
         found: list[dict[str, Any]] = await self.app.connector.execute_query_all_async_with_connection(
             connection, query=sql, **_WAITING_JOBS, queueing_lock=run_id
         )
         return found
-
-
-AgentFor = Callable[[dict[str, Any]], Agent]
-
-
-@dataclass(frozen=True)
-class WorkerNote:
-    """One thing a worker did with a run, for whoever watches it (``tether worker`` prints each)."""
-
-    run_id: str
-    what: str
-    """``picked_up``; where the drive left the run (its shown status: ``done``, ``failed``,
-    ``cancelled``, ``awaiting_approval``, ``waiting_retry``); ``requeued`` (the worker stopping),
-    ``busy`` (another driver holds it: queued again for when its lease ends), ``changed`` (another
-    process changed it meanwhile), ``deleted``, or ``error`` (the job failed; procrastinate retries it)."""
-    detail: str = ""
-    """The reason of a failure or an error; the calls a parked run waits on."""
-    at: float | None = None
-    """When a waiting run is due again (a retry, a busy run's lease end)."""
-
-
-class Worker:
-    """Drives submitted runs as procrastinate jobs: ``tether worker``, or in your own program.
-
-    Args:
-        url: the store's PostgreSQL URL (the queue lives in the same database and schema).
-        queue: the queue to take jobs from.
-        concurrency: runs driven at once by this process (one event loop).
-        stalled_after: seconds without a heartbeat after which a worker is presumed dead: its
-            jobs go back to the queue, and its runs' leases expire (they last this long).
-        agent: the agent to drive every run with; by default each run's agent is rebuilt from
-            its spec (the tools module and model it was started with), as ``tether resume`` does.
-        telemetry: traces each drive (see :mod:`tether.drivers.otel`); None: nothing is traced.
-        on_note: told each :class:`WorkerNote` (a run picked up, where its drive left it), on
-            the worker's loop: keep it quick.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        queue: str = DEFAULT_QUEUE,
-        concurrency: int = 4,
-        stalled_after: float = DEFAULT_STALLED_AFTER,
-        agent: Agent | AgentFor | None = None,
-        telemetry: Telemetry | None = None,
-        on_note: Callable[[WorkerNote], None] | None = None,
-    ) -> None:
-        if not is_postgres(url):
-            raise ConfigError(f"tether worker needs PostgreSQL (the queue lives beside the runs), not {shown_url(url)}")
-        if concurrency < 1 or stalled_after < 3:
-            raise ConfigError("a worker needs concurrency >= 1 and stalled_after >= 3 seconds")
-        self.url = url
-        self.queue = queue
-        self.concurrency = concurrency
-        self.stalled_after = stalled_after
-        self._agent = agent
-        self.on_note = on_note
-        self.telemetry = telemetry
-        """Traces each drive (``tether worker --otel``): a run's drives continue the trace it was submitted in."""
-        self._agents: dict[str, Agent] = {}
-        self.stopping = asyncio.Event()
-        """Set by :meth:`stop`: each job finishes its current step, queues its run again, and ends."""
-        self._task: asyncio.Task[None] | None = None
-
-    def stop(self) -> None:
-        """Stop taking jobs; running ones end after their current step (call from the worker's loop)."""
-        self.stopping.set()
-        if self._task is not None:
-            self._task.cancel()  # procrastinate's graceful stop: running jobs are awaited, not cancelled
-
-    async def run(self) -> None:
-        """Take jobs until :meth:`stop` (creating the queue's tables on first use).
-
-        A lost database connection (PostgreSQL restarting, a network cut) stops procrastinate's
-        worker; it is started again after a pause (1 s, doubling up to 30 s) until :meth:`stop`.
-        """
-        procrastinate = _procrastinate()
-        from tether.stores.sql import AsyncSQLStore
-
-        self._task = asyncio.current_task()
-        await asyncio.to_thread(ensure_schema, self.url)
-        self.store = AsyncSQLStore(self.url, pool_size=self.concurrency + 2)  # + the leases' heartbeats
-        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=libpq_url(self.url)))
-        self._register(self.app, procrastinate)
-        pause = 1.0
-        try:
-            while not self.stopping.is_set():
-                try:
-                    async with self.app.open_async():
-                        await self.app.run_worker_async(**self._options())
-                except asyncio.CancelledError:
-                    if not self.stopping.is_set():
-                        raise
-                except Exception as error:  # noqa: BLE001 - whatever the connection's loss raised: start again
-                    if self.stopping.is_set():
-                        break
-                    log.warning("tether worker: lost the database (%s); starting again in %g s", error, pause)
-                    with suppress(asyncio.CancelledError):
-                        await asyncio.sleep(pause)
-                    pause = min(pause * 2, 30.0)
-        finally:
-            for agent in self._agents.values():  # the ones it made (one given to it stays its owner's)
-                await agent.aclose()
-            await self.store.close()
-
-    def _options(self) -> dict[str, Any]:
-        every = max(1, min(59, round(self.stalled_after / 3)))
-        return {
-            "queues": [self.queue],
-            "concurrency": self.concurrency,
-            "install_signal_handlers": False,
-            "update_heartbeat_interval": self.stalled_after / 3,
-            "stalled_worker_timeout": self.stalled_after,
-            "fetch_job_polling_interval": min(1.0, every),  # finds scheduled retries within a second
-            "delete_jobs": "successful",
-            "name": f"tether-{socket.gethostname()}-{os.getpid()}",
-        }
-
-    def _register(self, app: App, procrastinate: Any) -> None:
-        every = max(1, min(59, round(self.stalled_after / 3)))
-        retry = procrastinate.RetryStrategy(max_attempts=30, wait=2, retry_exceptions={StoreError})  # a restart
-
-        @app.task(name=DRIVE_TASK, retry=retry)
-        async def drive(run_id: str) -> str:
-            return await self.drive(run_id)
-
-        @app.periodic(cron=f"* * * * * */{every}")
-        @app.task(name=RECOVER_TASK, queue=self.queue, queueing_lock=RECOVER_TASK)
-        async def recover(timestamp: int) -> int:
-            return await self.recover_stalled()
-
-    async def drive(self, run_id: str) -> str:
-        """Drive one run until it parks or ends (a job's work); a word on how it went, for the job's log."""
-        try:
-            note = await self._drive(run_id)
-        except Exception as error:
-            from tether.stores.sql import url_secrets
-
-            self._note(WorkerNote(run_id, "error", scrub(f"{type(error).__name__}: {error}", url_secrets(self.url))))
-            raise
-        self._note(note)
-        return note.what if note.at is None else f"{note.what} until {note.at:.0f}"
-
-    async def _drive(self, run_id: str) -> WorkerNote:
-        from tether.drivers.runner import AsyncRunner
-
-        try:
-            record = await self.store.load_run(run_id)
-            self._note(WorkerNote(run_id, "picked_up"))
-            agent = self._agent_for(record.spec)
-            runner = AsyncRunner(
-                agent, self.store, approver=DecideLater(), lease_ttl=self.stalled_after, telemetry=self.telemetry
-            )
-            result = await runner.drive(run_id, max_wait=0, until=self.stopping.is_set)
-        except RunNotFound:
-            return WorkerNote(run_id, "deleted")
-        except RunBusy as busy:  # another driver (or a dead one's lease): try when its lease ends
-            at = busy.expires_at if busy.expires_at is not None else time.time() + self.stalled_after
-            await self._requeue(run_id, record.spec, at)
-            return WorkerNote(run_id, "busy", at=at)
-        except StaleRun:  # changed by another process meanwhile: its write queued it if it must go on
-            return WorkerNote(run_id, "changed")
-        if self.stopping.is_set() and result.status in {RunStatus.thinking.shown, RunStatus.executing_tool.shown}:
-            await self._requeue(run_id, record.spec, None)  # SIGTERM: left queued for another worker
-            return WorkerNote(run_id, "requeued")
-        waiting = ", ".join(f"{call.get('tool')} {call.get('call_id')}" for call in result.pending_approvals)
-        return WorkerNote(run_id, result.status, result.error or waiting, result.next_due_at)
-
-    def _note(self, note: WorkerNote) -> None:
-        if self.on_note is not None:
-            self.on_note(note)
-
-    async def _requeue(self, run_id: str, spec: Mapping[str, Any], at: float | None) -> None:
-        procrastinate = _procrastinate()
-        with suppress(procrastinate.exceptions.AlreadyEnqueued):
-            await _job(self.app, run_id, queue_of(spec) or self.queue, at).defer_async(run_id=run_id)
-
-    async def recover_stalled(self) -> int:
-        """Send the jobs of workers whose heartbeat stopped back to the queue; how many."""
-        procrastinate = _procrastinate()
-        manager = self.app.job_manager
-        stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=self.stalled_after)
-        for job in stalled:
-            try:
-                await manager.retry_job(job)
-            except procrastinate.exceptions.ConnectorException:  # a job of that run already waits: it will do
-                await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=True)
-            log.warning("job %s (%s) of a stalled worker was queued again", job.id, job.task_kwargs)
-        return len(stalled)
-
-    def _agent_for(self, spec: dict[str, Any]) -> Agent:
-        if isinstance(self._agent, Agent):
-            return self._agent
-        if self._agent is not None:
-            return self._agent(spec)
-        from tether.drivers.loader import agent_from_spec
-
-        key = json.dumps({k: v for k, v in spec.items() if k not in _PER_RUN}, sort_keys=True, default=str)
-        agent = self._agents.get(key)
-        if agent is None:
-            agent = self._agents[key] = agent_from_spec(spec)
-        return agent
-
-
-_PER_RUN = frozenset({"continued_from", "conversation", "parent", DISPATCH_KEY})
-"""Spec keys that differ between runs of one agent (the agent is rebuilt once per the rest)."""

@@ -28,7 +28,7 @@ from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 from pydantic import BaseModel
 
 from tether.agent import Agent
-from tether.core import engine, handoffs, lifecycle, snapshots
+from tether.core import engine, lifecycle, snapshots
 from tether.core.approvals import (
     Approver,
     AsyncApprover,
@@ -37,8 +37,7 @@ from tether.core.approvals import (
     is_async_approver,
     pending_of,
 )
-from tether.core.children import DriveChild
-from tether.core.events import Event
+from tether.core.children import AgentTools
 from tether.core.flow import (
     STORE_LOG,
     Activity,
@@ -49,7 +48,9 @@ from tether.core.flow import (
     CreateRun,
     DecidedElsewhere,
     Driven,
+    DriveRun,
     Effect,
+    Extension,
     Flow,
     Flowing,
     Landed,
@@ -64,14 +65,15 @@ from tether.core.flow import (
     StoreCache,
 )
 from tether.core.forks import MessageEdit
-from tether.core.results import typed_result
+from tether.core.handoffs import Handoffs, in_charge
 from tether.core.state import RunState
-from tether.core.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.drivers import busy
 from tether.drivers import queue as queues
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ConfigError, IncompatibleRun, StoreError
 from tether.execution import launches
+from tether.facts.events import Event
+from tether.facts.status import AWAITING, INITIAL, WAITING_RETRY, RunStatus, status_name
 from tether.models import (
     AsyncModelAdapter,
     AsyncStreamingModelAdapter,
@@ -84,6 +86,7 @@ from tether.policy import rules
 from tether.stores import AsyncStore, RunRecord, Snapshot, Store, leases
 from tether.stores.awaitable import as_async_store, is_async_store
 from tether.stores.memory import MemoryStore
+from tether.tools.output import typed_result
 
 T = TypeVar("T")
 S = TypeVar("S", Store, AsyncStore)
@@ -200,6 +203,11 @@ class RunnerOptions(TypedDict, total=False):
     on_text: TextListener | None
     lease_ttl: float
     telemetry: Telemetry | None
+    extensions: Sequence[Extension]
+
+
+EXTENSIONS: tuple[Extension, ...] = (AgentTools(), Handoffs())
+"""What plugs into every flow a runner drives, beside the one-agent story: agents as tools, handoffs."""
 
 
 class _RunnerBase(abc.ABC, Generic[S, L]):
@@ -219,6 +227,9 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
 
     ``telemetry``: told every run created, drive, model call, tool call and decision, to trace
     them (:class:`tether.drivers.otel.OpenTelemetry`, ``pip install 'tether[otel]'``).
+
+    ``extensions``: what plugs into every flow beside the one-agent story (see
+    :class:`tether.core.flow.Extension`); by default :data:`EXTENSIONS`, agents as tools and handoffs.
     """
 
     store: S
@@ -236,8 +247,10 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
         on_text: TextListener | None = None,
         lease_ttl: float = leases.DEFAULT_TTL,
         telemetry: Telemetry | None = None,
+        extensions: Sequence[Extension] = EXTENSIONS,
     ) -> None:
         self.agent = agent
+        self.extensions = tuple(extensions)
         self.approver = approver
         self.store = self._store_for(store if store is not None else MemoryStore())
         self.listeners = list(listeners)
@@ -253,6 +266,8 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
         queues.attach(self.store)  # a submitted run's decisions and cancellations reach its queue
         self._held: dict[str, L] = {}
         """The leases this runner holds now, by run id: every write to those runs checks its lease."""
+        self._resolves_agent = True
+        """False for a runner made to drive one other run with exactly its agent (see :class:`DriveRun`)."""
 
     @abc.abstractmethod
     def _store_for(self, store: Store | AsyncStore) -> S:
@@ -267,11 +282,19 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
 
     def _flow(self, owner: str = "", agent: Agent | None = None) -> Flow:
         """This runner's decisions (or ``agent``'s, for a child run), for a drive by ``owner`` (the lease's)."""
-        return Flow(agent or self.agent, owner=owner, can_ask=self.approver is not None, clock=self.clock, rng=self.rng)
+        return Flow(
+            agent or self.agent,
+            owner=owner,
+            can_ask=self.approver is not None,
+            clock=self.clock,
+            rng=self.rng,
+            extensions=self.extensions,
+            resolves_agent=self._resolves_agent,
+        )
 
-    def _child_runner(self, child: DriveChild) -> Self:
+    def _child_runner(self, child: DriveRun) -> Self:
         """A runner like this one (store, approver, listeners, clocks) for ``child``'s run and agent."""
-        return type(self)(
+        runner = type(self)(
             child.agent,
             self.store,
             approver=self.approver,
@@ -282,7 +305,10 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
             on_text=self.on_text,
             lease_ttl=self.lease_ttl,
             telemetry=self.telemetry,
+            extensions=self.extensions,
         )
+        runner._resolves_agent = False  # the child is driven with exactly its agent (limits capped by its parent)
+        return runner
 
     def _run_trace(self, forked_from: str | None = None) -> AbstractContextManager[dict[str, Any] | None]:
         """While a run is created (and driven, by ``run``): gives the trace context to store in its spec.
@@ -333,7 +359,7 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
     def _performing(self, effect: engine.CallModel | Attempt) -> AbstractContextManager[None]:
         return nullcontext() if self.telemetry is None else self.telemetry.performing(effect)
 
-    def _child_trace(self, child: DriveChild) -> dict[str, Any] | None:
+    def _child_trace(self, child: DriveRun) -> dict[str, Any] | None:
         return None if self.telemetry is None else self.telemetry.child_trace(child.link)
 
     def approval_requests(self, state: RunState) -> list[PendingApproval]:
@@ -351,7 +377,7 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
     def _in_charge(self, state: RunState) -> Agent:
         """The agent in charge of ``state`` after any handoff; this runner's own if it cannot reach that one."""
         try:
-            return handoffs.in_charge(self.agent, state)
+            return in_charge(self.agent, state)
         except IncompatibleRun:  # a reader (cancelling, listing) needs no agent of the run's
             return self.agent
 
@@ -612,7 +638,7 @@ class Runner(_RunnerBase[Store, leases.Lease]):
                     )
             case Landed(handles):
                 return launches.landed(handles)
-            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+            case DriveRun(run_id=run_id, tenant=tenant, max_wait=max_wait):
                 runner = self._child_runner(effect)
                 runner._complete(lifecycle.create_child(runner._flow(), effect, self._child_trace(effect)))
                 return runner.drive(run_id, tenant=tenant, max_wait=max_wait)
@@ -628,7 +654,7 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         return model.complete(request)
 
 
-_WAITS_ELSEWHERE = (engine.CallModel, Attempt, Landed, Sleep, Ask, DriveChild)
+_WAITS_ELSEWHERE = (engine.CallModel, Attempt, Landed, Sleep, Ask, DriveRun)
 """Effects that wait for something outside tether: an AsyncRunner's run gives up its busy place meanwhile."""
 
 
@@ -668,7 +694,7 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
     def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
         return as_async_store(store)
 
-    def _child_runner(self, child: DriveChild) -> Self:
+    def _child_runner(self, child: DriveRun) -> Self:
         runner = super()._child_runner(child)
         runner._busy = self._busy  # one limit for the whole run tree (the parent's place is free meanwhile)
         return runner
@@ -827,7 +853,7 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
                     return launches.alaunch(action.tool.aexecute(action.arguments, action.call.call_id, run_id=run_id))
             case Landed(handles):
                 return await launches.alanded(handles)
-            case DriveChild(run_id=run_id, tenant=tenant, max_wait=max_wait):
+            case DriveRun(run_id=run_id, tenant=tenant, max_wait=max_wait):
                 runner = self._child_runner(effect)
                 await runner._acomplete(lifecycle.create_child(runner._flow(), effect, self._child_trace(effect)))
                 return await runner.drive(run_id, tenant=tenant, max_wait=max_wait)

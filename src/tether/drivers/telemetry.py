@@ -14,9 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from tether.agent import Agent
 from tether.core.engine import CallModel
-from tether.core.events import Event
 from tether.core.flow import Activity, Attempt
 from tether.core.state import RunState
+from tether.facts.events import Event
 
 
 @runtime_checkable

@@ -17,8 +17,8 @@ from typing import Any
 
 import anthropic
 
-from tether.core.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.errors import ConfigError, ModelError
+from tether.facts.history import MAX_CACHE_BREAKPOINTS, with_cache_breakpoints
 from tether.models import ModelRequest, ModelResponse, ModelSettings, TextListener
 from tether.models.sdk import (
     DEFAULT_MAX_RETRIES,

@@ -1,7 +1,7 @@
 """The Chat Completions format, converted at the edge both ways: tether's history in, its turn out.
 
 tether keeps the conversation as Messages API blocks whatever the model (see
-:mod:`tether.core.history`). For an OpenAI-compatible API this module turns a request into
+:mod:`tether.facts.history`). For an OpenAI-compatible API this module turns a request into
 Chat Completions messages (``tool_use`` blocks into an assistant's ``tool_calls``, each
 ``tool_result`` into a ``tool`` message right after it, in order) and a chat completion back
 into one assistant turn of blocks, with its finish reason as a stop reason the engine knows:
@@ -25,8 +25,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tether.core.history import Block, Message, text_block
 from tether.errors import ModelError
+from tether.facts.history import Block, Message, text_block
 from tether.models import ModelResponse, Usage
 
 FINISH_REASONS: Mapping[str, str] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.errors import ConfigError
-from tether.models import Usage
+from tether.facts.usage import Usage
 from tether.models.providers import bare_name
 
 CACHE_WRITE_RATIO = 1.25

@@ -40,14 +40,25 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, Protocol, get_args
 
 import pydantic
 
-from tether.core.events import Event, Warned
 from tether.errors import ConfigError
-from tether.policy.policies import ApprovalContext, ApprovalVerdict, Verdict, decide_approval
-from tether.tools import Tool
+from tether.facts.events import Event, Warned
+from tether.policy.policies import ApprovalContext, ApprovalSetting, ApprovalVerdict, Verdict, decide_approval
+
+
+class RuledTool(Protocol):
+    """What rules read of a tool (a :class:`tether.Tool`): its name, its tags and its own approval setting."""
+
+    @property
+    def name(self) -> str: ...  # noqa: D102 - the fields of Tool
+    @property
+    def tags(self) -> frozenset[str]: ...  # noqa: D102
+    @property
+    def approval(self) -> ApprovalSetting: ...  # noqa: D102
+
 
 Action = Literal["allow", "require_approval", "deny", "warn"]
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)
@@ -217,7 +228,7 @@ class Rule:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ConfigError(f"'name' must be a non-empty string, not {self.name!r}")
 
-    def matches(self, tool: Tool, arguments: Mapping[str, Any]) -> bool:
+    def matches(self, tool: RuledTool, arguments: Mapping[str, Any]) -> bool:
         """Whether this rule applies to a call of ``tool`` with these (validated) arguments."""
         if self._globs and not any(fnmatchcase(tool.name, glob) for glob in self._globs):
             return False
@@ -278,7 +289,7 @@ class Policy:
             if not isinstance(rule, Rule):
                 raise ConfigError(f"policy rule {index}: {rule!r} is not a Rule")
 
-    def evaluate(self, tool: Tool, arguments: Mapping[str, Any]) -> tuple[RuleMatch | None, tuple[RuleMatch, ...]]:
+    def evaluate(self, tool: RuledTool, arguments: Mapping[str, Any]) -> tuple[RuleMatch | None, tuple[RuleMatch, ...]]:
         """The deciding rule (or None) and the warn rules matched before it."""
         warnings: list[RuleMatch] = []
         for index, rule in enumerate(self.rules, start=1):
@@ -373,7 +384,7 @@ def _load_yaml(text: str, file: Path) -> Any:
 
 
 def decide_call(
-    policy: Policy | None, tool: Tool, arguments: pydantic.BaseModel, context: ApprovalContext
+    policy: Policy | None, tool: RuledTool, arguments: pydantic.BaseModel, context: ApprovalContext
 ) -> CallDecision:
     """The policy's first deciding rule, else the tool's ``approval=`` setting; pure.
 
@@ -387,7 +398,9 @@ def decide_call(
     return CallDecision(verdict, match, warnings)
 
 
-def denial(policy: Policy | None, tool: Tool, arguments: pydantic.BaseModel, context: ApprovalContext) -> str | None:
+def denial(
+    policy: Policy | None, tool: RuledTool, arguments: pydantic.BaseModel, context: ApprovalContext
+) -> str | None:
     """Why the policy (or the tool's approval callable) denies this call; None when it does not.
 
     Asked again of edited input, which must pass the same rules as the model's.

@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tether.core.events import Event
-from tether.core.status import ENDED, RunStatus
 from tether.errors import ConfigError
+from tether.facts.events import Event
+from tether.facts.status import ENDED, RunStatus
 
 SCHEMA_VERSION = 4
 """The layout tether stores runs in (tables, row and event data). A SQL database records the

@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import ParamSpec, TypeVar, cast
 
-from tether.core.events import Event
+from tether.facts.events import Event
 from tether.stores import AsyncStore, RunLease, RunLog, RunQuery, RunRecord, RunsFound, Snapshot, Store
 from tether.stores.memory import MemoryStore
 

@@ -9,9 +9,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tether.core.events import Event, decode
-from tether.core.status import WAITING_RETRY_STATUS
 from tether.errors import RunNotFound, StaleRun, StoreError
+from tether.facts.events import Event, decode
+from tether.facts.status import WAITING_RETRY_STATUS
 from tether.stores import (
     DUE_KEY,
     PARENT_KEY,

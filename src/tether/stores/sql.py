@@ -36,9 +36,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from tether.core.events import Event, decode
-from tether.core.status import WAITING_RETRY_STATUS, RunStatus
 from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
+from tether.facts.events import Event, decode
+from tether.facts.status import WAITING_RETRY_STATUS, RunStatus, from_stored, to_stored
 from tether.redact import MASK, scrub
 from tether.stores import (
     DUE_KEY,
@@ -702,7 +702,7 @@ SQLITE_ONE_WRITER: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_ti
 """AsyncSQLStore on a SQLite file: one connection, used by the store's one thread, which every run's
 operations take in turn. SQLite has one writer at a time anyway; 15 pooled connections contending for
 its lock sleep in its busy handler instead (fewer steps per second at K >= 16 concurrent runs, see the
-README's benchmarks)."""
+benchmarks' history, docs/benchmarks/history.md)."""
 
 
 def _in_memory(url: sa.engine.URL) -> bool:
@@ -718,8 +718,8 @@ class AsyncSQLStore(_SQLBase):
     'tether[async]'``, and ``tether[postgres]``). A SQLite URL is reached through the standard
     library's driver on one thread of the store's own: each operation runs there whole, one hop
     from the loop, on one connection (SQLite has one writer anyway). Through aiosqlite every
-    statement was a hop of its own: a step cost about 1.5 times as much (see the README's
-    benchmarks). Await :meth:`close` when done.
+    statement was a hop of its own: a step cost about 1.5 times as much (see the benchmarks'
+    history, docs/benchmarks/history.md). Await :meth:`close` when done.
 
     ``pool_size``: PostgreSQL connections kept open (SQLAlchemy's default, 5, when None). Size it
     to the runs driven at once: each connection above it is opened for one use and closed again.
@@ -930,7 +930,7 @@ def _append(
 
     def run(connection: sa.Connection) -> None:
         if connection.dialect.name == "postgresql":
-            logged = _dump_json([{"seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events])
+            logged = _dump_json([{"seq": e.seq, "type": e.type, "data": _stored_data(e), "at": e.at} for e in events])
             updated = connection.execute(_STEP_POSTGRES, {**values, "b_events": logged}).scalar_one()
         else:
             updated = _sqlite_step(connection, values, record.id, events)
@@ -1063,7 +1063,7 @@ def _list_runs(
     check_limit(limit)
     query = sa.select(_RUN).order_by(_RUN.c.created_at.desc(), _RUN.c.id.desc()).limit(limit)
     if status is not None:
-        query = query.where(_RUN.c.status == status)
+        query = query.where(_RUN.c.status == to_stored(status))
     if waiting_retry is not None:
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         query = query.where(due_at.is_not(None) if waiting_retry else due_at.is_(None))
@@ -1094,7 +1094,7 @@ def _found_by(query: RunQuery) -> list[Any]:
     """The WHERE clauses of a :class:`RunQuery`: indexed columns (status, tenant, created_at), then the rest."""
     where: list[Any] = []
     if query.status is not None:
-        where.append(_RUN.c.status == query.status)
+        where.append(_RUN.c.status == to_stored(query.status))
     if query.tenant is not None:
         where.append(_RUN.c.tenant == query.tenant)
     if query.created_from is not None:
@@ -1144,7 +1144,7 @@ def _list_due(now: float, tenant: str | None, limit: int) -> _Work[list[RunRecor
     due_at = _RUN.c.summary[DUE_KEY].as_float()
     query = (
         sa.select(_RUN)
-        .where(_RUN.c.status == WAITING_RETRY_STATUS.value, due_at <= now)
+        .where(_RUN.c.status == to_stored(WAITING_RETRY_STATUS), due_at <= now)
         .where(_RUN.c.spec[PARENT_KEY].as_string().is_(None))  # a child is driven by its root, listed instead
         .order_by(due_at, _RUN.c.id)
         .limit(limit)
@@ -1263,13 +1263,13 @@ def _delete_runs(
     whole, never deleted, never stripped of its events (nor of its lease).
     """
     check_deletable(statuses)
-    chosen = _RUN.c.status.in_(sorted(statuses))
+    chosen = _RUN.c.status.in_(sorted(to_stored(status) for status in statuses))
     if not include_retryable:  # a transient failure may still be resumed: keep it
         retryable = sa.func.coalesce(_RUN.c.summary["retryable"].as_boolean(), sa.false())
         chosen &= (_RUN.c.status != RunStatus.failed.value) | sa.not_(retryable)
     if include_parked:  # unless a driver held its lease since the cutoff
         driven = sa.exists().where(_LEASE.c.run_id == _RUN.c.id, _LEASE.c.expires_at >= finished_before)
-        chosen |= _RUN.c.status.in_(sorted(PARKED_STATUSES)) & sa.not_(driven)
+        chosen |= _RUN.c.status.in_(sorted(to_stored(status) for status in PARKED_STATUSES)) & sa.not_(driven)
     doomed = chosen & (_RUN.c.updated_at < finished_before)
     if tenant is not None:
         doomed &= _RUN.c.tenant == tenant
@@ -1366,7 +1366,7 @@ def _migrate(connection: sa.Connection) -> None:
 def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
     if changing_only:  # a step never rewrites what cannot change (spec, tenant, creation)
         return {
-            "status": record.status,
+            "status": to_stored(record.status),
             "version": record.version,
             "summary": record.summary,
             "updated_at": record.updated_at,
@@ -1374,7 +1374,7 @@ def _row(record: RunRecord, *, changing_only: bool = False) -> dict[str, Any]:
     return {
         "id": record.id,
         "tenant": record.tenant,
-        "status": record.status,
+        "status": to_stored(record.status),
         "version": record.version,
         "spec": record.spec,
         "summary": record.summary,
@@ -1390,7 +1390,7 @@ def _record(row: Any, *, strict: bool) -> RunRecord:
         raise CorruptData(row["id"], "; ".join(problems))
     return RunRecord(
         id=row["id"],
-        status=row["status"],
+        status=from_stored(row["status"]),
         version=row["version"],
         tenant=row["tenant"],
         spec=row["spec"] if isinstance(row["spec"], dict) else {},
@@ -1405,7 +1405,19 @@ def _event(run_id: str, row: Any) -> Event:
     problem = _problem(row["data"], f"event {row['seq']}", absent=True)
     if problem:
         raise CorruptData(run_id, problem)
-    return decode(run_id, row["seq"], row["type"], row["data"], row["at"])
+    data = row["data"]
+    if row["type"] == "transition":  # the statuses as the rest of tether spells them (a damaged row: as it is)
+        data = {**data, **{k: from_stored(v) for k in ("source", "target") if isinstance(v := data.get(k), str)}}
+    return decode(run_id, row["seq"], row["type"], data, row["at"])
+
+
+def _stored_data(event: Event) -> dict[str, Any]:
+    """An event's payload as the database keeps it: a transition's statuses in the stored spelling."""
+    data = event.data
+    if event.type == "transition":
+        source, target = data["source"], data["target"]
+        data = {**data, "source": source and to_stored(source), "target": to_stored(target)}
+    return data
 
 
 def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
@@ -1476,7 +1488,7 @@ def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: s
 
 def _event_rows(run_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:
     """The event table's rows for ``events`` of one run."""
-    return [{"run_id": run_id, "seq": e.seq, "type": e.type, "data": e.data, "at": e.at} for e in events]
+    return [{"run_id": run_id, "seq": e.seq, "type": e.type, "data": _stored_data(e), "at": e.at} for e in events]
 
 
 def _insert_events(connection: sa.Connection, run_id: str, events: Sequence[Event]) -> None:

@@ -46,11 +46,9 @@ from tether.core.approvals import (
     edited_input,
     overruled,
 )
-from tether.core.children import chain_of, link_of, parent_of
-from tether.core.events import Event
 from tether.core.forks import MessageEdit
+from tether.core.links import chain_of, link_of, parent_of
 from tether.core.state import RunState
-from tether.core.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.drivers.loader import (
     DEMO_MODEL,
     NoModel,
@@ -65,14 +63,13 @@ from tether.drivers.loader import (
 from tether.drivers.queue import (
     DEFAULT_QUEUE,
     DEFAULT_STALLED_AFTER,
-    Worker,
-    WorkerNote,
     check_can_queue,
     ensure_schema,
     queue_of,
     requeue,
 )
 from tether.drivers.runner import EventListener, Runner, RunResult, result_of, shown_status
+from tether.drivers.worker import Worker, WorkerNote
 from tether.errors import (
     ApprovalError,
     ConfigError,
@@ -84,6 +81,8 @@ from tether.errors import (
     StaleRun,
     TetherError,
 )
+from tether.facts.events import Event
+from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
@@ -92,6 +91,7 @@ from tether.toolsets import from_record
 
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
+    from tether.policy.access import Credentials
     from tether.surfaces.terminal import LiveView
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
@@ -319,25 +319,61 @@ def _add_audit(audit: argparse.ArgumentParser) -> None:
 
 
 UI_TOKEN_ENV = "TETHER_UI_TOKEN"
-"""The token ``tether ui`` accepts when ``--token`` is not given."""
+"""The token ``tether ui`` accepts when no token file is given."""
+UI_SESSION_IDLE = "30min"
+UI_SESSION_LIFETIME = "8h"
 
 
 def _add_ui(ui: argparse.ArgumentParser) -> None:
-    """``tether ui``'s options: where to listen, and who may come in."""
+    """``tether ui``'s options: where to listen, who may come in, and for how long."""
     ui.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)"
     )
     ui.add_argument(
         "--port", type=int, default=8321, help="port to listen on; 0 picks a free one (default: %(default)s)"
     )
-    ui.add_argument(
-        "--token", help=f"the token to sign in with (default ${UI_TOKEN_ENV}; without either, one is made and printed)"
+    who = ui.add_argument_group("who may come in (a token is never an argument: `ps` shows arguments to everyone)")
+    who.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"a file holding the token to sign in with (default ${UI_TOKEN_ENV}; without either, one is made "
+        "and printed)",
     )
-    ui.add_argument("--tenant", help="bind the token to this tenant: it shows and decides that tenant's runs only")
-    ui.add_argument(
+    who.add_argument("--token", help=argparse.SUPPRESS)  # refused with a way out: see _cmd_ui
+    who.add_argument("--tenant", help="bind the token to this tenant: it shows and decides that tenant's runs only")
+    who.add_argument(
         "--tokens",
         metavar="FILE",
-        help='JSON {"TOKEN": "TENANT", "TOKEN2": null}: several tokens, each bound to a tenant (null: every tenant)',
+        help="named tokens, TOML: [[tokens]] name, token (or sha256), tenant, role = viewer|approver; decisions are "
+        'recorded under the name. Or JSON {"TOKEN": "TENANT", "TOKEN2": null} (null: every tenant)',
+    )
+    who.add_argument(
+        "--session-idle",
+        metavar="AGE",
+        default=UI_SESSION_IDLE,
+        help="a browser is signed out after this long without a page opened or a form sent (default: %(default)s)",
+    )
+    who.add_argument(
+        "--session-lifetime",
+        metavar="AGE",
+        default=UI_SESSION_LIFETIME,
+        help="and after this long in all, however busy (default: %(default)s)",
+    )
+    reach = ui.add_argument_group("beyond this machine")
+    reach.add_argument("--certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM, chain included)")
+    reach.add_argument("--keyfile", metavar="FILE", help="the certificate's private key (PEM)")
+    reach.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen on a non-loopback --host over plain HTTP (only where something else encrypts: a TLS proxy, a VPN)",
+    )
+    reach.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name browsers may reach the inspector by, besides localhost and the --host address "
+        "(repeatable); requests naming any other are refused, against DNS rebinding",
     )
 
 
@@ -931,25 +967,27 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
-    """Serve the inspector until stopped: on loopback unless a token was chosen for it."""
+    """Serve the inspector until stopped: on loopback unless a token was chosen for it, and TLS."""
     try:
-        from tether.surfaces.web.guard import check_bind
-        from tether.surfaces.web.server import serve
+        from tether.surfaces.web.app import create_app
+        from tether.surfaces.web.listen import check_bind, default_hosts
+        from tether.surfaces.web.server import Tls, address, serve
     except ImportError as error:
         raise ConfigError(str(error)) from None
-    from tether.policy.access import Credentials
 
-    token = args.token or os.environ.get(UI_TOKEN_ENV)
-    if args.tokens and (token or args.tenant):
-        raise ConfigError("--tokens FILE names every token and its tenant: give it alone, without --token or --tenant")
-    generated = None
-    if args.tokens:
-        credentials = Credentials.from_file(args.tokens)
-    elif token:
-        credentials = Credentials({token: args.tenant})
-    else:
-        credentials, generated = Credentials.generate(tenant=args.tenant)
-    check_bind(args.host, token_given=generated is None)
+    credentials, generated = _ui_credentials(args)
+    if (args.certfile is None) != (args.keyfile is None):
+        raise ConfigError("--certfile and --keyfile go together: the certificate and its private key")
+    tls = Tls(args.certfile, args.keyfile) if args.certfile and args.keyfile else None
+    check_bind(args.host, token_given=generated is None, tls=tls is not None, insecure=args.insecure)
+    app = create_app(
+        session.store,
+        credentials,
+        telemetry=session.telemetry,
+        session_idle=_ui_age(args.session_idle, "--session-idle"),
+        session_lifetime=_ui_age(args.session_lifetime, "--session-lifetime"),
+        allowed_hosts=default_hosts(args.host) | set(args.allowed_host),
+    )
 
     def announce(url: str) -> None:
         where = f"{url}?token={generated}" if generated else f"{url} (sign in with your token)"
@@ -959,12 +997,50 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
         sys.stdout.flush()
 
     try:
-        serve(
-            session.store, credentials, host=args.host, port=args.port, announce=announce, telemetry=session.telemetry
-        )
+        serve(app, host=args.host, port=args.port, announce=announce, tls=tls)
     except OSError as error:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from None
+        where = address(args.host, args.port, tls=tls is not None)
+        raise ConfigError(f"cannot listen on {where}: {error.strerror or error}") from None
     return EXIT_DONE
+
+
+def _ui_credentials(args: argparse.Namespace) -> tuple[Credentials, str | None]:
+    """The tokens ``tether ui`` lets in, and the one it made to print (None when they were given)."""
+    from tether.policy.access import Credentials  # (only `ui` pays for reading token files)
+
+    if args.token is not None:
+        raise ConfigError(
+            "--token puts the token where every user of this machine can read it (ps): "
+            f"give it as ${UI_TOKEN_ENV} or in a file (--token-file FILE)"
+        )
+    token = _read_token(args.token_file) if args.token_file else os.environ.get(UI_TOKEN_ENV)
+    if args.tokens and (token or args.tenant):
+        raise ConfigError(
+            f"--tokens FILE names every token and its tenant: give it alone, without --token-file, "
+            f"${UI_TOKEN_ENV} or --tenant"
+        )
+    if args.tokens:
+        return Credentials.from_file(args.tokens), None
+    if token:
+        return Credentials({token: args.tenant}), None
+    return Credentials.generate(tenant=args.tenant)
+
+
+def _read_token(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigError(f"cannot read the token file {path}: {reason}") from None
+
+
+def _ui_age(text: str, option: str) -> float:
+    seconds = durations.age_seconds(text, option=option)
+    if seconds is None:
+        raise ConfigError(f"{option} {text!r}: expected an age like 90s, 30min, 12h or 7d")
+    if not seconds > 0:
+        raise ConfigError(f"{option} {text!r}: a session must last some time")
+    return seconds
 
 
 def _add_decision(decide: argparse.ArgumentParser) -> None:

@@ -29,8 +29,13 @@ from rich.tree import Tree
 from tether.agent import Agent
 from tether.core import engine
 from tether.core.approvals import Approve, Decision, Deny, PendingApproval
-from tether.core.children import depth_of
-from tether.core.events import (
+from tether.core.flow import Activity, RunningTools
+from tether.core.links import depth_of
+from tether.core.state import RunState
+from tether.drivers.runner import RunResult
+from tether.drivers.worker import WorkerNote
+from tether.errors import DeniedByPolicy, InvalidEditedInput
+from tether.facts.events import (
     ApprovalRequested,
     CacheMiss,
     Event,
@@ -44,13 +49,8 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.flow import Activity, RunningTools
-from tether.core.state import RunState
-from tether.core.status import WAITING_RETRY, RunStatus, status_name
-from tether.drivers.queue import WorkerNote
-from tether.drivers.runner import RunResult
-from tether.errors import DeniedByPolicy, InvalidEditedInput
-from tether.models import Usage
+from tether.facts.status import WAITING_RETRY, RunStatus, status_name
+from tether.facts.usage import Usage
 from tether.views.audit import AuditEntry
 from tether.views.printable import printable
 from tether.views.tree import RunNode

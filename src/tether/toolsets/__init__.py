@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core.cache import canonical_json
+from tether.canonical import canonical_json
 from tether.errors import ConfigError, ToolsetError
 from tether.policy.policies import ApprovalContext, ApprovalSetting, ApprovalVerdict
 from tether.tools import TOOL_NAME, Tool

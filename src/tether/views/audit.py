@@ -26,7 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tether.core.events import (
+from tether.durations import parse_ago
+from tether.errors import RunNotFound
+from tether.facts.events import (
     Allowed,
     ApprovalDecided,
     ApprovalRequested,
@@ -45,8 +47,6 @@ from tether.core.events import (
     ToolStarted,
     Warned,
 )
-from tether.durations import parse_ago
-from tether.errors import RunNotFound
 from tether.stores import RunRecord, Store
 
 DEFAULT_RUN_LIMIT = 1_000_000

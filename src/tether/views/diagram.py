@@ -39,7 +39,11 @@ from statemachine.contrib.diagram.model import DiagramGraph, DiagramState
 from statemachine.contrib.diagram.renderers.mermaid import MermaidRenderer, MermaidRendererConfig
 
 from tether.agent import Agent
-from tether.core.events import (
+from tether.core.machine import AgentMachine
+from tether.core.state import RunState
+from tether.drivers.runner import RunResult
+from tether.errors import TetherError
+from tether.facts.events import (
     ApprovalDecided,
     ApprovalRequested,
     ChildEnded,
@@ -58,12 +62,8 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.history import text_of
-from tether.core.machine import AgentMachine
-from tether.core.state import RunState
-from tether.core.status import ENDED, status_name
-from tether.drivers.runner import RunResult
-from tether.errors import TetherError
+from tether.facts.history import text_of
+from tether.facts.status import ENDED, status_name
 from tether.stores import RunRecord, Store
 from tether.tools import Tool
 from tether.views.tree import NOT_CREATED, RunNode, run_tree

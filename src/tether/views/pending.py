@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tether.core.approvals import PendingApproval
-from tether.core.children import chain_of, link_of
-from tether.core.status import AWAITING
+from tether.core.links import chain_of, link_of
+from tether.facts.status import AWAITING
 from tether.stores import AsyncStore, RunRecord, Store
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.core.children import link_of
-from tether.core.events import ChildStarted, Event
+from tether.core.links import link_of
 from tether.core.state import RunState
 from tether.drivers.runner import shown_status
 from tether.errors import RunNotFound
-from tether.models import Usage
+from tether.facts.events import ChildStarted, Event
+from tether.facts.usage import Usage
 from tether.stores import Store
 
 MAX_RUNS = 1000

@@ -12,12 +12,14 @@ POST   /decide                     approve, deny or edit one call (form, CSRF-ch
 POST   /fork                       a new run from one step of a run, one message's text optionally
                                    edited (form, CSRF-checked), driven on; then the new run's page
 GET    /login, POST /login         sign in with a token; ``?token=`` on any page does the same
-POST   /logout                     forget the session cookie
+                                   (opened by the person, not from another site's page)
+POST   /logout                     end the session: its cookie and its open streams
 =====  ==========================  ==============================================================
 
 Every route but ``/static`` and ``/login`` needs a token (see :mod:`tether.surfaces.web.guard`);
 every page is rendered by Jinja2 with autoescaping on, so text from a model, a tool or a
-person is shown as text.
+person is shown as text. Forms are read up to a limit as they arrive, so an endless body is
+refused after that many bytes, never held.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 try:
     import jinja2
@@ -55,7 +57,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from statemachine.contrib.diagram.graphviz import GraphvizNotFoundError
 
 from tether.agent import Agent
-from tether.drivers.queue import AgentFor
+from tether.drivers.loader import AgentFor
 from tether.drivers.telemetry import Telemetry
 from tether.errors import (
     ApprovalError,
@@ -70,7 +72,7 @@ from tether.errors import (
 )
 from tether.policy.access import Credentials, Grant
 from tether.stores import Store
-from tether.surfaces.web import live, pages
+from tether.surfaces.web import live, pages, sessions
 from tether.surfaces.web.confirm import CONFIRMED, CONTROLS, Question, question
 from tether.surfaces.web.decisions import (
     TURN_ACTIONS,
@@ -88,10 +90,12 @@ from tether.surfaces.web.guard import (
     TOKEN_PARAM,
     Guard,
     SecurityHeaders,
+    Throttled,
     Viewer,
     cross_site,
 )
 from tether.surfaces.web.inbox import Turn, inbox_page, turns_below
+from tether.surfaces.web.listen import AllowedHosts
 from tether.views import diagram
 from tether.views.printable import printable
 
@@ -99,7 +103,13 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 MAX_FORM_BYTES = 1_000_000
-"""A decision form larger than this is refused unread."""
+"""A decision or fork form larger than this is refused: unread if it says so, else once it gets there."""
+MAX_SIGN_IN_BYTES = 8_192
+"""The sign-in form (a token, where to go next): anyone may send it, so it is held to little."""
+FROM_ELSEWHERE = (
+    "This sign-in address was opened from another site's page, so it signed nobody in: it might "
+    "not be yours. Open it yourself (paste it into the address bar, or from the terminal), or sign in below."
+)
 DIAGRAM_CSP = "default-src 'none'; style-src 'unsafe-inline'"
 """Graphviz's SVG needs its inline styles; nothing in it may run, even opened on its own."""
 INBOX = "/inbox"
@@ -145,7 +155,7 @@ class _Inspector:
         token = request.query_params.get(TOKEN_PARAM)
         if token is not None:
             raise _TokenInAddress(token)
-        viewer = self.guard.viewer(request.headers, request.cookies, request.url.port)
+        viewer = self.guard.viewer(request)
         if viewer is None:
             raise _SignIn()
         return viewer
@@ -271,21 +281,32 @@ class _Inspector:
         run_id = request.path_params["run_id"]
         await run_in_threadpool(self.store.load_run, run_id, tenant=viewer.tenant)  # 404 before streaming
         since = _int(request.query_params.get("since"))
-        stream = live.run_changes(
-            self.store, run_id, viewer.tenant, since, poll=self.poll, gone=request.is_disconnected
+        gone = self._gone(request, viewer)
+        return self._events(
+            viewer, live.run_changes(self.store, run_id, viewer.tenant, since, poll=self.poll, gone=gone)
         )
-        return _events(stream)
 
     async def list_live(self, request: Request) -> Response:
         viewer = self.viewer(request)
         since = request.query_params.get("since")
-        return _events(
-            live.list_changes(self.store, viewer.tenant, since, poll=self.poll, gone=request.is_disconnected)
-        )
+        gone = self._gone(request, viewer)
+        return self._events(viewer, live.list_changes(self.store, viewer.tenant, since, poll=self.poll, gone=gone))
+
+    def _gone(self, request: Request, viewer: Viewer) -> live.Disconnected:
+        """A stream stops when its page closes or its session ends (signed out, timed out)."""
+
+        async def gone() -> bool:
+            return not self.guard.signed_in(viewer) or await request.is_disconnected()
+
+        return gone
+
+    def _events(self, viewer: Viewer, stream: AsyncGenerator[str, None]) -> Response:
+        said = live.while_signed_in(stream, lambda: self.guard.signed_in(viewer))
+        return StreamingResponse(said, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
     # Decisions ------------------------------------------------------------------------------
     async def decide(self, request: Request) -> Response:
-        viewer = self.viewer(request)
+        viewer = self.deciding(request)
         fields = await self.form(request, viewer)
         run_id, call_id = fields.get("run_id", ""), fields.get("call_id", "")
         page = _page_of(fields.get("next", ""), run_id)
@@ -293,6 +314,8 @@ class _Inspector:
             return await self._decide_turn(request, viewer, fields, page)
         try:
             form = DecisionForm.of(fields)
+            if viewer.name is not None:  # a named token's decisions are its holder's, whatever the form says
+                form = replace(form, by=viewer.name)
             await run_in_threadpool(self.decider.decide, run_id, call_id, form, tenant=viewer.tenant)
         except (ConfigError, ApprovalError, StaleRun) as error:  # ConfigError: BadForm, or tools that cannot load
             problem = _Problem(run_id, call_id, str(error), fields, _by_field(error))
@@ -306,6 +329,8 @@ class _Inspector:
         run_id = fields.get("run_id", "")
         try:
             form = TurnForm.of(fields)
+            if viewer.name is not None:  # a named token's decisions are its holder's, whatever the form says
+                form = replace(form, by=viewer.name)
         except BadForm as error:
             return await self._refused(request, viewer, page, 422, _Problem(run_id, None, str(error)))
         decided, refused = await run_in_threadpool(self.decider.decide_turn, run_id, form, tenant=viewer.tenant)
@@ -324,7 +349,7 @@ class _Inspector:
         return await self._run(request, viewer, page, status, problem)
 
     async def fork(self, request: Request) -> Response:
-        viewer = self.viewer(request)
+        viewer = self.deciding(request)
         fields = await self.form(request, viewer)
         run_id = fields.get("run_id", "")
         if fields.get(CONFIRMED) != "1":
@@ -344,7 +369,7 @@ class _Inspector:
 
     async def control(self, request: Request) -> Response:
         """Cancel, resume or retry a run, once the person said yes (the page's dialog, or the page this answers)."""
-        viewer = self.viewer(request)
+        viewer = self.deciding(request)
         fields = await self.form(request, viewer)
         run_id, action = fields.get("run_id", ""), fields.get("action", "")
         if action not in CONTROLS:
@@ -356,7 +381,7 @@ class _Inspector:
                 await run_in_threadpool(
                     partial(self.decider.cancel, tenant=viewer.tenant, reason=fields.get("reason", "").strip()),
                     run_id,
-                    by=fields.get("by", "").strip(),
+                    by=viewer.name or fields.get("by", "").strip(),
                 )
                 acted = f"run {run_id} is cancelled"
             else:
@@ -372,15 +397,19 @@ class _Inspector:
         kept = {name: value for name, value in fields.items() if name not in (CSRF_FIELD, CONFIRMED)}
         return self.render(request, "confirm.html", viewer, action=action, fields=kept, asked=asked, waiting=0)
 
-    async def form(self, request: Request, viewer: Viewer | None) -> dict[str, str]:
+    def deciding(self, request: Request) -> Viewer:
+        """The viewer of a request that decides or forks, refused (403, unread) if their token only views."""
+        viewer = self.viewer(request)
+        if not viewer.may_decide:
+            who = f"{viewer.name}'s token" if viewer.name else "this token"
+            raise _Refused(403, f"refused: {who} is a viewer's: it shows runs but decides and forks nothing")
+        return viewer
+
+    async def form(self, request: Request, viewer: Viewer | None, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
         """A posted form, once the request is known to come from our own page (CSRF-checked)."""
         if cross_site(request.headers, scheme=request.url.scheme, host=request.headers.get("host", "")):
             raise _Refused(403, "refused: the form was sent from another site")
-        if int(request.headers.get("content-length") or 0) > MAX_FORM_BYTES:
-            raise _Refused(413, f"refused: a form may hold at most {MAX_FORM_BYTES} bytes")
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            raise _Refused(413, f"refused: a form may hold at most {MAX_FORM_BYTES} bytes")
+        body = await _body(request, limit)
         pairs = parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True)
         fields = {name: value.replace("\r\n", "\n") for name, value in pairs}  # a text area's lines come as CRLF
         if viewer is not None and not Guard.csrf_ok(viewer, fields.get(CSRF_FIELD)):
@@ -389,47 +418,90 @@ class _Inspector:
 
     # Signing in and out -------------------------------------------------------------------------
     async def login_page(self, request: Request) -> Response:
-        return self.render(request, "login.html", None, 401, problem="")
+        return self.login_form(request, 401, next_page=_local(request.query_params.get("next")))
+
+    def login_form(self, request: Request, status: int, *, problem: str = "", next_page: str = "/") -> Response:
+        """The sign-in page; from another site's link, it offers that page too (a signed-in browser opens it)."""
+        elsewhere = request.method == "GET" and cross_site(
+            request.headers, scheme=request.url.scheme, host=request.headers.get("host", "")
+        )
+        return self.render(
+            request, "login.html", None, status, problem=problem, next_page=next_page, offer_next=elsewhere
+        )
 
     async def login(self, request: Request) -> Response:
-        fields = await self.form(request, None)
-        token = fields.get("token", "").strip()
-        grant = self.guard.credentials.grant(token)
+        fields = await self.form(request, None, MAX_SIGN_IN_BYTES)
+        next_page = _local(fields.get("next"))
+        try:
+            grant = self.guard.check(fields.get("token", "").strip(), request)
+        except Throttled as error:
+            return self.slow_down(request, error, next_page)
         if grant is None:
-            return self.render(request, "login.html", None, 401, problem="That token is not valid.")
-        return self.signed_in(request, grant, "/")
+            return self.login_form(request, 401, problem="That token is not valid.", next_page=next_page)
+        return self.signed_in(request, grant, next_page)
 
     async def logout(self, request: Request) -> Response:
         viewer = self.viewer(request)
         await self.form(request, viewer)
-        self.guard.end(request.cookies, request.url.port)
         answer = RedirectResponse("/login", status_code=303)
-        answer.delete_cookie(self.guard.cookie_name(request.url.port), path="/")
+        self.guard.sign_out(request, answer)
         return answer
 
     # Errors ---------------------------------------------------------------------------------
     async def sign_in(self, request: Request, exc: Exception) -> Response:
         problem = exc.problem if isinstance(exc, _SignIn) else ""
         if _wants_html(request):
-            answer = self.render(request, "login.html", None, 401, problem=problem)
+            answer = self.login_form(request, 401, problem=problem, next_page=_back(request))
         else:
             answer = PlainTextResponse("sign in: send Authorization: Bearer TOKEN", status_code=401)
         answer.headers["www-authenticate"] = "Bearer"
         return answer
 
     async def token_in_address(self, request: Request, exc: Exception) -> Response:
+        """Trade a ``?token=`` for a session, if the person opened the address; then drop it from the address."""
         assert isinstance(exc, _TokenInAddress)
-        grant = self.guard.credentials.grant(exc.token)
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
+        here = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+        if cross_site(request.headers, scheme=request.url.scheme, host=request.headers.get("host", "")):
+            return self.login_form(request, 403, problem=FROM_ELSEWHERE, next_page=_local(here))
+        try:
+            grant = self.guard.check(exc.token, request)
+            current = self.guard.viewer(request)
+        except Throttled as error:
+            return self.slow_down(request, error, _local(here))
         if grant is None:
             return await self.sign_in(request, _SignIn("The token in that address is not valid."))
-        rest = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
-        return self.signed_in(request, grant, request.url.path + (f"?{urlencode(rest)}" if rest else ""))
+        if current is None or current.session is None:
+            return self.signed_in(request, grant, here)
+        if current.grant != grant:  # another token's session is open: it stays, until its holder signs out
+            message = (
+                f"You are signed in as {_who(current.grant)}; this address signs in as {_who(grant)}. "
+                "To switch, sign out first, then open the address again."
+            )
+            return self.render(
+                request, "error.html", current, 409, title="Already signed in", message=message, waiting=0
+            )
+        return RedirectResponse(here, status_code=303)
 
     def signed_in(self, request: Request, grant: Grant, to: str) -> Response:
-        """Go to ``to`` with a new session's cookie set (script-proof, never sent by another site)."""
+        """Go to ``to`` with a new session's cookie set (see :func:`~tether.surfaces.web.guard.cookie_name`)."""
         answer = RedirectResponse(to, status_code=303)
-        cookie = self.guard.session(grant)
-        answer.set_cookie(self.guard.cookie_name(request.url.port), cookie, httponly=True, samesite="strict", path="/")
+        self.guard.sign_in(request, answer, grant)
+        return answer
+
+    async def throttled(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Throttled)
+        return self.slow_down(request, exc, _back(request))
+
+    def slow_down(self, request: Request, exc: Throttled, next_page: str) -> Response:
+        """429: the address sent too many wrong tokens; it may try again after ``Retry-After`` seconds."""
+        seconds = "1 second" if exc.wait == 1 else f"{exc.wait} seconds"
+        message = f"Too many wrong tokens from your address: wait {seconds}, then try again."
+        if _wants_html(request):
+            answer = self.login_form(request, 429, problem=message, next_page=next_page)
+        else:
+            answer = PlainTextResponse(message, status_code=429)
+        answer.headers["retry-after"] = str(exc.wait)
         return answer
 
     async def refused(self, request: Request, exc: Exception) -> Response:
@@ -457,6 +529,9 @@ def create_app(
     max_wait: float = 5.0,
     poll: float = 0.5,
     telemetry: Telemetry | None = None,
+    session_idle: float = sessions.IDLE,
+    session_lifetime: float = sessions.LIFETIME,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The inspector's ASGI app.
 
@@ -477,10 +552,18 @@ def create_app(
         max_wait: seconds the default resume sleeps for a tool retry before parking the run.
         poll: seconds between the live streams' reads of the store.
         telemetry: traces the decisions, forks and drives made here (see :mod:`tether.drivers.otel`).
+        session_idle: seconds a browser's session lasts without a person's request (30 minutes).
+        session_lifetime: seconds a session lasts at most, however busy (8 hours).
+        allowed_hosts: the host names requests may be addressed to (others are refused, against DNS
+            rebinding); None: any, for an app whose server or proxy checks them.
+
+    Raises:
+        ConfigError: a session time that is not positive.
     """
     in_process = InProcess(store, max_wait=max_wait, agent=agent, telemetry=telemetry) if resume is None else None
     decider = Decider(store, resume or in_process or _never, agent=agent, telemetry=telemetry)
-    inspector = _Inspector(store, Guard(credentials), decider, poll=poll)
+    guard = Guard(credentials, sessions=sessions.Sessions(idle=session_idle, lifetime=session_lifetime))
+    inspector = _Inspector(store, guard, decider, poll=poll)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -506,14 +589,16 @@ def create_app(
     handlers: dict[Any, Any] = {
         _SignIn: inspector.sign_in,
         _TokenInAddress: inspector.token_in_address,
+        Throttled: inspector.throttled,
         _Refused: inspector.refused,
         RunNotFound: inspector.not_found,
         404: inspector.not_found,
         TetherError: inspector.failed,
     }
-    return Starlette(
-        routes=routes, exception_handlers=handlers, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan
-    )
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(AllowedHosts, hosts=allowed_hosts))
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware, lifespan=lifespan)
 
 
 _STATUS: dict[type[Exception], int] = {BadForm: 422, InvalidEditedInput: 422, UnknownCall: 404}
@@ -633,8 +718,41 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "") or request.method == "POST"
 
 
-def _events(stream: AsyncIterator[str]) -> Response:
-    return StreamingResponse(stream, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) once past ``limit`` bytes, as declared or as it arrives (chunked)."""
+    refused = _Refused(413, f"refused: this form may hold at most {limit} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise refused
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise refused
+    return bytes(body)
+
+
+def _local(page: str | None) -> str:
+    """``page`` if it is a path of this server, else ``/``: a sign-in never sends anyone to another site."""
+    if not page or not page.startswith("/") or page.startswith(("//", "/\\")):
+        return "/"
+    return page
+
+
+def _back(request: Request) -> str:
+    """Where signing in leads back to: the page asked for, or for a form the page that sent it (``Referer``)."""
+    if request.method == "GET":
+        return _local(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    sender = urlsplit(request.headers.get("referer") or "")
+    if sender.netloc != request.headers.get("host"):
+        return "/"
+    return _local(sender.path + (f"?{sender.query}" if sender.query else ""))
+
+
+def _who(grant: Grant) -> str:
+    if grant.name is not None:
+        return grant.name
+    return f"tenant {grant.tenant}'s token" if grant.tenant is not None else "an operator's token"
 
 
 __all__ = ["create_app"]

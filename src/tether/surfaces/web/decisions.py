@@ -24,15 +24,15 @@ from typing import Any
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny, edited_input, fingerprint
-from tether.core.children import chain_of
 from tether.core.forks import MessageEdit
+from tether.core.links import chain_of
 from tether.core.state import RunState
-from tether.core.status import ENDED, RunStatus, status_name
-from tether.drivers.loader import NOT_FROM_SPEC, NoModel, agent_for, agent_spec, made_in_python, reader_agent
-from tether.drivers.queue import AgentFor, queue_of, requeue
+from tether.drivers.loader import NOT_FROM_SPEC, AgentFor, NoModel, agent_for, agent_spec, made_in_python, reader_agent
+from tether.drivers.queue import queue_of, requeue
 from tether.drivers.runner import Runner, RunResult
 from tether.drivers.telemetry import Telemetry
 from tether.errors import ApprovalError, ConfigError, RunEnded, StaleRun, TetherError
+from tether.facts.status import ENDED, RunStatus, status_name
 from tether.stores import RunRecord, Store
 from tether.surfaces.web import fields
 

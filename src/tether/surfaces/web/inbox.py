@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.core.approvals import PendingApproval
-from tether.core.children import chain_of, link_of
-from tether.core.events import ApprovalRequested, Event, RunStarted
-from tether.core.history import text_of
 from tether.core.lifecycle import prompt_of
+from tether.core.links import chain_of, link_of
 from tether.core.state import RunState
-from tether.core.status import AWAITING
 from tether.errors import RunNotFound
+from tether.facts.events import ApprovalRequested, Event, RunStarted
+from tether.facts.history import text_of
+from tether.facts.status import AWAITING
 from tether.stores import RunQuery, RunRecord, Store
 from tether.views.pending import pending_approvals
 

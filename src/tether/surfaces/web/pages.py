@@ -5,7 +5,7 @@ data for its template: :func:`runs` for the list, :func:`run_page` for one run (
 log folded into a timeline, its messages, its tool calls as :mod:`tether.views.audit` reads
 them), :func:`waiting` for the inbox's count. What a person deciding is shown (the inbox, and a
 run's waiting calls) is :mod:`~tether.surfaces.web.inbox`'s. The same event vocabulary the CLI
-reads (:mod:`tether.core.events`) is the only source.
+reads (:mod:`tether.facts.events`) is the only source.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 from tether.core import forks
-from tether.core.children import link_of, parent_of
-from tether.core.events import (
+from tether.core.links import link_of, parent_of
+from tether.core.state import RunState
+from tether.drivers.runner import result_of, shown_status
+from tether.facts.events import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetExhausted,
@@ -37,11 +39,9 @@ from tether.core.events import (
     Transition,
     Warned,
 )
-from tether.core.history import text_of
-from tether.core.state import RunState
-from tether.core.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
-from tether.drivers.runner import result_of, shown_status
-from tether.models import Usage
+from tether.facts.history import text_of
+from tether.facts.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
+from tether.facts.usage import Usage
 from tether.stores import DUE_KEY, RunQuery, RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals

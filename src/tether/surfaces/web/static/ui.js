@@ -45,10 +45,11 @@
   let pending = false; // a change came that the page does not show yet
   let failed = false; // the page could not be fetched again
   let ended = false; // the stream said the run ended
+  let signedOut = false; // the stream said the session ended
   let ticket = 0; // the latest fetch: an older answer is dropped
 
   function show() {
-    main.dataset.state = failed ? "offline" : pending ? "stale" : ended ? "ended" : "live";
+    main.dataset.state = signedOut ? "signed-out" : failed ? "offline" : pending ? "stale" : ended ? "ended" : "live";
   }
 
   function edited(field) {
@@ -170,6 +171,12 @@
   stream.addEventListener("end", () => {
     stream.close();
     ended = true;
+    show();
+  });
+  stream.addEventListener("signed-out", () => {
+    // The session ended (signed out here or in another tab, or timed out): nothing more comes.
+    stream.close();
+    signedOut = true;
     show();
   });
 })();

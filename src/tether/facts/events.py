@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, dataclass_transfo
 import pydantic
 
 from tether.errors import CorruptData
-from tether.models import Usage
+from tether.facts.usage import Usage
 
 Json: TypeAlias = dict[str, Any]
 """Free JSON: a spec, a tool's input, a message or content block, a final result."""
@@ -555,7 +555,7 @@ class ChildStarted:
 
 @_frozen
 class ChildParked:
-    """The child serving a call waits for a person: the parent waits with it (``awaitingApproval``)."""
+    """The child serving a call waits for a person: the parent waits with it (``awaiting_approval``)."""
 
     kind: ClassVar[Literal["child_parked"]] = "child_parked"
     call_id: str

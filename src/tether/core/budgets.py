@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.agent import Agent
-from tether.core.events import Warned
 from tether.core.state import RunState
-from tether.models import Usage
+from tether.facts.events import Warned
+from tether.facts.usage import Usage
 from tether.policy.policies import Budget, Limits
 
 FINAL_ANSWER_PROMPT = (

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core.history import Message, text_block, text_of
 from tether.errors import ConfigError
+from tether.facts.history import Message, text_block, text_of
 
 DROPPED_RESULT = "[result omitted to save context]"
 """What an old tool result's body becomes under :class:`DropToolResults`."""
