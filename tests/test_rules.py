@@ -19,7 +19,7 @@ import pytest
 from tether import Agent, Approve, AsyncRunner, Deny, Policy, Rule, Runner, RunResult, tool
 from tether.core.approvals import DecideLater
 from tether.errors import ApprovalError, ConfigError, ToolDefinitionError
-from tether.facts.events import Event
+from tether.facts.events import ApprovalRequested, Event
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.rules import decide_call
@@ -438,6 +438,41 @@ def test_require_approval_rule_names_the_rule_in_the_pending_reason(ran: Ran) ->
     r.decide(parked.run_id, "toolu_1", Approve(actor="manager"))
     assert r.drive(parked.run_id).status == "done"
     assert ran.log == [("refund", 500.0)]
+
+
+def test_a_rule_and_an_approval_callable_give_the_person_a_note(ran: Ran, tmp_path: Path) -> None:
+    """The note (Markdown: what to check, whom to ask) travels with the call into its approval_requested."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        textwrap.dedent(
+            """
+            [[rules]]
+            tool = "refund"
+            action = "require_approval"
+            description = "Check the **invoice** in the ledger first."
+            """
+        )
+    )
+    r = runner(REFUND_BIG, Policy.from_file(rules), ran=ran)
+    parked = r.run("Refund I-9.")
+    [asked] = [e.fact for e in r.store.load_events(parked.run_id) if isinstance(e.fact, ApprovalRequested)]
+    assert [call.note for call in asked.calls] == ["Check the **invoice** in the ledger first."]
+    assert asked.to_json()["calls"][0]["note"] == "Check the **invoice** in the ledger first."
+
+    def gate(arguments: Any, context: ApprovalContext) -> ApprovalVerdict:
+        return ApprovalVerdict("require_approval", "big sends", note="Call _the customer_ first.")
+
+    @tool(approval=gate)
+    def send(to: str) -> str:
+        """Send."""
+        return to
+
+    sending = runner([calls(use("toolu_1", "send", {"to": "a"})), answer()], None, tools=[send])
+    waiting = sending.run("Go.")
+    [asked] = [e.fact for e in sending.store.load_events(waiting.run_id) if isinstance(e.fact, ApprovalRequested)]
+    assert [call.note for call in asked.calls] == ["Call _the customer_ first."]
+    with pytest.raises(ConfigError, match="'description' must be a string"):
+        Rule(action="require_approval", description=3)  # type: ignore[arg-type]
 
 
 def test_an_allow_rule_overrides_the_tools_own_approval(ran: Ran) -> None:

@@ -19,7 +19,7 @@ import pytest
 from support import Blocking, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
-from tether.stores import RunLease, RunLog, RunRecord, Snapshot, Store
+from tether.stores import RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 
@@ -373,6 +373,95 @@ def test_list_runs_ties_are_stable(store: Store) -> None:
     for run_id in ("run_b", "run_c", "run_a"):
         store.create_run(record(run_id, created_at=1.0), [])
     assert [r.id for r in store.list_runs()] == ["run_c", "run_b", "run_a"]
+
+
+# A paged query over every run --------------------------------------------------------------------
+def test_query_runs_pages_newest_first_and_counts_them_all(store: Store) -> None:
+    for n in range(7):
+        store.create_run(record(f"run_{n}", created_at=float(n), updated_at=float(10 - n)), [])
+
+    def page(offset: int, limit: int = 3, **query: Any) -> tuple[list[str], int]:
+        found = store.query_runs(RunQuery(**query), limit=limit, offset=offset)
+        return [r.id for r in found.records], found.total
+
+    assert page(0) == (["run_6", "run_5", "run_4"], 7)
+    assert page(3) == (["run_3", "run_2", "run_1"], 7)
+    assert page(6) == (["run_0"], 7)
+    assert page(7) == ([], 7)
+    assert page(0, limit=0) == ([], 7)
+    assert page(0, longest_waiting_first=True) == (["run_6", "run_5", "run_4"], 7)  # updated 4, 5, 6
+    assert store.query_runs(RunQuery(), limit=1).records == [record("run_6", created_at=6.0, updated_at=4.0)]
+    for bad in ({"limit": -1}, {"offset": -1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            store.query_runs(RunQuery(), **bad)
+
+
+def test_query_runs_filters_by_status_tenant_agent_model_and_creation_time(store: Store) -> None:
+    made = [
+        ("run_1", "a", "done", 100.0, {"agent": "Researcher", "model": "claude-sonnet-4-5"}),
+        ("run_2", "b", "done", 200.0, {"agent": "writer", "model": "openai:gpt-5"}),
+        ("run_3", "a", "failed", 300.0, {"model": "claude-haiku-4-5"}),
+        (
+            "run_4",
+            None,
+            "done",
+            400.0,
+            {"agent": "researcher", "model": "claude-sonnet-4-5", "parent": {"run_id": "run_1"}},
+        ),
+    ]
+    for run_id, tenant, status, created, spec in made:
+        store.create_run(record(run_id, tenant=tenant, status=status, created_at=created, spec=spec), [])
+
+    def ids(**query: Any) -> list[str]:
+        found = store.query_runs(RunQuery(**query), limit=10)
+        assert found.total == len(found.records)
+        return [r.id for r in found.records]
+
+    assert ids(status="done") == ["run_4", "run_2", "run_1"]
+    assert ids(tenant="a") == ["run_3", "run_1"]
+    assert ids(agent="research") == ["run_4", "run_1"]  # part of the name, any case
+    assert ids(model="SONNET") == ["run_4", "run_1"]
+    assert ids(model="gpt", tenant="b") == ["run_2"]
+    assert ids(created_from=200.0, created_before=400.0) == ["run_3", "run_2"]
+    assert ids(roots_only=True) == ["run_3", "run_2", "run_1"]
+    assert ids(agent="100%_") == []  # LIKE's wildcards are only characters here
+
+
+def test_query_runs_tells_runs_waiting_for_a_retry(store: Store) -> None:
+    store.create_run(record("retrying", status="executing_tool", summary={"next_due_at": 5.0}, created_at=2.0), [])
+    store.create_run(record("running", status="executing_tool", summary={}, created_at=1.0), [])
+    query = RunQuery(status="executing_tool", waiting_retry=True)
+    assert [r.id for r in store.query_runs(query).records] == ["retrying"]
+    query = RunQuery(status="executing_tool", waiting_retry=False)
+    assert [r.id for r in store.query_runs(query).records] == ["running"]
+
+
+def test_query_runs_searches_ids_prompts_tools_pending_calls_errors_and_answers(store: Store) -> None:
+    def made(run_id: str, created: float, *, spec: Any = None, summary: Any = None, log: Any = ()) -> None:
+        row = record(run_id, created_at=created, spec=spec or {}, summary=summary or {})
+        store.create_run(row, list(log))
+
+    opening = Event(0, 1.0, RunStarted({}, [{"role": "user", "content": 'Refund "INV-7" for Ana'}]))
+    made("run_prompt", 1.0, spec={"prompt": "Summarise the Q3 report"})
+    made("run_before_prompts_were_kept", 2.0, log=[opening])  # its prompt is in its first event only
+    made("run_tool", 3.0, log=[Event(0, 1.0, ToolStarted("toolu_1", "search_web", 1))])
+    made("run_pending", 4.0, summary={"pending_approvals": [{"tool": "wire_money", "input": {"to": "Bob"}}]})
+    made("run_error", 5.0, summary={"error": "TimeoutError: the 100%_ done"})
+    made("run_answer", 6.0, summary={"output": "The answer is forty-two."})
+
+    def ids(text: str) -> list[str]:
+        return [r.id for r in store.query_runs(RunQuery(text=text), limit=10).records]
+
+    assert ids("q3 REPORT") == ["run_prompt"]
+    assert ids('"inv-7" for') == ["run_before_prompts_were_kept"]  # a quote, as JSON spells it
+    assert ids("search_web") == ["run_tool"]
+    assert ids("wire_money") == ["run_pending"]
+    assert ids("bob") == ["run_pending"]  # the pending call's input too
+    assert ids("100%_") == ["run_error"]
+    assert ids("forty-two") == ["run_answer"]
+    assert ids("run_t") == ["run_tool"]
+    assert ids("role") == ["run_before_prompts_were_kept"]  # an older run's messages are searched as JSON, keys too
+    assert ids("nothing like it") == []
 
 
 def test_list_due_finds_runs_whose_retry_is_due_earliest_first(store: Store) -> None:

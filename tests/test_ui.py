@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,17 @@ from tether.stores import RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
-from tether.surfaces.web.decisions import InProcess
+from tether.surfaces.web.decisions import TWO_EDITS, UNCONFIRMED_EDIT, InProcess
 from tether.surfaces.web.listen import check_bind, is_loopback
 from tether.testing import ScriptedModel
-from ui_runs import SHOWN_FINGERPRINT, Project
+from ui_runs import SHOWN_FINGERPRINT, Project, two_calls
 
 OPERATOR = "operator-token-0123456789"
 ACME = "acme-token-0123456789"
 CREDENTIALS = Credentials({OPERATOR: None, ACME: "acme"})
 HTML = {"Accept": "text/html"}
+YES = {"confirmed": "1"}
+"""What a form whose effect is hard to take back carries once the person said yes to the page's question."""
 TEMPLATES = Path(__file__).resolve().parent.parent / "src" / "tether" / "surfaces" / "web" / "templates"
 
 
@@ -203,6 +206,40 @@ def test_the_runs_list_filters_by_status_tenant_and_search(app: Any, store: SQLS
     assert listed("q=refund") == {parked.run_id, other.run_id}  # the pending call's tool too
     assert listed("q=nothing+like+this") == set()
     assert listed("status=no_such_status") == {parked.run_id, other.run_id}  # an unknown status filters nothing
+    said = browser.get("/?status=no_such_status&since=yesterday").text
+    assert "status &#39;no_such_status&#39; is not one of" in said  # and says so
+    assert "the date from &#39;yesterday&#39; is not a date (YYYY-MM-DD)" in said
+
+
+def test_the_runs_list_pages_over_every_run_with_its_filters(app: Any, store: SQLStore) -> None:
+    day = 1_800_000_000.0  # 2027-01-15, in any zone
+    for n in range(120):
+        spec = {"agent": "researcher" if n % 2 else "writer", "model": "claude-sonnet-4-5", "prompt": f"Task {n}"}
+        created = day + n * 3600.0
+        store.create_run(RunRecord(id=f"run_{n:03d}", status="done", version=1, spec=spec, created_at=created), [])
+    browser = client(app)
+
+    def listed(query: str) -> tuple[list[str], str]:
+        page = browser.get(f"/?{query}").text
+        count = re.search(r'data-testid="count">(.*?)</p>', page, re.S)
+        assert count is not None
+        return re.findall(r'data-run="([^"]+)"', page), " ".join(html.unescape(count.group(1)).split())
+
+    first, count = listed("")
+    assert (first[0], first[-1], len(first)) == ("run_119", "run_070", pages.PER_PAGE)
+    assert count.startswith("1\N{EN DASH}50 of 120 runs")
+    third, count = listed("page=3")
+    assert (third[0], third[-1]) == ("run_019", "run_000")
+    assert count.startswith("101\N{EN DASH}120 of 120 runs")
+    agents, count = listed("agent=RESEARCH&q=task+1")  # part of the agent's name; the prompt
+    assert set(agents) == {f"run_{n:03d}" for n in range(120) if n % 2 and f"Task {n}".startswith("Task 1")}
+    assert "matching these filters" in count
+    some_day = time.strftime("%Y-%m-%d", time.localtime(day + 50 * 3600.0))
+    that_day, _ = listed(f"since={some_day}&until={some_day}")
+    assert that_day
+    assert all(time.strftime("%Y-%m-%d", time.localtime(day + int(run[4:]) * 3600.0)) == some_day for run in that_day)
+    page = browser.get("/?agent=writer&page=2").text
+    assert 'href="/?agent=writer" rel="prev"' in page  # the pager keeps the filters
 
 
 def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLStore) -> None:
@@ -215,7 +252,7 @@ def test_the_runs_list_tells_executing_from_waiting_before_its_limit(store: SQLS
         )
 
     def listed(status: str) -> list[str]:
-        return [row.id for row in pages.runs(store, None, pages.RunsFilter(status=status), limit=2)]
+        return [row.id for row in pages.runs(store, None, pages.RunsFilter(status=status), per_page=2).rows]
 
     assert listed("executing_tool") == ["run_executing"]
     assert listed("waiting_retry") == ["run_w2", "run_w1"]
@@ -389,6 +426,107 @@ def test_an_edit_within_the_rules_runs_with_the_edited_input(app: Any, store: SQ
     assert results["toolu_refund"].endswith("edited the input before running the tool.)\nrefunded 15.0 on INV-7")
     page = browser.get(f"/runs/{run.run_id}").text
     assert "Input as edited by a person" in page
+
+
+def test_approve_with_an_edited_input_in_the_form_is_refused_not_run_as_shown(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """The page's "Approve" sends the input field too: if it no longer holds what was shown, nothing is decided."""
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    for typed in ('{"invoice": "INV-7", "amount": 5}', "{not json"):
+        refused = decide(browser, run.run_id, inbox, action="approve", input=typed)
+        assert refused.status_code == 422
+        [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
+        assert html.unescape(error) == UNCONFIRMED_EDIT
+        assert f">{_escaped(typed)}</textarea>" in refused.text
+    assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+
+    same = '{\n  "amount": 20,\n  "invoice": "INV-7"\n}'  # what was shown, laid out otherwise
+    assert decide(browser, run.run_id, inbox, action="approve", input=same).status_code == 303
+    [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert (approval.approved, approval.input) == (True, None)
+
+
+def test_an_edit_in_the_fields_and_another_in_the_raw_json_is_refused(
+    app: Any, store: SQLStore, project: Project
+) -> None:
+    """Without the page's script both ways of editing are sent: they must say one input."""
+    run = project.park(store)
+    browser = client(app)
+    inbox = browser.get("/inbox").text
+    fields = {"f.invoice": "INV-7", "t.invoice": "string", "f.amount": "5", "t.amount": "number"}
+    refused = decide(browser, run.run_id, inbox, action="edit", input='{"invoice": "INV-7", "amount": 6}', **fields)
+    assert refused.status_code == 422
+    assert TWO_EDITS in html.unescape(refused.text)
+    unreadable = decide(browser, run.run_id, inbox, action="edit", **{**fields, "f.amount": "lots"})
+    assert unreadable.status_code == 422
+    [beside] = re.findall(r'data-testid="field-error">([^<]*)<', unreadable.text)
+    assert html.unescape(beside) == "'lots' is not a number"
+    assert not [e for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+
+    agreed = decide(browser, run.run_id, inbox, action="edit", input='{"amount": 5, "invoice": "INV-7"}', **fields)
+    assert agreed.status_code == 303
+    [approval] = [e.fact for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert approval.input == {"invoice": "INV-7", "amount": 5}
+
+
+def test_deciding_a_turn_at_once_stops_at_a_refusal_and_says_what_was_decided(store: SQLStore, tmp_path: Path) -> None:
+    app = create_app(store, CREDENTIALS, resume=InProcess(store, max_wait=0).drive)
+    run = Project.make(tmp_path / "pair", turns=two_calls()).park(store)
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert 'data-testid="decide-all"' in page
+    form = {
+        "csrf": csrf_of(page),
+        "run_id": run.run_id,
+        "next": f"/runs/{run.run_id}",
+        "all.toolu_refund": SHOWN_FINGERPRINT,
+        "all.toolu_ship": "0123456789abcdef",  # not what was shown
+        "action": "approve-all",
+    }
+    refused = browser.post("/decide", data=form)
+    assert refused.status_code == 409
+    [error] = re.findall(r'data-testid="decision-error">([^<]*)<', refused.text)
+    assert html.unescape(error).startswith("toolu_refund decided; ")
+    assert "fingerprint" in error
+    decided = [e.fact.call_id for e in store.load_events(run.run_id) if isinstance(e.fact, ApprovalDecided)]
+    assert decided == ["toolu_refund"]  # each decision is its own: the first stays
+    assert browser.post("/decide", data={**form, "action": "maybe"}).status_code == 422
+
+
+def test_cancel_and_fork_need_a_yes_and_say_what_they_will_do(app: Any, store: SQLStore, project: Project) -> None:
+    run = project.park(store, tenant="acme")
+    browser = client(app)
+    page = browser.get(f"/runs/{run.run_id}").text
+    assert 'data-testid="control-cancel"' in page
+    assert 'data-testid="control-resume"' not in page  # it waits for a person: nothing to drive on
+    form = {"csrf": csrf_of(page), "run_id": run.run_id, "action": "cancel", "reason": "withdrawn"}
+    asked = browser.post("/control", data=form)
+    assert asked.status_code == 200
+    assert f"Cancel run {run.run_id}?" in asked.text
+    assert 'name="confirmed" value="1"' in asked.text
+    assert 'name="reason" value="withdrawn"' in asked.text  # the yes sends the same form again
+    assert store.load_run(run.run_id).status == "awaiting_approval"
+
+    other = client(app, ACME)
+    mine = {**form, "csrf": csrf_of(other.get(f"/runs/{run.run_id}").text), **YES}
+    assert client(app, ACME).post("/control", data={**mine, "run_id": "run_nope"}).status_code == 403  # csrf
+    done = other.post("/control", data=mine)
+    assert done.status_code == 303
+    assert store.load_run(run.run_id).status == "cancelled"
+    assert "withdrawn" in str(store.load_run(run.run_id).summary["error"])
+    again = other.post("/control", data=mine)
+    assert again.status_code == 409
+    assert "control-error" in again.text
+    assert other.post("/control", data={**mine, "action": "explode"}).status_code == 422
+
+    fork = {"csrf": csrf_of(page), "run_id": run.run_id, "at": "1"}
+    asked = browser.post("/fork", data=fork)
+    assert asked.status_code == 200
+    assert "tools that need no approval run right away" in html.unescape(asked.text)
+    assert len(store.list_runs()) == 1  # no fork was made
 
 
 @ON_BOTH
@@ -675,7 +813,7 @@ def test_the_timeline_says_each_kind_of_fact_with_its_measures() -> None:
 # Forks ------------------------------------------------------------------------------------------
 def fork(browser: TestClient, run_id: str, page: str, at: str) -> Any:
     """Post a timeline row's fork form as the page rendered it."""
-    return browser.post("/fork", data={"csrf": csrf_of(page), "run_id": run_id, "at": at})
+    return browser.post("/fork", data={"csrf": csrf_of(page), "run_id": run_id, "at": at, "confirmed": "1"})
 
 
 def test_every_step_of_the_timeline_offers_a_fork_that_is_driven_on(
@@ -710,18 +848,18 @@ def test_a_fork_may_edit_the_last_messages_text(app: Any, store: SQLStore, proje
     assert 'data-testid="fork-text-1"' in page
     token = csrf_of(page)
 
-    made = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "Refund INV-9."})
+    made = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "Refund INV-9.", **YES})
 
     assert made.status_code == 303
     started = store.load_events(made.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
     assert isinstance(started, RunStarted)
     assert started.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-9."}]}]
-    blank = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "  "})
+    blank = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "1", "text": "  ", **YES})
     assert blank.status_code == 303  # a blank text edits nothing
     kept = store.load_events(blank.headers["location"].removeprefix("/runs/"), tenant="acme")[0].fact
     assert isinstance(kept, RunStarted)
     assert kept.messages == [{"role": "user", "content": [{"type": "text", "text": "Refund INV-7."}]}]
-    mid_turn = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "2", "text": "hi"})
+    mid_turn = browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": "2", "text": "hi", **YES})
     assert mid_turn.status_code == 422  # refused, edited or not
 
 
@@ -743,7 +881,7 @@ def test_a_fork_after_tool_results_edits_the_prompt_by_default_or_by_its_number(
     token, at = csrf_of(page), str(after_results)
 
     def post(**fields: str) -> Any:
-        return browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": at, **fields})
+        return browser.post("/fork", data={"csrf": token, "run_id": run.run_id, "at": at, **fields, **YES})
 
     made = post(message="0", text="Refund INV-9.")
 

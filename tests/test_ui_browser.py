@@ -13,6 +13,7 @@ profiles and that directory are conftest.py's fixtures.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Serv
     page.click(f"a[href='/runs/{served.parked}']")
     expect(page.get_by_test_id("run-status")).to_have_text("awaiting_approval")
     expect(page.locator("main")).to_have_attribute("data-state", "live")  # listening to the run's stream
+    page.get_by_text("Path through the machine").click()  # folded at first: it is long
     expect(page.get_by_test_id("diagram")).to_be_visible()
     page.evaluate("window.__loaded_once = true")  # gone if the page reloads
     page.screenshot(path=shots / "ui-run.png", full_page=True)
@@ -94,7 +96,7 @@ def test_a_person_opens_a_parked_run_approves_it_and_watches_it_end(served: Serv
     cards = inbox.locator("article.pending")
     expect(cards).to_have_count(2)  # every tenant's: the printed token is an operator's
     inbox.screenshot(path=shots / "ui-inbox.png", full_page=True)
-    card = cards.filter(has=inbox.locator(f"a[href='/runs/{served.parked}']"))
+    card = inbox.locator(f"section.turn[data-run='{served.parked}'] article.pending")
     card.get_by_label("Decided by").fill("alice")
     card.get_by_role("button", name="Approve", exact=True).click()
     expect(inbox.get_by_role("status")).to_contain_text("Decision recorded for toolu_refund")
@@ -138,6 +140,16 @@ def test_without_the_token_the_browser_gets_the_sign_in_page(served: Served, con
     expect(page.get_by_role("heading", name="Inbox")).to_be_visible()  # the page it asked for
 
 
+def show_moves(page: Any) -> None:
+    """Show the timeline's moves between states (hidden at first): the rows the fork tests start from."""
+    page.get_by_test_id("timeline-filter").get_by_label("moves between states").check()
+
+
+def fork_it(page: Any) -> None:
+    """Say yes to the page's question before a fork (it runs tools at once)."""
+    page.get_by_role("dialog").get_by_role("button", name="Fork and run it").click()
+
+
 def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served, context: Any) -> None:
     from playwright.sync_api import expect
 
@@ -145,7 +157,9 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.goto(served.address)
     page.goto(f"{served.base}runs/{served.done}")
     expect(page.get_by_test_id("run-status")).to_have_text("done")
+    show_moves(page)
     page.get_by_test_id("fork-1").click()  # the prompt: the model is asked again from there
+    fork_it(page)
 
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
     assert served.done not in page.url
@@ -153,13 +167,16 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_role("link", name=served.done).click()
     expect(page.get_by_test_id("run-status")).to_have_text("done")  # the original is as it was
 
+    show_moves(page)
     page.get_by_test_id("fork-edit-1").click()  # the prompt again, its text edited
     page.get_by_test_id("fork-text-1").fill("Refund INV-9 instead.")
     page.get_by_test_id("fork-edited-1").click()
+    fork_it(page)
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #1")
     expect(page.locator("body")).to_contain_text("Refund INV-9 instead.")
 
     page.get_by_role("link", name=served.done).click()  # the last fork point follows the tool results:
+    show_moves(page)
     edit = page.locator('summary[data-testid^="fork-edit-"]').last  # its last message has no text,
     at = (edit.get_attribute("data-testid") or "").removeprefix("fork-edit-")
     assert int(at) > 1
@@ -167,6 +184,7 @@ def test_a_person_forks_a_run_from_a_step_and_watches_the_fork_go(served: Served
     page.get_by_test_id(f"fork-message-{at}").fill("0")  # so the prompt, message 0, is the one edited
     page.get_by_test_id(f"fork-text-{at}").fill("Refund INV-11 instead.")
     page.get_by_test_id(f"fork-edited-{at}").click()
+    fork_it(page)
     expect(page.get_by_test_id("forked-from")).to_contain_text(f"forked from {served.done} at #")
     expect(page.locator("body")).to_contain_text("Refund INV-11 instead.")
 
@@ -236,7 +254,7 @@ def lively(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lively]:
 
 
 def card_of(page: Any, run_id: str) -> Any:
-    return page.locator("article.pending").filter(has=page.locator(f"a[href='/runs/{run_id}']"))
+    return page.locator(f"section.turn[data-run='{run_id}'] article.pending")
 
 
 def live_inbox(lively: Lively, context: Any) -> tuple[Any, Any]:
@@ -259,6 +277,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     card.get_by_label("Decided by").fill("alice")
     card.get_by_label("Reason").fill("five is enough")
     card.get_by_text("Edit the input").click()
+    card.get_by_text("Raw JSON").click()
     card.locator("textarea[name=input]").fill(EDITED)
     page.locator("h1").click()  # nothing has the focus now: the edits alone hold the page
     assert page.evaluate("document.activeElement === document.body")
@@ -276,7 +295,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     page.goto(f"{lively.base}runs/{lively.edited}")
     call = page.locator("#call-toolu_refund")
     expect(call).to_contain_text("Input as edited by a person")
-    expect(call.locator("pre.json").last).to_contain_text('"amount": 5')  # the edit, not the 20 asked for
+    expect(call.get_by_test_id("edited-input")).to_contain_text(re.compile(r"amount\s*5\b"))  # not the 20 asked for
     expect(call).to_contain_text("approved by alice")
 
 
@@ -310,6 +329,7 @@ def test_a_live_refresh_reopens_only_the_panels_that_were_open(lively: Lively, c
     page = context.new_page()
     page.goto(f"{lively.base}runs/{lively.panels}")
     expect(page.locator("main")).to_have_attribute("data-state", "live")
+    show_moves(page)
     page.get_by_test_id("fork-edit-1").click()
     assert page.locator("main details[open]").count() == 1
 
@@ -330,6 +350,7 @@ def test_after_a_refused_decision_the_page_keeps_following_its_run(lively: Livel
     page.goto(lively.address)
     page.goto(f"{lively.base}runs/{lively.refused}")
     page.get_by_text("Edit the input").click()
+    page.get_by_text("Raw JSON").click()
     page.locator("textarea[name=input]").fill('{"amount": 20}')  # no invoice: the schema refuses it
     page.get_by_role("button", name="Approve the edited input").click()
     expect(page.get_by_test_id("decision-error")).to_be_visible()

@@ -111,7 +111,7 @@ def test_an_approver_signs_in_over_tls_and_decides_under_the_tokens_name(
     assert ALICE not in cookie["value"]
 
     run = secured.parked[0]
-    card = page.locator("article.pending").filter(has=page.locator(f"a[href='/runs/{run}']"))
+    card = page.locator(f"section.turn[data-run='{run}'] article.pending")
     expect(card.get_by_test_id("deciding-as")).to_have_text("Deciding as alice")
     expect(card.get_by_label("Decided by")).to_have_count(0)
     page.screenshot(path=shots / "ui-inbox-named.png", full_page=True)

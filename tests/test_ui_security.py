@@ -324,12 +324,16 @@ def test_a_viewer_sees_the_waiting_call_but_cannot_decide_or_fork(
     assert "Your token is a viewer's: it shows this call and decides nothing." in html.unescape(inbox)
     assert 'action="/decide"' not in inbox
     assert who(bob) == "bob · every tenant · viewer"
-    assert 'action="/fork"' not in bob.get(f"/runs/{run.run_id}").text
+    page = bob.get(f"/runs/{run.run_id}").text
+    assert 'action="/fork"' not in page
+    assert 'action="/control"' not in page  # no cancel, resume or retry either
     form = {"csrf": csrf_of(inbox), "run_id": run.run_id, "call_id": "toolu_refund", "action": "approve"}
     refused = bob.post("/decide", data={**form, "fingerprint": SHOWN_FINGERPRINT}, headers=HTML)
     assert refused.status_code == 403
     assert "bob's token is a viewer's: it shows runs but decides and forks nothing" in html.unescape(refused.text)
     assert bob.post("/fork", data={"csrf": form["csrf"], "run_id": run.run_id, "at": "1"}).status_code == 403
+    cancel = {"csrf": form["csrf"], "run_id": run.run_id, "action": "cancel", "confirmed": "1"}
+    assert bob.post("/control", data=cancel).status_code == 403
     script = TestClient(app_of(store, named), headers={"Authorization": f"Bearer {BOB}"}, follow_redirects=False)
     assert script.post("/decide", data={**form, "fingerprint": SHOWN_FINGERPRINT}).status_code == 403
     assert store.load_run(run.run_id).status == "awaiting_approval"

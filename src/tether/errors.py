@@ -37,6 +37,7 @@ Signals are not errors: a denial is data, and a tool that wants a retry raises
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 
 class TetherError(Exception):
@@ -332,10 +333,22 @@ class DeniedByPolicy(ApprovalError):
 class InvalidEditedInput(ApprovalError):
     """The edited input does not validate against the tool's input schema."""
 
-    def __init__(self, *, run_id: str, call_id: str, tool: str, problems: str, details: str) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        call_id: str,
+        tool: str,
+        problems: str,
+        details: str,
+        by_field: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(f"edited input is invalid for tool {tool!r}: {problems}", run_id=run_id, call_id=call_id)
         self.tool = tool
         self.problems = problems
         """What is wrong, in plain words: ``recursive: Input should be a valid boolean``."""
         self.details = details
         """The validator's own report (pydantic's, with its documentation links): the message says ``problems``."""
+        self.by_field = dict(by_field or {})
+        """The same problems by top-level field of the input (``""``: the input as a whole), for a form
+        that shows each beside its field."""

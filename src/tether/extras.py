@@ -24,7 +24,7 @@ MODULES: Mapping[str, tuple[str, ...]] = {
     "async": ("greenlet", "psycopg"),
     "service": ("starlette", "uvicorn", "greenlet", "psycopg"),
     "openai": ("openai",),
-    "ui": ("starlette", "uvicorn", "jinja2"),
+    "ui": ("starlette", "uvicorn", "jinja2", "markdown_it"),
     "mcp": ("mcp", "jsonschema"),
     "openapi": ("httpx", "jsonschema"),
     "otel": ("opentelemetry.trace", "opentelemetry.sdk"),

@@ -64,7 +64,16 @@ from tether.policy.compaction import SummaryPlan
 from tether.policy.policies import ApprovalContext, ApprovalVerdict
 from tether.policy.pricing import price_for
 from tether.policy.rules import decide_call, denial
-from tether.tools import ModelRetry, OutcomeUnknown, Tool, ToolExit, ToolTimeout, UnserializableResult, plain_errors
+from tether.tools import (
+    ModelRetry,
+    OutcomeUnknown,
+    Tool,
+    ToolExit,
+    ToolTimeout,
+    UnserializableResult,
+    field_problems,
+    plain_errors,
+)
 from tether.tools import output as results
 
 DONE_STOP_REASONS = frozenset({"end_turn", "stop_sequence"})
@@ -434,7 +443,8 @@ def _gate(
         return Step(reported.trigger, [*warnings, *reported.records])
     if verdict.verdict == "allow":
         return warnings, allowed
-    return _approval_step(state, agent, call, verdict.reason, warnings)  # only "allow" ever runs unasked
+    # only "allow" ever runs unasked
+    return _approval_step(state, agent, call, verdict.reason, warnings, note=verdict.note)
 
 
 def _denied_by_policy(call: PendingCall, reason: str, warnings: list[Warned]) -> Step:
@@ -476,10 +486,12 @@ def _verdict(
     return verdict, warnings, allowed
 
 
-def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Warned]) -> Step:
+def _approval_step(
+    state: RunState, agent: Agent, first: PendingCall, reason: str, warnings: list[Warned], *, note: str = ""
+) -> Step:
     """Park with every still-undecided gated call of the batch, to be decided together."""
     records: list[Fact] = list(warnings)
-    shown = [_shown(first, state.input_to_run(first), reason)]
+    shown = [_shown(first, state.input_to_run(first), reason, note=note)]
     for call in state.batch:
         if call.call_id in state.outcomes or call.call_id in state.decisions or call is first:
             continue
@@ -492,14 +504,16 @@ def _approval_step(state: RunState, agent: Agent, first: PendingCall, reason: st
             continue
         verdict, more, _ = _verdict(state, agent, call, tool, arguments)
         if verdict.verdict == "require_approval":
-            shown.append(_shown(call, state.input_to_run(call), verdict.reason))
+            shown.append(_shown(call, state.input_to_run(call), verdict.reason, note=verdict.note))
             records.extend(more)  # decided now, so never gated (nor warned about) again
     return Step("approval_needed", [*records, ApprovalRequested(shown)])
 
 
-def _shown(call: PendingCall, to_run: Any, reason: str, last_error: str | None = None) -> RequestedCall:
+def _shown(
+    call: PendingCall, to_run: Any, reason: str, last_error: str | None = None, *, note: str = ""
+) -> RequestedCall:
     """A call as a person is asked about it: what would run, bound to its fingerprint."""
-    return RequestedCall(call.call_id, call.tool, to_run, reason, fingerprint(to_run), last_error)
+    return RequestedCall(call.call_id, call.tool, to_run, reason, fingerprint(to_run), last_error, note)
 
 
 def interrupted_message(why: str) -> str:
@@ -847,7 +861,12 @@ def check_edit(agent: Agent, request: PendingApproval, edited: dict[str, Any]) -
     except pydantic.ValidationError as error:
         problems, details = plain_errors(error), str(error)
         raise InvalidEditedInput(
-            run_id=request.run_id, call_id=request.call_id, tool=tool.name, problems=problems, details=details
+            run_id=request.run_id,
+            call_id=request.call_id,
+            tool=tool.name,
+            problems=problems,
+            details=details,
+            by_field=field_problems(error),
         ) from error
     context = ApprovalContext(
         run_id=request.run_id, tool=tool.name, call_id=request.call_id, tenant=request.tenant, agent=agent.name

@@ -20,7 +20,7 @@ from tether.core.links import pending_below
 from tether.core.machine import MACHINE_VERSION
 from tether.core.state import RunState
 from tether.errors import RunEnded, RunNotFound, StaleRun
-from tether.facts.history import append_user_text, close_unanswered
+from tether.facts.history import append_user_text, close_unanswered, text_of
 from tether.facts.status import ENDED, RunStatus, status_name
 from tether.stores import PARENT_KEY, SCHEMA_VERSION, RunLog
 
@@ -29,6 +29,10 @@ def read(run_id: str, tenant: str | None) -> Flowing[RunState]:
     """The run rebuilt from its events, read with its version in one consistent read (no agent needed)."""
     log: RunLog = yield LoadLog(run_id, tenant)
     return snapshots.rebuild(run_id, log)
+
+
+PROMPT_KEPT = 2000
+"""Characters of a run's prompt its spec keeps (``spec["prompt"]``; the whole text is in its first event)."""
 
 
 def create(
@@ -61,8 +65,11 @@ def create(
         "machine_version": MACHINE_VERSION,
         "schema_version": SCHEMA_VERSION,
         "tool_schemas": agent.tool_schemas(),
+        "tool_descriptions": {tool.name: tool.description for tool in agent.all_tools},  # for people deciding
         "tool_settings": {tool.name: tool.settings() for tool in agent.all_tools},
     }
+    if agent.system is not None:  # the spec of an agent made in Python names none; the inspector shows it
+        spec.setdefault("system", agent.system)
     if agent.name is not None:  # who the run's agent is, for people (the audit names each call's)
         spec["agent"] = agent.name
     if parent is not None:
@@ -87,11 +94,22 @@ def _start(
     flow: Flow, spec: dict[str, Any], messages: list[dict[str, Any]], tenant: str | None, run_id: str | None
 ) -> Flowing[RunState]:
     """Persist a new run with this spec and opening history, in thinking: driving it asks the model."""
+    prompt = prompt_of(messages)
+    if prompt is not None:  # what it was asked, on its row: listed and searched without reading the log
+        spec = {**spec, "prompt": prompt[:PROMPT_KEPT]}
     state = RunState(id=run_id or f"run_{uuid.uuid4().hex[:20]}", tenant=tenant)
     produced = engine.start_events(state, spec=spec, messages=messages, now=flow.clock())
     yield CreateRun(state, produced)
     yield Notify(state, produced)
     return state
+
+
+def prompt_of(messages: list[dict[str, Any]]) -> str | None:
+    """The prompt a run's opening history asks the model to answer: its last user text; None if it has none."""
+    for message in reversed(messages):
+        if message.get("role") == "user" and (text := text_of(message)):
+            return text
+    return None
 
 
 def fork(

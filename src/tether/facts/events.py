@@ -63,6 +63,8 @@ class RequestedCall:
     """Hash of ``input`` (``tether.core.engine.fingerprint``): a decision binds to what was shown."""
     last_error: str | None = None
     """The error of the last failed attempt, when a retry policy escalated the call."""
+    note: str = ""
+    """Markdown the rule (or the tool's approval callable) that asked gives the person (see ``Rule.description``)."""
 
     def to_json(self) -> Json:
         """The stored form."""
@@ -75,6 +77,8 @@ class RequestedCall:
         }
         if self.last_error is not None:
             data["last_error"] = self.last_error
+        if self.note:
+            data["note"] = self.note
         return data
 
 

@@ -122,6 +122,8 @@ class ApprovalVerdict:
     """allow: run it; require_approval: park for a person; deny: answer with an error."""
     reason: str = ""
     """Why (shown to the person, or to the model on a denial)."""
+    note: str = ""
+    """Markdown a person deciding the call is shown beside the reason (what to check, whom to ask)."""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICT_VALUES:
@@ -130,6 +132,8 @@ class ApprovalVerdict:
             )
         if not isinstance(self.reason, str):
             raise ConfigError(f"ApprovalVerdict.reason must be a string, not {self.reason!r}")
+        if not isinstance(self.note, str):
+            raise ConfigError(f"ApprovalVerdict.note must be a string, not {self.note!r}")
 
 
 ALLOW = ApprovalVerdict("allow")

@@ -74,7 +74,7 @@ DEFAULT_MESSAGES: Final[Mapping[str, str]] = {
     "warn": "flagged",
 }
 VERDICTS: Final[Mapping[str, Verdict]] = {"allow": "allow", "require_approval": "require_approval", "deny": "deny"}
-RULE_KEYS: Final = ("name", "tool", "tags", "tags_all", "when", "action", "message")
+RULE_KEYS: Final = ("name", "tool", "tags", "tags_all", "when", "action", "message", "description")
 """Keys a rule in a file may have (a typo is an error, not a rule that never matches)."""
 YAML_SUFFIXES: Final = (".yaml", ".yml")
 POLICY_LOG = logging.getLogger("tether.policy")
@@ -205,6 +205,8 @@ class Rule:
     """Shown to the person (require_approval), the model (deny) or the log (warn)."""
     name: str | None = None
     """Names the rule in reasons and errors: ``rule 2 (deny-large-refunds)``."""
+    description: str = ""
+    """Markdown shown to the person deciding a call this rule sends to them (what to check, whom to ask)."""
     _globs: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     _checks: tuple[_Check, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -221,6 +223,8 @@ class Rule:
             raise ConfigError(f"'when' must be a callable or a table of field predicates, not {self.when!r}")
         if not isinstance(self.message, str):
             raise ConfigError(f"'message' must be a string, not {self.message!r}")
+        if not isinstance(self.description, str):
+            raise ConfigError(f"'description' must be a string, not {self.description!r}")
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise ConfigError(f"'name' must be a non-empty string, not {self.name!r}")
 
@@ -390,7 +394,8 @@ def decide_call(
     match, warnings = (None, ()) if policy is None else policy.evaluate(tool, arguments.model_dump(mode="json"))
     if match is None:
         return CallDecision(decide_approval(tool.approval, arguments, context), None, warnings)
-    return CallDecision(ApprovalVerdict(VERDICTS[match.rule.action], match.reason), match, warnings)
+    verdict = ApprovalVerdict(VERDICTS[match.rule.action], match.reason, note=match.rule.description)
+    return CallDecision(verdict, match, warnings)
 
 
 def denial(

@@ -88,6 +88,41 @@ class RunLease:
     """Unix time this holder took the lease (renewals keep it)."""
 
 
+@dataclass(frozen=True)
+class RunQuery:
+    """Which runs a paged listing finds (see :meth:`Store.query_runs`): every filter left out matches every run."""
+
+    status: str | None = None
+    """The stored status (``awaitingApproval``...)."""
+    waiting_retry: bool | None = None
+    """True: only runs parked for a tool retry; False: none of those; None: both (as :meth:`Store.list_runs`)."""
+    tenant: str | None = None
+    agent: str | None = None
+    """Part of the name of the run's agent (``spec["agent"]``), any case."""
+    model: str | None = None
+    """Part of the run's model (``spec["model"]``), any case."""
+    created_from: float | None = None
+    """Created at or after this Unix time."""
+    created_before: float | None = None
+    """Created before this Unix time."""
+    text: str = ""
+    """Part of, in any case (ASCII letters only, on SQLite): the run's id, its prompt, a tool it started or
+    waits on (with that call's input), its error or its answer. (A run written before its row kept its
+    prompt has its opening messages searched as JSON instead, keys included.)"""
+    roots_only: bool = False
+    """Leave out child runs (their spec has a ``parent``: see :mod:`tether.core.children`)."""
+    longest_waiting_first: bool = False
+    """Order by the time each run last changed, oldest first (an inbox), instead of newest created first."""
+
+
+@dataclass(frozen=True)
+class RunsFound:
+    """One page of the runs a :class:`RunQuery` finds, and how many it finds in all."""
+
+    records: list[RunRecord]
+    total: int
+
+
 class Store(Protocol):
     """Persistence for runs and their events."""
 
@@ -154,6 +189,17 @@ class Store(Protocol):
         ``waiting_retry``: True keeps only runs parked for a tool retry (their summary has a
         ``next_due_at``), False leaves them out, None keeps both. Filtered before ``limit``, so
         asking for the runs shown ``executing_tool`` or ``waiting_retry`` misses none.
+        """
+        ...
+
+    def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """The runs ``query`` finds, newest first (or longest waiting first): ``limit`` of them from ``offset``.
+
+        With the number found in all, read in the same transaction, so a page and its count agree.
+        Filters on the status, tenant and creation time narrow the rows by their indexes first.
+
+        Raises:
+            ConfigError: a negative ``limit`` or ``offset``.
         """
         ...
 
@@ -285,6 +331,10 @@ class AsyncStore(Protocol):
         """See :meth:`Store.list_runs`."""
         ...
 
+    async def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """See :meth:`Store.query_runs`."""
+        ...
+
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`Store.list_due`."""
         ...
@@ -368,10 +418,15 @@ def check_deletable(statuses: Collection[str]) -> None:
         raise ConfigError(f"only finished runs ({finals}) can be deleted, not {sorted(unsafe) or 'nothing'}")
 
 
-def check_limit(limit: int | None, *, least: int = 0) -> None:
-    """Refuse a ``limit`` below ``least`` (SQL would read a negative one as "no limit"); None: no limit."""
+def check_limit(limit: int | None, offset: int = 0, *, least: int = 0) -> None:
+    """Refuse a ``limit`` below ``least`` (SQL would read a negative one as "no limit") or a negative ``offset``.
+
+    A None ``limit`` is no limit.
+    """
     if limit is not None and limit < least:
         raise ConfigError(f"limit must be >= {least}, not {limit}")
+    if offset < 0:
+        raise ConfigError(f"offset must be >= 0, not {offset}")
 
 
 def shown_url(url: str) -> str:
@@ -427,7 +482,9 @@ __all__ = [
     "AsyncStore",
     "RunLease",
     "RunLog",
+    "RunQuery",
     "RunRecord",
+    "RunsFound",
     "Snapshot",
     "Store",
     "check_deletable",

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import ParamSpec, TypeVar, cast
 
 from tether.facts.events import Event
-from tether.stores import AsyncStore, RunLease, RunLog, RunRecord, Snapshot, Store
+from tether.stores import AsyncStore, RunLease, RunLog, RunQuery, RunRecord, RunsFound, Snapshot, Store
 from tether.stores.memory import MemoryStore
 
 P = ParamSpec("P")
@@ -84,6 +84,10 @@ class AwaitableStore:
         return await self._call(
             self.store.list_runs, status=status, tenant=tenant, limit=limit, waiting_retry=waiting_retry
         )
+
+    async def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """See :meth:`Store.query_runs`."""
+        return await self._call(self.store.query_runs, query, limit=limit, offset=offset)
 
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`Store.list_due`."""

@@ -18,7 +18,9 @@ from tether.stores import (
     SNAPSHOT_EVERY,
     RunLease,
     RunLog,
+    RunQuery,
     RunRecord,
+    RunsFound,
     Snapshot,
     check_deletable,
     check_limit,
@@ -57,6 +59,42 @@ def _dump(run_id: str, value: Any) -> str:
 
 def _dump_events(run_id: str, events: Sequence[Event]) -> list[_StoredEvent]:
     return [_StoredEvent(e.seq, e.type, _dump(run_id, e.data), e.at) for e in events]
+
+
+def _found(query: RunQuery, record: RunRecord, events: list[_StoredEvent]) -> bool:
+    """Whether ``query`` finds the run, as the SQL store's WHERE clause says."""
+    spec, summary = record.spec, record.summary
+    created = record.created_at
+    if (query.status is not None and record.status != query.status) or (
+        query.tenant is not None and record.tenant != query.tenant
+    ):
+        return False
+    if (query.created_from is not None and created < query.created_from) or (
+        query.created_before is not None and created >= query.created_before
+    ):
+        return False
+    if query.waiting_retry is not None and (summary.get(DUE_KEY) is not None) != query.waiting_retry:
+        return False
+    if query.roots_only and spec.get(PARENT_KEY) is not None:
+        return False
+    for key, part in (("agent", query.agent), ("model", query.model)):
+        if part and part.lower() not in str(spec.get(key) or "").lower():
+            return False
+    return not query.text or _text_found(query.text, record, events)
+
+
+def _text_found(text: str, record: RunRecord, events: list[_StoredEvent]) -> bool:
+    """Where the SQL store looks for ``text``: the id, prompt, tools, pending calls, error, answer."""
+    needle, spelled = text.lower(), json.dumps(text, ensure_ascii=False)[1:-1].lower()
+    spec, summary = record.spec, record.summary
+    said = [record.id, summary.get("error"), summary.get("output"), spec.get("prompt")]
+    said += [json.loads(e.data).get("tool") for e in events if e.type == "tool_started"]
+    if any(isinstance(one, str) and needle in one.lower() for one in said):
+        return True
+    as_json = [json.dumps(summary.get("pending_approvals"), ensure_ascii=False)]
+    if spec.get("prompt") is None:  # written before rows kept the prompt: its first event's messages
+        as_json += [json.dumps(json.loads(e.data).get("messages"), ensure_ascii=False) for e in events if e.seq == 0]
+    return any(spelled in one.lower() for one in as_json)
 
 
 class MemoryStore:
@@ -282,3 +320,15 @@ class MemoryStore:
         if waiting_retry is not None:
             loaded = (r for r in loaded if (r.summary.get(DUE_KEY) is not None) == waiting_retry)
         return list(itertools.islice(loaded, limit))
+
+    def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """One page of the runs ``query`` finds, and how many (see :meth:`tether.stores.Store.query_runs`)."""
+        check_limit(limit, offset)
+        with self._lock:
+            rows = [(r.load(), list(self._events.get(r.record.id, {}).values())) for r in self._rows.values()]
+        found = [record for record, events in rows if _found(query, record, events)]
+        if query.longest_waiting_first:
+            found.sort(key=lambda r: (r.updated_at, r.id))
+        else:
+            found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        return RunsFound(found[offset : offset + limit], len(found))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import json
 import os
 import re
 import threading
@@ -48,7 +49,9 @@ from tether.stores import (
     SNAPSHOT_EVERY,
     RunLease,
     RunLog,
+    RunQuery,
     RunRecord,
+    RunsFound,
     Snapshot,
     check_deletable,
     check_limit,
@@ -656,6 +659,10 @@ class SQLStore(_SQLBase):
         """Newest first (see :meth:`tether.stores.Store.list_runs`)."""
         return self._run(_list_runs(status, tenant, limit, waiting_retry))
 
+    def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """One page of the runs ``query`` finds, and how many (see :meth:`tether.stores.Store.query_runs`)."""
+        return self._run(_query_runs(query, limit, offset))
+
     def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
         return self._run(_list_due(now, tenant, limit))
@@ -854,6 +861,10 @@ class AsyncSQLStore(_SQLBase):
     ) -> list[RunRecord]:
         """See :meth:`SQLStore.list_runs`."""
         return await self._run(_list_runs(status, tenant, limit, waiting_retry))
+
+    async def query_runs(self, query: RunQuery, *, limit: int = 50, offset: int = 0) -> RunsFound:
+        """See :meth:`SQLStore.query_runs`."""
+        return await self._run(_query_runs(query, limit, offset))
 
     async def list_due(self, now: float, *, tenant: str | None = None, limit: int = 100) -> list[RunRecord]:
         """See :meth:`SQLStore.list_due`."""
@@ -1082,6 +1093,73 @@ def _list_runs(
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
     return _Work(functools.partial(_records, query), single=True)
+
+
+def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
+    """A page of the runs found and their number, in one transaction: the indexed filters come first."""
+    check_limit(limit, offset)
+    where = _found_by(query)
+    counted = sa.select(sa.func.count()).select_from(_RUN).where(*where)
+    if query.longest_waiting_first:
+        order = (_RUN.c.updated_at.asc(), _RUN.c.id.asc())
+    else:
+        order = (_RUN.c.created_at.desc(), _RUN.c.id.desc())
+    page = sa.select(_RUN).where(*where).order_by(*order).limit(limit).offset(offset)
+
+    def run(connection: sa.Connection) -> RunsFound:
+        total = int(connection.execute(counted).scalar_one())
+        return RunsFound(_records(page, connection) if limit and offset < total else [], total)
+
+    return _Work(run)
+
+
+def _found_by(query: RunQuery) -> list[Any]:
+    """The WHERE clauses of a :class:`RunQuery`: indexed columns (status, tenant, created_at), then the rest."""
+    where: list[Any] = []
+    if query.status is not None:
+        where.append(_RUN.c.status == to_stored(query.status))
+    if query.tenant is not None:
+        where.append(_RUN.c.tenant == query.tenant)
+    if query.created_from is not None:
+        where.append(_RUN.c.created_at >= query.created_from)
+    if query.created_before is not None:
+        where.append(_RUN.c.created_at < query.created_before)
+    if query.waiting_retry is not None:
+        due_at = _RUN.c.summary[DUE_KEY].as_float()
+        where.append(due_at.is_not(None) if query.waiting_retry else due_at.is_(None))
+    if query.roots_only:
+        where.append(_RUN.c.spec[PARENT_KEY].as_string().is_(None))
+    for key, part in (("agent", query.agent), ("model", query.model)):
+        if part:
+            where.append(_RUN.c.spec[key].as_string().icontains(part, autoescape=True))
+    if query.text:
+        where.append(_text_found(query.text))
+    return where
+
+
+def _text_found(text: str) -> Any:
+    """Where ``text`` is part of a run's id, prompt, tools, pending calls, error or answer (any case).
+
+    The prompt is the row's (``spec["prompt"]``); a run written before rows kept it is searched in
+    its first event's messages. JSON kept as text is searched for ``text`` as JSON spells it.
+    """
+    spelled = json.dumps(text, ensure_ascii=False)[1:-1]
+
+    def in_json(value: Any) -> Any:
+        return sa.cast(value, sa.Text).icontains(spelled, autoescape=True)
+
+    prompt = _RUN.c.spec["prompt"].as_string()
+    first_event = sa.select(_EVENT.c.seq).where(_EVENT.c.run_id == _RUN.c.id, _EVENT.c.seq == 0)
+    tool_started = sa.select(_EVENT.c.seq).where(_EVENT.c.run_id == _RUN.c.id, _EVENT.c.type == "tool_started")
+    return sa.or_(
+        _RUN.c.id.icontains(text, autoescape=True),
+        prompt.icontains(text, autoescape=True),
+        sa.and_(prompt.is_(None), first_event.where(in_json(_EVENT.c.data["messages"])).exists()),
+        tool_started.where(_EVENT.c.data["tool"].as_string().icontains(text, autoescape=True)).exists(),
+        in_json(_RUN.c.summary["pending_approvals"]),
+        _RUN.c.summary["error"].as_string().icontains(text, autoescape=True),
+        _RUN.c.summary["output"].as_string().icontains(text, autoescape=True),
+    )
 
 
 def _list_due(now: float, tenant: str | None, limit: int) -> _Work[list[RunRecord]]:

@@ -211,6 +211,16 @@ def plain_errors(error: pydantic.ValidationError) -> str:
     )
 
 
+def field_problems(error: pydantic.ValidationError) -> dict[str, str]:
+    """:func:`plain_errors` by the top-level field each is about (``""``: the input as a whole)."""
+    found: dict[str, list[str]] = {}
+    for problem in error.errors(include_url=False):
+        where = [str(part) for part in problem["loc"]]
+        said = f"{'.'.join(where[1:])}: {problem['msg']}" if len(where) > 1 else str(problem["msg"])
+        found.setdefault(where[0] if where else "", []).append(said)
+    return {field: "; ".join(said) for field, said in found.items()}
+
+
 def serialize_result(value: Any) -> str:
     """Text for the ``tool_result``: str as is, pydantic models and JSON-able values as JSON."""
     if isinstance(value, str):

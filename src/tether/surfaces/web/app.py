@@ -24,15 +24,18 @@ refused after that many bytes, never held.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import re
 import shutil
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import jinja2
 from markupsafe import Markup  # Jinja2's own dependency
@@ -53,6 +56,7 @@ from tether.errors import (
     ConfigError,
     InvalidEditedInput,
     InvalidForkPoint,
+    RunEnded,
     RunNotFound,
     StaleRun,
     TetherError,
@@ -61,7 +65,18 @@ from tether.errors import (
 from tether.policy.access import Credentials, Grant
 from tether.stores import Store
 from tether.surfaces.web import live, pages, sessions
-from tether.surfaces.web.decisions import BadForm, Decider, DecisionForm, InProcess, Resume
+from tether.surfaces.web.confirm import CONFIRMED, CONTROLS, Question, question
+from tether.surfaces.web.decisions import (
+    TURN_ACTIONS,
+    BadFields,
+    BadForm,
+    Decider,
+    DecisionForm,
+    InProcess,
+    Resume,
+    TurnForm,
+)
+from tether.surfaces.web.fields import KIND, fields_of
 from tether.surfaces.web.guard import (
     CSRF_FIELD,
     TOKEN_PARAM,
@@ -71,7 +86,9 @@ from tether.surfaces.web.guard import (
     Viewer,
     cross_site,
 )
+from tether.surfaces.web.inbox import Turn, inbox_page, turns_below
 from tether.surfaces.web.listen import AllowedHosts
+from tether.surfaces.web.markdown import markdown  # markdown-it-py
 from tether.views import diagram
 from tether.views.printable import printable
 
@@ -145,51 +162,69 @@ class _Inspector:
     async def runs(self, request: Request) -> Response:
         viewer = self.viewer(request)
         wanted = pages.RunsFilter.of(dict(request.query_params))
-        rows, digest, waiting = await run_in_threadpool(self._runs, viewer, wanted)
+        listed, digest, waiting = await run_in_threadpool(self._runs, viewer, wanted)
         return self.render(
             request,
             "runs.html",
             viewer,
-            rows=rows,
+            listed=listed,
+            rows=listed.rows,
             wanted=wanted,
             statuses=pages.STATUSES,
-            tenants=pages.tenants(rows),
+            suggest={name: pages.suggestions(listed.rows, name) for name in ("tenant", "agent", "model")},
             digest=digest,
             waiting=waiting,
         )
 
-    def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[list[pages.RunRow], str, int]:
-        rows = pages.runs(self.store, viewer.tenant, wanted)
-        return rows, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
+    def _runs(self, viewer: Viewer, wanted: pages.RunsFilter) -> tuple[pages.RunsList, str, int]:
+        listed = pages.runs(self.store, viewer.tenant, wanted)
+        return listed, pages.digest(self.store, viewer.tenant), pages.waiting(self.store, viewer.tenant)
 
     async def inbox(self, request: Request) -> Response:
         viewer = self.viewer(request)
         return await self._inbox(request, viewer)
 
-    async def _inbox(self, request: Request, viewer: Viewer, status: int = 200, **problem: Any) -> Response:
-        items = await run_in_threadpool(pages.inbox, self.store, viewer.tenant)
+    async def _inbox(
+        self, request: Request, viewer: Viewer, status: int = 200, problem: _Problem | None = None
+    ) -> Response:
+        number = _int(request.query_params.get("page")) or 1
+        box = await run_in_threadpool(inbox_page, self.store, viewer.tenant, number)
         digest = await run_in_threadpool(pages.digest, self.store, viewer.tenant)
+        waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
+        problem = problem or _Problem()
         return self.render(
             request,
             "inbox.html",
             viewer,
             status,
-            items=items,
+            box=box,
             digest=digest,
-            waiting=len(items),
+            waiting=waiting,
             decided=request.query_params.get("decided"),
             decided_run=request.query_params.get("run"),
-            error_on_card=_on_a_card((item.call for item in items), problem),
-            **_no_problem(problem),
+            problem=problem,
+            error_on_card=problem.on_a_card(box.turns),
         )
 
     async def run(self, request: Request) -> Response:
         viewer = self.viewer(request)
         return await self._run(request, viewer, request.path_params["run_id"])
 
-    async def _run(self, request: Request, viewer: Viewer, run_id: str, status: int = 200, **problem: Any) -> Response:
+    async def _run(
+        self,
+        request: Request,
+        viewer: Viewer,
+        run_id: str,
+        status: int = 200,
+        problem: _Problem | None = None,
+        *,
+        fork_error: str | None = None,
+        control_error: str | None = None,
+    ) -> Response:
         page = await run_in_threadpool(pages.run_page, self.store, run_id, viewer.tenant)
+        turns = await run_in_threadpool(self._turns, run_id, viewer.tenant)
         waiting = await run_in_threadpool(pages.waiting, self.store, viewer.tenant)
+        problem = problem or _Problem()
         return self.render(
             request,
             "run.html",
@@ -201,9 +236,20 @@ class _Inspector:
             graphviz=shutil.which("dot") is not None,
             graphviz_hint=diagram.GRAPHVIZ_HINT,
             decided=request.query_params.get("decided"),
-            error_on_card=_on_a_card(page.pending, problem),
-            **_no_problem(problem),
+            turns=turns,
+            problem=problem,
+            error_on_card=problem.on_a_card(turns),
+            fork_error=fork_error,
+            control_error=control_error,
+            acted=request.query_params.get("acted"),
         )
+
+    def _turns(self, run_id: str, tenant: str | None) -> list[Turn]:
+        """What the run waits on a person for: its own calls, and its children's."""
+        try:
+            return turns_below(self.store, self.store.load_run(run_id, tenant=tenant), tenant)
+        except RunNotFound:  # deleted since its page was read
+            return []
 
     async def diagram_svg(self, request: Request) -> Response:
         viewer = self.viewer(request)
@@ -256,31 +302,51 @@ class _Inspector:
         viewer = self.deciding(request)
         fields = await self.form(request, viewer)
         run_id, call_id = fields.get("run_id", ""), fields.get("call_id", "")
-        back = INBOX if fields.get("next") == INBOX else f"/runs/{quote(run_id, safe='')}"
+        page = _page_of(fields.get("next", ""), run_id)
+        if fields.get("action") in TURN_ACTIONS:
+            return await self._decide_turn(request, viewer, fields, page)
         try:
             form = DecisionForm.of(fields)
             if viewer.name is not None:  # a named token's decisions are its holder's, whatever the form says
                 form = replace(form, by=viewer.name)
             await run_in_threadpool(self.decider.decide, run_id, call_id, form, tenant=viewer.tenant)
         except (ConfigError, ApprovalError, StaleRun) as error:  # ConfigError: BadForm, or tools that cannot load
-            status = (
-                422
-                if isinstance(error, BadForm | InvalidEditedInput)
-                else 404
-                if isinstance(error, UnknownCall)
-                else 409
-            )
-            problem = {"error_run": run_id, "error_call": call_id, "error": str(error), "draft": fields.get("input")}
-            if back == INBOX:
-                return await self._inbox(request, viewer, status, **problem)
-            return await self._run(request, viewer, run_id, status, **problem)
-        where = {"decided": call_id, **({"run": run_id} if back == INBOX else {})}  # the inbox lists many runs
-        return RedirectResponse(f"{back}?{urlencode(where)}", status_code=303)
+            problem = _Problem(run_id, call_id, str(error), fields, _by_field(error))
+            return await self._refused(request, viewer, page, _status_of(error), problem)
+        return _decided(run_id, call_id, page)
+
+    async def _decide_turn(
+        self, request: Request, viewer: Viewer, fields: dict[str, str], page: str | None
+    ) -> Response:
+        """Every call of one turn decided at once; a refusal says which were decided before it."""
+        run_id = fields.get("run_id", "")
+        try:
+            form = TurnForm.of(fields)
+            if viewer.name is not None:  # a named token's decisions are its holder's, whatever the form says
+                form = replace(form, by=viewer.name)
+        except BadForm as error:
+            return await self._refused(request, viewer, page, 422, _Problem(run_id, None, str(error)))
+        decided, refused = await run_in_threadpool(self.decider.decide_turn, run_id, form, tenant=viewer.tenant)
+        if refused is not None:
+            before = f"{', '.join(decided)} decided; " if decided else "nothing decided: "
+            problem = _Problem(run_id, None, before + str(refused))
+            return await self._refused(request, viewer, page, _status_of(refused), problem)
+        return _decided(run_id, ", ".join(decided), page)
+
+    async def _refused(
+        self, request: Request, viewer: Viewer, page: str | None, status: int, problem: _Problem
+    ) -> Response:
+        """The page the refused form came from (a run's, or the inbox), the problem beside its call or atop it."""
+        if page is None:
+            return await self._inbox(request, viewer, status, problem)
+        return await self._run(request, viewer, page, status, problem)
 
     async def fork(self, request: Request) -> Response:
         viewer = self.deciding(request)
         fields = await self.form(request, viewer)
         run_id = fields.get("run_id", "")
+        if fields.get(CONFIRMED) != "1":
+            return self._confirm(request, viewer, "/fork", fields, question("fork", run_id, fields.get("at", "")))
         try:
             fork = await run_in_threadpool(
                 self.decider.fork,
@@ -293,6 +359,36 @@ class _Inspector:
         except (BadForm, InvalidForkPoint) as error:
             return await self._run(request, viewer, run_id, 422, fork_error=str(error))
         return RedirectResponse(f"/runs/{quote(fork.id, safe='')}", status_code=303)
+
+    async def control(self, request: Request) -> Response:
+        """Cancel, resume or retry a run, once the person said yes (the page's dialog, or the page this answers)."""
+        viewer = self.deciding(request)
+        fields = await self.form(request, viewer)
+        run_id, action = fields.get("run_id", ""), fields.get("action", "")
+        if action not in CONTROLS:
+            raise _Refused(422, f"unknown action {action!r}: {', '.join(CONTROLS)}")
+        if fields.get(CONFIRMED) != "1":
+            return self._confirm(request, viewer, "/control", fields, question(action, run_id))
+        try:
+            if action == "cancel":
+                await run_in_threadpool(
+                    partial(self.decider.cancel, tenant=viewer.tenant, reason=fields.get("reason", "").strip()),
+                    run_id,
+                    by=viewer.name or fields.get("by", "").strip(),
+                )
+                acted = f"run {run_id} is cancelled"
+            else:
+                acted = await run_in_threadpool(partial(self.decider.go_on, tenant=viewer.tenant), run_id)
+        except (ConfigError, RunEnded, StaleRun) as error:
+            return await self._run(request, viewer, run_id, 409, control_error=str(error))
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?{urlencode({'acted': acted})}", status_code=303)
+
+    def _confirm(
+        self, request: Request, viewer: Viewer, action: str, fields: Mapping[str, str], asked: Question
+    ) -> Response:
+        """The question a form's effect needs a yes to, on a page of its own (the page's dialog did not ask)."""
+        kept = {name: value for name, value in fields.items() if name not in (CSRF_FIELD, CONFIRMED)}
+        return self.render(request, "confirm.html", viewer, action=action, fields=kept, asked=asked, waiting=0)
 
     def deciding(self, request: Request) -> Viewer:
         """The viewer of a request that decides or forks, refused (403, unread) if their token only views."""
@@ -307,7 +403,8 @@ class _Inspector:
         if cross_site(request.headers, scheme=request.url.scheme, host=request.headers.get("host", "")):
             raise _Refused(403, "refused: the form was sent from another site")
         body = await _body(request, limit)
-        fields = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+        pairs = parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+        fields = {name: value.replace("\r\n", "\n") for name, value in pairs}  # a text area's lines come as CRLF
         if viewer is not None and not Guard.csrf_ok(viewer, fields.get(CSRF_FIELD)):
             raise _Refused(403, "refused: this form has expired (the server restarted?): reload the page and try again")
         return fields
@@ -476,6 +573,7 @@ def create_app(
         Route("/runs/{run_id}/live", inspector.run_live),
         Route("/decide", inspector.decide, methods=["POST"]),
         Route("/fork", inspector.fork, methods=["POST"]),
+        Route("/control", inspector.control, methods=["POST"]),
         Route("/login", inspector.login_page, methods=["GET"]),
         Route("/login", inspector.login, methods=["POST"]),
         Route("/logout", inspector.logout, methods=["POST"]),
@@ -500,6 +598,45 @@ _STATUS: dict[type[Exception], int] = {BadForm: 422, InvalidEditedInput: 422, Un
 """The status of a refused decision's page; any other refusal is a conflict (409)."""
 
 
+def _page_of(next_page: str, run_id: str) -> str | None:
+    """The run whose page a decision form came from (its ``next``: a parent's page shows its child's calls).
+
+    None: the inbox. Anything else than those two is the decided run's own page.
+    """
+    if next_page == INBOX:
+        return None
+    found = re.fullmatch(r"/runs/([^/?#]+)", next_page)
+    return unquote(found.group(1)) if found else run_id
+
+
+def _decided(run_id: str, call_ids: str, page: str | None) -> Response:
+    """Back to the page the form came from, saying what was decided (and, in the inbox, in which run)."""
+    back = INBOX if page is None else f"/runs/{quote(page, safe='')}"
+    where = {"decided": call_ids, **({"run": run_id} if page is None else {})}
+    return RedirectResponse(f"{back}?{urlencode(where)}", status_code=303)
+
+
+def _status_of(refusal: Exception) -> int:
+    return next((status for kind, status in _STATUS.items() if isinstance(refusal, kind)), 409)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A refused decision: shown beside its call's form, or atop the page when no card there shows that call."""
+
+    run: str | None = None
+    call: str | None = None
+    error: str | None = None
+    draft: dict[str, str] | None = None
+    """The refused form as posted, shown again in its fields."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """The problems by the input's field."""
+
+    def on_a_card(self, turns: Iterable[Turn]) -> bool:
+        """Whether one of these turns' cards shows the refused call (then the error shows beside its form)."""
+        return any(card.call.run_id == self.run and card.call.call_id == self.call for t in turns for card in t.cards)
+
+
 def _never(run_id: str, tenant: str | None) -> None:  # pragma: no cover - create_app always has one
     raise AssertionError("no resume configured")
 
@@ -515,11 +652,17 @@ def _templates() -> jinja2.Environment:
         finalize=_shown,
     )
     env.filters["when"] = _when
+    env.filters["iso"] = _iso
+    env.globals["zone"] = _zone()
     env.filters["clock"] = lambda at: time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
     env.filters["pretty"] = pages.pretty
     env.filters["seconds"] = lambda value: "" if value is None else f"{value:.3f} s"
     env.filters["usd"] = lambda value: "unknown" if value is None else f"${value:.6f}"
     env.filters["segment"] = lambda value: quote(str(value), safe="")
+    env.filters["markdown"] = markdown
+    env.globals["fields_of"] = fields_of
+    env.globals["question"] = question
+    env.globals["posted_fields"] = lambda posted: any(name.startswith(KIND) for name in posted)
     return env
 
 
@@ -529,17 +672,32 @@ def _shown(value: Any) -> Any:
 
 
 def _when(at: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else ""
+    """A moment as people read it, with its time zone (the server's): ``2026-11-28 14:03:22 CET``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S ", time.localtime(at)) + _zone(at) if at else ""
 
 
-def _no_problem(problem: Mapping[str, Any]) -> dict[str, Any]:
-    """The error context a page shows beside one call's form (none by default)."""
-    return {"error_run": None, "error_call": None, "error": None, "draft": None, "fork_error": None, **problem}
+def _iso(at: float | None) -> str:
+    """A moment as a machine reads it (an HTML ``<time datetime>``), with its UTC offset."""
+    return datetime.datetime.fromtimestamp(at).astimezone().isoformat(timespec="milliseconds") if at else ""
 
 
-def _on_a_card(calls: Iterable[Any], problem: Mapping[str, Any]) -> bool:
-    """Whether a refused decision's error shows beside its call's form (else it shows atop the page)."""
-    return any(call.run_id == problem.get("error_run") and call.call_id == problem.get("error_call") for call in calls)
+def _zone(at: float | None = None) -> str:
+    """The server's time zone at ``at`` (now by default): its name, else its UTC offset (``+01:00``)."""
+    moment = time.localtime(at)
+    name = time.strftime("%Z", moment)
+    if name.isalpha():
+        return name
+    offset = time.strftime("%z", moment)
+    return f"UTC{offset[:3]}:{offset[3:]}"
+
+
+def _by_field(error: Exception) -> dict[str, str]:
+    """A refused edit's problems by the input's field, where it says them so."""
+    if isinstance(error, BadFields):
+        return error.problems
+    if isinstance(error, InvalidEditedInput):
+        return error.by_field
+    return {}
 
 
 def _int(text: str | None) -> int | None:

@@ -4,10 +4,11 @@ A page is rendered with the version it shows (a run's row version, or the list's
 :func:`~tether.surfaces.web.pages.digest`); its script listens on a stream and fetches the page
 again when it says ``changed``. A run's stream is the run's own event stream
 (:func:`tether.drivers.stream.afollow`, what ``AsyncRunner.stream`` reads): ``changed`` each
-time the run records events past the page, ``end`` once it has ended. Any process may be driving
-the run: the store is the only source (a drive in this process wakes the stream at once). The
-list's stream watches the rows (one indexed read per poll, never the logs). A stream a session
-opened says ``signed-out`` and closes once that session ends (:func:`while_signed_in`).
+time the run records events past the page, ``end`` once it has ended for good (a run that failed
+in a way a retry may mend is followed on). Any process may be driving the run: the store is the
+only source (a drive in this process wakes the stream at once). The list's stream watches the
+rows (one indexed read per poll, never the logs). A stream a session opened says ``signed-out``
+and closes once that session ends (:func:`while_signed_in`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from tether.drivers import stream
 from tether.drivers.runner import shown_status
 from tether.errors import RunNotFound
+from tether.facts.status import RunStatus
 from tether.facts.stream import TextDelta
 from tether.stores import Store
 from tether.stores.awaitable import as_async_store
@@ -47,32 +49,48 @@ async def run_changes(
 
     The run's events are read from the first: those the page may show are passed over, and
     once they are read, a row that moved past ``since`` meanwhile is said at once (or at the end).
+    A run that failed in a way a retry may mend is followed on, from where its stream ended.
     """
-    said, caught_up = time.monotonic(), False
-    following = stream.afollow(as_async_store(store), run_id, tenant=tenant, poll=poll)
+    said, caught_up, cursor = time.monotonic(), False, None
     try:
-        async for batch in following:
+        while True:
+            following = stream.afollow(as_async_store(store), run_id, tenant=tenant, after=cursor, poll=poll)
+            try:
+                async for batch in following:
+                    if await gone():
+                        return
+                    cursor = next((e.cursor for e in reversed(batch) if e.cursor is not None), cursor)
+                    if caught_up and any(not isinstance(event, TextDelta) for event in batch):
+                        said = time.monotonic()
+                        yield message("changed", await _state(store, run_id, tenant))
+                    elif not batch and not caught_up:  # the log is read up to now: did the run move since the page?
+                        caught_up, state = True, await _state(store, run_id, tenant)
+                        if state["version"] != since:
+                            said = time.monotonic()
+                            yield message("changed", state)
+                    elif not batch and time.monotonic() - said >= HEARTBEAT:
+                        said = time.monotonic()
+                        yield HEARTBEAT_COMMENT
+            finally:
+                await following.aclose()  # a page gone: its follower stops listening now
+            record = await run_in_threadpool(store.load_run, run_id, tenant=tenant)
+            state = {"version": record.version, "status": shown_status(record)}
+            if not caught_up and state["version"] != since:  # it ended before the stream caught up
+                caught_up = True
+                yield message("changed", state)
+            if not record.summary.get("retryable"):
+                yield message("end", state)
+                return
+            while record.status == RunStatus.failed and not await gone():  # until a retry moves it on
+                await asyncio.sleep(poll)
+                if time.monotonic() - said >= HEARTBEAT:
+                    said = time.monotonic()
+                    yield HEARTBEAT_COMMENT
+                record = await run_in_threadpool(store.load_run, run_id, tenant=tenant)
             if await gone():
                 return
-            if caught_up and any(not isinstance(event, TextDelta) for event in batch):
-                said = time.monotonic()
-                yield message("changed", await _state(store, run_id, tenant))
-            elif not batch and not caught_up:  # the log is read up to now: did the run move since the page?
-                caught_up, state = True, await _state(store, run_id, tenant)
-                if state["version"] != since:
-                    said = time.monotonic()
-                    yield message("changed", state)
-            elif not batch and time.monotonic() - said >= HEARTBEAT:
-                said = time.monotonic()
-                yield HEARTBEAT_COMMENT
-        state = await _state(store, run_id, tenant)
-        if not caught_up and state["version"] != since:  # it ended before the stream caught up
-            yield message("changed", state)
-        yield message("end", state)
     except RunNotFound:  # deleted meanwhile (tether gc)
         yield message("end", {"version": since, "status": "deleted"})
-    finally:
-        await following.aclose()  # a page gone: its follower stops listening now
 
 
 async def _state(store: Store, run_id: str, tenant: str | None) -> dict[str, Any]:

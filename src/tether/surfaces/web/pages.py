@@ -3,20 +3,23 @@
 Each function reads what one page needs, scoped to the viewer's tenant, and returns plain
 data for its template: :func:`runs` for the list, :func:`run_page` for one run (its row, its
 log folded into a timeline, its messages, its tool calls as :mod:`tether.views.audit` reads
-them, its pending calls), :func:`inbox` for every call waiting for a person. The same event
-vocabulary the CLI reads (:mod:`tether.facts.events`) is the only source.
+them), :func:`waiting` for the inbox's count. What a person deciding is shown (the inbox, and a
+run's waiting calls) is :mod:`~tether.surfaces.web.inbox`'s. The same event vocabulary the CLI
+reads (:mod:`tether.facts.events`) is the only source.
 """
 
 from __future__ import annotations
 
 import bisect
+import datetime
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlencode
 
 from tether.core import forks
-from tether.core.approvals import PendingApproval, pending_of
 from tether.core.links import link_of, parent_of
 from tether.core.state import RunState
 from tether.drivers.runner import result_of, shown_status
@@ -39,36 +42,107 @@ from tether.facts.events import (
 from tether.facts.history import text_of
 from tether.facts.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.facts.usage import Usage
-from tether.stores import RunRecord, Store
+from tether.stores import DUE_KEY, RunQuery, RunRecord, Store
 from tether.views import audit
 from tether.views.pending import pending_approvals
 from tether.views.tree import started_by
 
 LIST_LIMIT = 200
-"""Runs a list shows (newest first)."""
+"""Runs the list's live digest watches (the newest: a change among them refreshes the page)."""
+PER_PAGE = 50
+"""Runs a page of the list shows."""
 PREVIEW = 160
 """Characters of a text shown in a timeline row (the whole text is in the messages and calls)."""
 STATUSES = SHOWN
 """The statuses the list filters on, as people read them."""
+DAY = 86_400.0
 
 
 @dataclass(frozen=True)
 class RunsFilter:
-    """The list's filters, as the query string gave them."""
+    """The list's filters and page, as the query string gave them."""
 
     status: str | None = None
     tenant: str | None = None
     search: str = ""
+    agent: str = ""
+    model: str = ""
+    since: str = ""
+    """The first day of runs created (``YYYY-MM-DD``, in the server's time zone), as typed."""
+    until: str = ""
+    """The last day (included)."""
+    page: int = 1
+    problems: tuple[str, ...] = ()
+    """What in the query string was not understood (and so filters nothing)."""
 
     @classmethod
     def of(cls, params: dict[str, str]) -> RunsFilter:
-        """Read the query string; an unknown status or an empty field filters nothing."""
+        """Read the query string; an unknown status, an empty field or a date that is not one filters nothing."""
         status = params.get("status") or None
+        problems = []
+        if status is not None and status not in STATUSES:
+            problems.append(f"status {status!r} is not one of {', '.join(STATUSES)}: all statuses are shown")
+            status = None
+        since, until = ((params.get(key) or "").strip() for key in ("since", "until"))
+        for key, day in (("from", since), ("to", until)):
+            if day and _midnight(day) is None:
+                problems.append(f"the date {key} {day!r} is not a date (YYYY-MM-DD): it filters nothing")
         return cls(
-            status=status if status in STATUSES else None,
+            status=status,
             tenant=(params.get("tenant") or "").strip() or None,
             search=(params.get("q") or "").strip(),
+            agent=(params.get("agent") or "").strip(),
+            model=(params.get("model") or "").strip(),
+            since=since,
+            until=until,
+            page=max(_positive(params.get("page")), 1),
+            problems=tuple(problems),
         )
+
+    def query(self, viewer_tenant: str | None) -> RunQuery:
+        """The store's query: a viewer bound to a tenant sees that tenant's runs, whatever ``tenant`` says."""
+        status, waiting_retry = stored_filter(self.status) if self.status else (None, None)
+        first, last = _midnight(self.since), _midnight(self.until)
+        return RunQuery(
+            status=status,
+            waiting_retry=waiting_retry,
+            tenant=viewer_tenant if viewer_tenant is not None else self.tenant,
+            agent=self.agent or None,
+            model=self.model or None,
+            created_from=first,
+            created_before=None if last is None else _midnight(self.until, days=1),
+            text=self.search,
+        )
+
+    def address(self, page: int) -> str:
+        """The list's address with these filters, on ``page``."""
+        given = {
+            "status": self.status or "",
+            "tenant": self.tenant or "",
+            "q": self.search,
+            "agent": self.agent,
+            "model": self.model,
+            "since": self.since,
+            "until": self.until,
+        }
+        kept = {key: value for key, value in given.items() if value}
+        return "/?" + urlencode({**kept, **({"page": page} if page > 1 else {})})
+
+
+def _positive(text: str | None) -> int:
+    try:
+        return int(text or "")
+    except ValueError:
+        return 1
+
+
+def _midnight(day: str, *, days: int = 0) -> float | None:
+    """Unix time of the start of ``day`` (``YYYY-MM-DD``, the server's local time) plus ``days``; None if not a date."""
+    try:
+        parsed = datetime.date.fromisoformat(day)
+    except ValueError:
+        return None
+    return time.mktime((parsed + datetime.timedelta(days=days)).timetuple())
 
 
 @dataclass(frozen=True)
@@ -90,17 +164,35 @@ class RunRow:
     unreadable: str | None = None
     parent: str | None = None
     """The run a child run serves (see :meth:`tether.Agent.as_tool`); None for a root run."""
+    agent: str | None = None
+    model: str | None = None
+    prompt: str = ""
+    """The start of what it was asked."""
+    due_at: float | None = None
+    """When the tool retry it waits for is due (a run ``waiting_retry``)."""
 
 
-def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, limit: int = LIST_LIMIT) -> list[RunRow]:
-    """The runs the viewer may see that match the filters, newest first.
+@dataclass(frozen=True)
+class RunsList:
+    """One page of the runs list."""
 
-    A viewer bound to a tenant sees that tenant's runs whatever ``wanted.tenant`` says.
-    """
-    tenant = viewer_tenant if viewer_tenant is not None else wanted.tenant
-    status, waiting_retry = stored_filter(wanted.status) if wanted.status else (None, None)
-    records = store.list_runs(status=status, tenant=tenant, limit=limit, waiting_retry=waiting_retry)
-    return [_row(record) for record in records if _matches(record, wanted.search)]
+    rows: list[RunRow]
+    total: int
+    """Runs matching the filters, on every page."""
+    page: int
+    pages: int
+
+    @property
+    def first(self) -> int:
+        """The number of this page's first run among all those matching (1 the newest)."""
+        return (self.page - 1) * PER_PAGE + 1 if self.rows else 0
+
+
+def runs(store: Store, viewer_tenant: str | None, wanted: RunsFilter, *, per_page: int = PER_PAGE) -> RunsList:
+    """The page of runs the viewer may see that match the filters, newest first, and how many match."""
+    found = store.query_runs(wanted.query(viewer_tenant), limit=per_page, offset=(wanted.page - 1) * per_page)
+    pages = max(1, -(-found.total // per_page))
+    return RunsList([_row(record) for record in found.records], found.total, wanted.page, pages)
 
 
 def _row(record: RunRecord) -> RunRow:
@@ -116,6 +208,7 @@ def _row(record: RunRecord) -> RunRow:
         outcome = "waits for a decision on " + ", ".join(str(item.get("tool")) for item in pending)
     else:
         outcome = str(summary.get("output") or "")
+    due = summary.get(DUE_KEY)
     return RunRow(
         id=record.id,
         status=status,
@@ -130,24 +223,16 @@ def _row(record: RunRecord) -> RunRow:
         outcome=_preview(outcome),
         unreadable=record.unreadable,
         parent=parent_of(record.spec),
+        agent=record.spec.get("agent"),
+        model=record.spec.get("model"),
+        prompt=_preview(str(record.spec.get("prompt") or "")),
+        due_at=float(due) if isinstance(due, int | float) else None,
     )
 
 
-def _matches(record: RunRecord, search: str) -> bool:
-    """Whether the run's id, tenant, status, answer, error or pending calls hold ``search`` (any case)."""
-    if not search:
-        return True
-    summary = record.summary
-    haystack = [record.id, record.tenant or "", shown_status(record)]
-    haystack += [str(summary.get("output") or ""), str(summary.get("error") or "")]
-    haystack.append(json.dumps(summary.get("pending_approvals") or [], ensure_ascii=False))
-    needle = search.casefold()
-    return any(needle in text.casefold() for text in haystack)
-
-
-def tenants(rows: list[RunRow]) -> list[str]:
-    """The tenants among ``rows``, for the tenant filter's suggestions."""
-    return sorted({row.tenant for row in rows if row.tenant})
+def suggestions(rows: list[RunRow], name: str) -> list[str]:
+    """The values of ``name`` (tenant, agent, model) among ``rows``, for a filter's suggestions."""
+    return sorted({value for row in rows if isinstance(value := getattr(row, name), str) and value})
 
 
 def digest(store: Store, viewer_tenant: str | None) -> str:
@@ -169,7 +254,8 @@ class Step:
     detail: str
     """Short; the whole text is in the messages and the calls."""
     tone: str = ""
-    """``model``, ``tool``, ``person``, ``error``, ``warning``, ``move`` or ``end``: how it is styled."""
+    """``start``, ``model``, ``tool``, ``person``, ``error``, ``warning``, ``move`` or ``end``: how it is styled,
+    and which of the timeline's filters shows it (moves between states are hidden at first)."""
     call_id: str | None = None
     """The tool call it is about, linked to its card."""
     usage: Usage | None = None
@@ -189,12 +275,9 @@ class RunPage:
     status: str
     """As people read it: the machine's, or waiting_retry."""
     ended: bool
-    """Nothing more will happen unless someone resumes it: no live updates needed."""
+    """Nothing more will happen to it (a run a retry may mend has not): no live updates needed."""
     steps: list[Step]
     calls: list[audit.AuditEntry]
-    pending: list[PendingApproval]
-    schemas: dict[str, Any] = field(default_factory=dict)
-    """Each tool's input schema, as the run recorded it (shown beside an edit)."""
     cost_usd: float | None = None
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
@@ -202,6 +285,12 @@ class RunPage:
     """The link to the run this child run serves (``run_id``, ``call_id``, ``tool``); None for a root run."""
     children: list[dict[str, Any]] = field(default_factory=list)
     """The child runs its agent tools started (``run_id``, ``call_id``, ``agent``, ``status``...), oldest first."""
+    controls: tuple[str, ...] = ()
+    """What a person may do to it from its page (see :data:`~tether.surfaces.web.confirm.CONTROLS`)."""
+    due_at: float | None = None
+    """When the tool retry it waits for is due (a run ``waiting_retry``)."""
+    moves: int = 0
+    """Moves between the machine's states so far (what its diagram draws)."""
 
 
 def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
@@ -213,19 +302,27 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
     log = store.load_log(run_id, tenant=viewer_tenant)
     state = RunState.rebuild(run_id, log.events, version=log.version, tenant=log.tenant)
     result = result_of(state)
+    ended = state.status in ENDED
+    retryable = state.status == RunStatus.failed and state.can_retry
+    controls = [
+        *(["resume"] if not ended and state.status != AWAITING else []),
+        *(["retry"] if retryable else []),
+        *(["cancel"] if not ended or retryable else []),
+    ]
     return RunPage(
         state=state,
         status=result.status,
-        ended=state.status in ENDED,
+        ended=ended and not retryable,
         steps=with_forks(timeline(log.events), forks.fork_points(log.events)),
         calls=audit.entries(run_id, log.events),
-        pending=pending_of(state) if state.status == AWAITING else [],
-        schemas=dict(state.spec.get("tool_schemas") or {}),
         cost_usd=result.cost_usd,
         model_seconds=result.model_seconds,
         tool_seconds=result.tool_seconds,
         parent=link_of(state.spec),
         children=started_by(store, log.events, tenant=viewer_tenant),
+        controls=tuple(controls),
+        due_at=result.next_due_at,
+        moves=sum(isinstance(event.fact, Transition) for event in log.events),
     )
 
 
@@ -238,7 +335,7 @@ def timeline(events: list[Event]) -> list[Step]:
         match fact:
             case RunStarted(messages=messages):
                 prompt = text_of(messages[-1]) if messages else ""
-                rows.append(Step(seq, at, "run started", _preview(prompt), "move"))
+                rows.append(Step(seq, at, "run started", _preview(prompt), "start"))
             case Transition(event=name, source=source, target=target):
                 moved = f"{status_name(source)} → {status_name(target)}" if source else status_name(target)
                 rows.append(Step(seq, at, "moved", f"{moved} ({name})", "move"))
@@ -308,29 +405,10 @@ def _preview(text: str) -> str:
     return flat if len(flat) <= PREVIEW else flat[: PREVIEW - 1] + "…"
 
 
-# The inbox ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InboxItem:
-    """One call waiting for a person, with the schema an edit must meet."""
-
-    call: PendingApproval
-    schema: Any
-
-
+# The inbox's count --------------------------------------------------------------------------
 def waiting(store: Store, viewer_tenant: str | None) -> int:
     """How many calls wait for a decision the viewer may make (the inbox's count, in the header)."""
     return len(pending_approvals(store, tenant=viewer_tenant))
-
-
-def inbox(store: Store, viewer_tenant: str | None) -> list[InboxItem]:
-    """Every call waiting for a decision that the viewer may decide, oldest parked run first."""
-    found = pending_approvals(store, tenant=viewer_tenant)
-    schemas: dict[str, dict[str, Any]] = {}
-    for call in found:
-        if call.run_id not in schemas:
-            spec = store.load_run(call.run_id, tenant=viewer_tenant).spec
-            schemas[call.run_id] = dict(spec.get("tool_schemas") or {})
-    return [InboxItem(call, schemas[call.run_id].get(call.tool)) for call in found]
 
 
 def pretty(value: Any) -> str:
@@ -340,18 +418,18 @@ def pretty(value: Any) -> str:
 
 __all__ = [
     "LIST_LIMIT",
+    "PER_PAGE",
     "STATUSES",
-    "InboxItem",
     "RunPage",
     "RunRow",
     "RunsFilter",
+    "RunsList",
     "Step",
     "digest",
-    "inbox",
     "pretty",
     "run_page",
     "runs",
-    "tenants",
+    "suggestions",
     "timeline",
     "waiting",
 ]
