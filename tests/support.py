@@ -21,6 +21,7 @@ import queue
 import re
 import runpy
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +206,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def default_signals() -> None:
+    """In a child, before it runs: Ctrl-C and hangups act by default, as in a user's shell.
+
+    A child inherits ignored signals, so under ``nohup`` (SIGHUP ignored) or as a background job
+    (SIGINT ignored) the signals a test sends would otherwise be lost. Pass as ``preexec_fn``:
+    it only calls ``signal.signal``, which takes no lock another thread could hold at the fork.
+    """
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def flat(text: str) -> str:
     """Whitespace-normalised text (rich may wrap long messages)."""
     return " ".join(text.split())
@@ -337,6 +349,7 @@ def start_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,  # noqa: PLW1509 - see default_signals
     )
 
 
@@ -638,6 +651,7 @@ def spawn_tether(
         codec_errors="replace",
         timeout=timeout,
         dimensions=(50, columns),
+        preexec_fn=default_signals,  # Ctrl-C reaches it through the terminal, even under nohup
     )
     child.logfile_read = io.StringIO()
     return child
