@@ -95,6 +95,10 @@ def prompt(label: str) -> str:
     return re.escape(label) + r"[^\n]*: approve[^\n]*> "
 
 
+STOPPED_EXIT = {"eof": 3, "ctrl-c": 130}
+"""The exit status once the person stops answering: parked (3), or parked and interrupted (128 + SIGINT)."""
+
+
 def stop_answering(child: pexpect.spawn, how: str) -> tuple[int | None, str]:
     """Press Ctrl-D (``how="eof"``) or Ctrl-C at a prompt; the command's exit status and screen."""
     if how == "eof":
@@ -169,7 +173,7 @@ def test_no_answer_partway_through_a_batch_keeps_the_decisions_given(
     child.sendline("too chatty")
     child.expect(prompt("[3/3] delete toolu_3"))
     status, output = stop_answering(child, how)
-    assert status == 3, output
+    assert status == STOPPED_EXIT[how], output
     assert "the 2 decision(s) given are kept; 1 call(s) stay pending and the run is parked" in output
     assert panel_text(child).count("3 calls need your approval") == 1  # not asked again
     assert "1 call needs" not in output
@@ -293,7 +297,7 @@ def test_no_answer_at_the_reason_or_edit_prompt_leaves_the_run_parked(
     child.sendline(choice)
     child.expect(asked)
     status, output = stop_answering(child, how)
-    assert status == 3, output
+    assert status == STOPPED_EXIT[how], output
     assert "No decision: the call stays pending and the run is parked." in output
 
     db = demo_db_url(tmp_path / "tether-demo")

@@ -5,7 +5,8 @@ Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usag
 e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
 the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
 model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
-its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
+its last committed step; the hint says how), or at the approval prompt (the run is parked first,
+the calls not answered left pending). ``--json`` prints exactly one JSON object on stdout
 and nothing else, an interrupted run's object as it stands included.
 """
 
@@ -94,7 +95,7 @@ from tether.toolsets import from_record
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
     from tether.policy.access import Credentials
-    from tether.surfaces.terminal import LiveView
+    from tether.surfaces.terminal import LiveView, TerminalApprover
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
 EXIT_BUSY = 5
@@ -391,6 +392,8 @@ class _Session:
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.agents: list[Agent] = []
         """The agents made here: their teams' toolsets and models are closed at the end (:meth:`Agent.close`)."""
+        self.prompt: TerminalApprover | None = None
+        """The person's prompt, if one was made: a Ctrl-C there parks the run and ends the command as interrupted."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
@@ -409,7 +412,8 @@ class _Session:
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
             actor = os.environ.get("USER") or "terminal"
-            return TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            self.prompt = TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            return self.prompt
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def _decided_meanwhile(self, request: PendingApproval) -> str | None:
@@ -520,6 +524,8 @@ class _Session:
                         " find it)",
                     )
                 )
+        if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
+            return _interrupted_exit(self.prompt.interrupted)
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:

@@ -51,6 +51,7 @@ from tether.facts.events import (
 )
 from tether.facts.status import WAITING_RETRY, RunStatus, status_name
 from tether.facts.usage import Usage
+from tether.surfaces.line_input import read_line
 from tether.views.audit import AuditEntry
 from tether.views.printable import printable
 from tether.views.tree import RunNode
@@ -259,6 +260,8 @@ class TerminalApprover:
         (``approved by bob``: another process decided it meanwhile, so it is not asked)."""
         self.stopped = False
         """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
+        self.interrupted: KeyboardInterrupt | None = None
+        """The Ctrl-C (or SIGTERM, SIGHUP: raised alike) that stopped the answers, for the command's exit code."""
 
     def decide(self, requests: Sequence[PendingApproval]) -> Mapping[str, Decision]:
         """Show every pending call of the batch, then ask about each in turn.
@@ -275,11 +278,11 @@ class TerminalApprover:
         remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
         skipped: set[str] = set()  # decided by another process before the person was asked
         title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
-        self.console.rule(Text(title, style="bold yellow"))
-        for request in requests:
-            self.console.print(self._panel(request), soft_wrap=False)  # see render_result
-        self.console.print(Text(LEGEND, style="dim"))
-        try:
+        try:  # a Ctrl-C while the calls are shown is one at the prompt: nothing decided, nothing lost
+            self.console.rule(Text(title, style="bold yellow"))
+            for request in requests:
+                self.console.print(self._panel(request), soft_wrap=False)  # see render_result
+            self.console.print(Text(LEGEND, style="dim"))
             for position, request in enumerate(requests, start=1):
                 tool = printable(request.tool)
                 label = f"{tool} {printable(request.call_id)}"
@@ -299,8 +302,10 @@ class TerminalApprover:
                 decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
                     remembered[request.tool] = printable(request.call_id)
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt) as stop:
             self.stopped = True
+            if isinstance(stop, KeyboardInterrupt):
+                self.interrupted = stop
             answered = set(decisions) | skipped
             waiting = sum(1 for r in requests if r.call_id not in answered and r.tool not in remembered)
             message = Text("\n" + _stopped_message(len(decisions), waiting), style="yellow")
@@ -326,14 +331,14 @@ class TerminalApprover:
     def _ask(self, request: PendingApproval, label: str) -> Decision:
         prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
-            answer = self.console.input(prompt).strip()
+            answer = self._input(prompt).strip()
             choice = CHOICES.get(answer) or CHOICES.get(answer.lower())
             if choice == "approve":
                 return Approve(actor=self.actor)
             if choice == "always":
                 return Approve(actor=self.actor, remember_for_run=True)
             if choice == "deny":
-                reason = self.console.input("Give a reason for the model (optional) > ").strip()
+                reason = self._input(Text("Give a reason for the model (optional) > ")).strip()
                 return Deny(reason or "denied at the terminal", actor=self.actor)
             if choice == "edit":
                 edited = self._edit(request)
@@ -341,6 +346,11 @@ class TerminalApprover:
                     return Approve(input=edited, actor=self.actor)
                 continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
+
+    def _input(self, prompt: Text) -> str:
+        """The person's answer to ``prompt``; a Ctrl-C pressed at any moment it is awaited raises (see line_input)."""
+        self.console.print(prompt, end="")
+        return read_line()
 
     def _judging(self, request: PendingApproval) -> Agent:
         """The agent whose tool and rules judge an edit here: after a handoff, the one with the call's tool.
@@ -356,7 +366,7 @@ class TerminalApprover:
         None when the person enters an empty line: they changed their mind about editing.
         """
         while True:
-            raw = self.console.input(Text("New input as JSON (empty line: back) > ")).strip()
+            raw = self._input(Text("New input as JSON (empty line: back) > ")).strip()
             if not raw:
                 return None
             try:
