@@ -87,6 +87,7 @@ from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.models import ModelAdapter
+from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
@@ -572,6 +573,10 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
+    if not args.detach and spec["model"] != DEMO_MODEL:  # a queued run is called by its worker, with its keys
+        missing = missing_credentials(spec["model"])
+        if missing is not None:
+            raise ConfigError(missing)
     agent = session.agent(spec)
     if args.detach:
         return _detach(args, session, agent)
