@@ -573,11 +573,11 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
+    agent = session.agent(spec)  # its settings checked first: a key would not mend them
     if not args.detach and spec["model"] != DEMO_MODEL:  # a queued run is called by its worker, with its keys
         missing = missing_credentials(spec["model"])
         if missing is not None:
             raise ConfigError(missing)
-    agent = session.agent(spec)
     if args.detach:
         return _detach(args, session, agent)
     runner = session.runner(args, agent)
