@@ -143,7 +143,7 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-RUN_ID_HELP = "the run's id (see `tether runs`)"
+RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
@@ -1460,6 +1460,20 @@ def _printable_output() -> None:
 
 IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
 """Arguments naming something stored, looked up in the database."""
+RUN_ARGUMENTS = ("run_id", "run", "continue_from")
+"""Arguments naming a run: by its id, or any start of it that names one run only."""
+
+
+def _whole_run_ids(args: argparse.Namespace, session: _Session) -> None:
+    """Each run named by the start of its id, named by its whole id (``AmbiguousRunId`` if several runs share it)."""
+    from tether.stores.run_ids import resolve_run_id
+
+    for name in RUN_ARGUMENTS:
+        given = getattr(args, name, None)
+        if isinstance(given, str):
+            setattr(args, name, resolve_run_id(session.store, given))
+    if args.command == "resume":  # named when Ctrl-C stops the drive
+        session.run_id = args.run_id
 
 
 def _surrogates(text: str) -> bool:
@@ -1533,6 +1547,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         _check_extras(args)
         session = _Session(args)
+        _whole_run_ids(args, session)
         return COMMANDS[args.command](args, session)
     except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)
