@@ -24,7 +24,8 @@ def test_pending_filters_and_fingerprint_bound_decisions(tmp_path: Path) -> None
     run_id = json.loads(parked.stdout)["run_id"]
 
     [pending] = json.loads(tether(tmp_path, "pending", "--run", run_id, "--json").stdout)["pending"]
-    assert json.loads(tether(tmp_path, "pending", "--tenant", "someone-else", "--json").stdout) == {"pending": []}
+    elsewhere = tether(tmp_path, "pending", "--tenant", "someone-else", "--json")
+    assert json.loads(elsewhere.stdout) == {"pending": [], "total": 0}
     missing = tether(tmp_path, "pending", "--run", "run_nope")
     assert missing.returncode == 2
     assert "not found" in missing.stderr
@@ -34,7 +35,7 @@ def test_pending_filters_and_fingerprint_bound_decisions(tmp_path: Path) -> None
     assert "differ from those shown" in " ".join(wrong.stderr.split())
     right = tether(tmp_path, "approve", run_id, pending["call_id"], "--fingerprint", pending["fingerprint"])
     assert right.returncode == 0, right.stderr
-    assert json.loads(tether(tmp_path, "pending", "--json").stdout) == {"pending": []}
+    assert json.loads(tether(tmp_path, "pending", "--json").stdout) == {"pending": [], "total": 0}
 
 
 def test_every_command_taking_a_run_takes_a_start_of_its_id_that_names_one_run(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ from tether.models import ModelAdapter
 from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -216,14 +216,16 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
         "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
     )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...], "total": N}')
+    _add_limit(runs, "runs")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
     pending = with_db(commands.add_parser("pending", help="list tool calls waiting for approval"))
-    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...]}')
+    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...], "total": N}')
     pending.add_argument("--run", dest="run_id", help="only this run's calls (and those of the child runs below it)")
     pending.add_argument("--tenant", help="only this tenant's runs")
+    _add_limit(pending, "calls")
 
     _add_audit(with_db(commands.add_parser("audit", help="every tool call: input, decision, attempts, outcome")))
 
@@ -258,6 +260,34 @@ def _with_otel(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="trace with OpenTelemetry (tether[otel]; on too when $OTEL_TRACES_EXPORTER is set: otlp, console)",
     )
     return sub
+
+
+DEFAULT_LISTED = 100
+"""How many runs ``tether runs`` lists, and calls ``tether pending``, unless ``--limit`` or ``--all``."""
+
+
+def _add_limit(listing: argparse.ArgumentParser, what: str) -> None:
+    """``--limit N`` or ``--all``: how much of a listing is shown (a cut one says so on stderr)."""
+    group = listing.add_mutually_exclusive_group()
+    group.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=DEFAULT_LISTED,
+        metavar="N",
+        help=f"list at most N {what} (default {DEFAULT_LISTED}); when there are more, stderr says how many",
+    )
+    group.add_argument("--all", action="store_true", help=f"list every {what}")
+
+
+def _say_cut(session: _Session, shown: int, total: int, which: str) -> None:
+    """On stderr, when a listing shows less than there is: ``showing the newest 100 of 1,234 runs; ...``.
+
+    ``which`` says what is listed first and what the items are: ``newest runs``.
+    """
+    if shown < total:
+        order, noun = which.rsplit(" ", 1)
+        said = f"showing the {order} {shown:,} of {total:,} {noun}; --limit N or --all for more"
+        session.err.print(Text(said))
 
 
 def _add_fork(fork: argparse.ArgumentParser) -> None:
@@ -836,18 +866,23 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    if args.due:
-        records = session.store.list_due(time.time())
-    elif args.status is not None:
-        status, waiting_retry = stored_filter(args.status)
-        records = session.store.list_runs(status=status, waiting_retry=waiting_retry)
+    store, limit = session.store, None if args.all else args.limit
+    if args.due:  # every run due is read (those waiting for a retry bound them), to count them
+        retrying = store.query_runs(RunQuery(waiting_retry=True), limit=0).total
+        due = store.list_due(time.time(), limit=max(retrying, 1))
+        records, total, which = due[:limit], len(due), "earliest due runs"
     else:
-        records = session.store.list_runs()
+        status, waiting_retry = stored_filter(args.status) if args.status is not None else (None, None)
+        query = RunQuery(status=status, waiting_retry=waiting_retry)
+        found = store.query_runs(query, limit=store.query_runs(query, limit=0).total if limit is None else limit)
+        records, total, which = found.records, found.total, "newest runs"
+    _say_cut(session, len(records), total, which)
     rows = [
         {
             "run_id": r.id,
             "status": shown_status(r),
             "parent": parent_of(r.spec),
+            "prompt": r.spec.get("prompt"),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -862,7 +897,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if record.unreadable:
             session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
-        print(json.dumps({"runs": rows}, ensure_ascii=False))
+        print(json.dumps({"runs": rows, "total": total}, ensure_ascii=False))
         return EXIT_DONE
     from tether.surfaces.terminal import render_runs
 
@@ -873,16 +908,19 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     from tether.views.pending import pending_approvals
 
-    pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
+    waiting = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)  # all, to count them
+    pending = waiting if args.all else waiting[: args.limit]
+    _say_cut(session, len(pending), len(waiting), "longest waiting calls")
     roots = {call.root for call in pending}
     queues = {root: queue for root in roots if (queue := queue_of(session.store.load_run(root).spec)) is not None}
     if session.json:
         shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
-        print(json.dumps({"pending": shown}, ensure_ascii=False, default=str))
+        print(json.dumps({"pending": shown, "total": len(waiting)}, ensure_ascii=False, default=str))
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation(), db=session._db_hint(), queues=queues)
+    hint = session._db_hint()
+    render_pending(session.out, pending, command=invocation(), db=hint, queues=queues, total=len(waiting))
     return EXIT_DONE
 
 

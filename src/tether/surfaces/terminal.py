@@ -618,8 +618,11 @@ def render_pending(
     command: str = "tether",
     db: str = "",
     queues: Mapping[str, str] | None = None,
+    total: int | None = None,
 ) -> None:
     """Calls waiting for a person, one block each, with the exact input they would approve.
+
+    ``total``: how many calls wait in all, when only some are shown (the footer counts them all).
 
     ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied),
     and ``db`` ends them (`` --db URL`` unless the database is the default).
@@ -655,8 +658,10 @@ def render_pending(
                 Text.assemble(("  then   ", "dim"), f"queued for `tether worker` (queue {queue}): it goes on by itself")
             )
         console.print()
+    waiting = len(pending) if total is None else total
+    count = f"{waiting:,} call(s) waiting" + ("" if waiting == len(pending) else f" ({len(pending):,} shown)")
     decide = (
-        f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL{escape(db)}[/] or "
+        f"{count}. Decide with [bold]{escape(command)} approve RUN CALL{escape(db)}[/] or "
         f"[bold]{escape(command)} deny RUN CALL{escape(db)}[/]"
     )
     if all(call.root in queues for call in pending):
@@ -768,26 +773,52 @@ def _outcome(entry: AuditEntry) -> Text:
     return Text(printable(outcome), style=style)
 
 
+RUNS_HEADERS = ("status", "steps", "tools", "updated", "run")
+PROMPT_BESIDE = 20
+"""The least room for a prompt beside its run; on a narrower terminal it goes on a line of its own."""
+
+
 def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
-    """A table of runs; a child run listed with its parent comes right under it, marked ``└``."""
+    """Runs in columns (ids whole: they are copied into commands), each with its date and prompt.
+
+    The prompt is cut to the room left on the line, or, when too little is left (80 columns),
+    put on its own line under its run. A child run listed with its parent comes right under it,
+    marked ``└``.
+    """
     if not rows:
         console.print("No runs match.")
         return
-    table = Table("status", "steps", "tools", "updated")
-    table.columns[0].no_wrap = True
-    table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
-    now = time.localtime()
-    for row, depth in _as_trees(rows):
-        shown = Text(("  " * (depth - 1) + "└ " if depth else "") + row["run_id"])
-        updated = _short_time(time.localtime(row["updated_at"]), now)
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), updated, shown)
-    console.print(table)
+    listed = _as_trees(rows)
+    cells = [
+        (
+            row["status"],
+            str(row["steps"]),
+            str(row["tool_calls"]),
+            _short_time(time.localtime(row["updated_at"]), time.localtime()),
+            ("  " * (depth - 1) + "└ " if depth else "") + row["run_id"],
+        )
+        for row, depth in listed
+    ]
+    widths = [max(len(header), *(len(line[n]) for line in cells)) for n, header in enumerate(RUNS_HEADERS)]
+
+    def columns(line: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+
+    room = console.width - len(columns(RUNS_HEADERS)) - 2 if console.is_terminal else 160
+    beside = room >= PROMPT_BESIDE
+    console.print(Text(columns(RUNS_HEADERS) + ("  prompt" if beside else ""), style="bold"), soft_wrap=True)
+    for line, (row, _) in zip(cells, listed, strict=True):
+        prompt = _preview(row["prompt"], room if beside else console.width - 4) if row.get("prompt") else None
+        if beside:
+            console.print(Text.assemble(columns(line), "  ", prompt or ("-", "dim")), soft_wrap=True)
+        else:
+            console.print(Text(columns(line).rstrip()), soft_wrap=True)
+            if prompt is not None:
+                console.print(Text.assemble("    ", (prompt, "dim")), soft_wrap=True)
 
 
 def _short_time(when: time.struct_time, now: time.struct_time) -> str:
-    """As ``ls -l`` does, so the runs table fits 80 columns: today's time, this year's day and minute, else the date."""
-    if when[:3] == now[:3]:
-        return time.strftime("%H:%M:%S", when)
+    """As ``ls -l`` does, so the runs table fits 80 columns: this year's day and minute, else the date."""
     if when.tm_year == now.tm_year:
         return time.strftime("%m-%d %H:%M", when)
     return time.strftime("%Y-%m-%d", when)
