@@ -34,7 +34,7 @@ from tether.core.links import depth_of
 from tether.core.state import RunState
 from tether.drivers.runner import RunResult
 from tether.drivers.worker import WorkerNote
-from tether.errors import DeniedByPolicy, InvalidEditedInput
+from tether.errors import ConfigError, DeniedByPolicy, InvalidEditedInput
 from tether.facts.events import (
     ApprovalRequested,
     CacheMiss,
@@ -51,6 +51,7 @@ from tether.facts.events import (
 )
 from tether.facts.status import WAITING_RETRY, RunStatus, status_name
 from tether.facts.usage import Usage
+from tether.surfaces.editor import chosen_editor, edit_text
 from tether.surfaces.line_input import read_line
 from tether.views.audit import AuditEntry
 from tether.views.printable import printable
@@ -72,7 +73,8 @@ CHOICES = {
 }
 LEGEND = (
     "a approve · d deny (then a reason for the model) · e edit the input as JSON\n"
-    "A approve the tool for the rest of the run · full words work too"
+    "A approve the tool for the rest of the run · full words work too\n"
+    "e opens $VISUAL or $EDITOR when set, else asks for the JSON on one line"
 )
 """Printed once above the prompts, which stay short enough for 80 columns."""
 
@@ -361,29 +363,72 @@ class TerminalApprover:
         return next((agent for agent in agents if request.tool in agent.tool_index), self.agent)
 
     def _edit(self, request: PendingApproval) -> dict[str, Any] | None:
-        """Asked again until the JSON is valid for the tool and no deny rule forbids it.
+        """The edited input, checked: in ``$VISUAL``/``$EDITOR`` when set, else typed on one line.
 
-        None when the person enters an empty line: they changed their mind about editing.
+        None when the person goes back to the question (they changed their mind about editing).
         """
+        editor = chosen_editor()
+        if editor is not None:
+            try:
+                return self._edit_in(editor, request)
+            except ConfigError as error:  # the editor cannot be started, or failed
+                said = f"{printable(str(error))}: type the input on one line instead"
+                self.console.print(Text(said, style="red"), soft_wrap=False)
+        return self._edit_line(request)
+
+    def _edit_in(self, editor: list[str], request: PendingApproval) -> dict[str, Any] | None:
+        """Edited in the editor, as pretty JSON; a mistake is said and the same text edited again.
+
+        Nothing typed is lost: the editor reopens on what the person left, never on the original.
+        An emptied or unchanged file goes back to the question.
+        """
+        text = printable(json.dumps(request.input, indent=2, ensure_ascii=False)) + "\n"
+        while True:
+            text = edit_text(text, editor)
+            if not text.strip():
+                self.console.print(Text("The input was emptied: back to the question.", style="yellow"))
+                return None
+            checked = self._checked(request, text)
+            if checked is not None:
+                if checked == request.input:
+                    self.console.print(Text("The input was not changed: back to the question.", style="yellow"))
+                    return None
+                return checked
+            again = self._input(Text("Enter: edit it again · b: back to the question > ")).strip().lower()
+            if again in ("b", "back"):
+                return None
+
+    def _edit_line(self, request: PendingApproval) -> dict[str, Any] | None:
+        """Asked again until the JSON typed is valid; None when the person enters an empty line."""
         while True:
             raw = self._input(Text("New input as JSON (empty line: back) > ")).strip()
             if not raw:
                 return None
-            try:
-                value = json.loads(raw)
-            except ValueError as error:
-                self.console.print(Text(f"Not valid JSON: {error}", style="red"), soft_wrap=False)
-                continue
-            if not isinstance(value, dict):
-                self.console.print(Text("The input must be a JSON object.", style="red"))
-                continue
-            try:
-                return engine.check_edit(self._judging(request), request, value)
-            except InvalidEditedInput as error:
-                problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
-                self.console.print(problems, soft_wrap=False)
-            except DeniedByPolicy as error:
-                self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
+            checked = self._checked(request, raw)
+            if checked is not None:
+                return checked
+
+    def _checked(self, request: PendingApproval, raw: str) -> dict[str, Any] | None:
+        """``raw`` as the call's new input, if valid for the tool and allowed by the rules.
+
+        Else None, the mistake said in one line.
+        """
+        try:
+            value = json.loads(raw)
+        except ValueError as error:
+            self.console.print(Text(f"Not valid JSON: {error}", style="red"), soft_wrap=False)
+            return None
+        if not isinstance(value, dict):
+            self.console.print(Text("The input must be a JSON object.", style="red"))
+            return None
+        try:
+            return engine.check_edit(self._judging(request), request, value)
+        except InvalidEditedInput as error:
+            problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
+            self.console.print(problems, soft_wrap=False)
+        except DeniedByPolicy as error:
+            self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
+        return None
 
 
 def _stopped_message(decided: int, waiting: int) -> str:
