@@ -190,6 +190,8 @@ def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 # Environment and text ---------------------------------------------------------------------
 CLEAN_ENV_PREFIXES = ("ANTHROPIC", "OPENAI", "TETHER")
+EDITOR_VARIABLES = ("VISUAL", "EDITOR")
+"""Left out too: ``e`` at a prompt would open the person's editor instead of asking for a line."""
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
 )
@@ -197,9 +199,9 @@ ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles,
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child: no ANTHROPIC_* or TETHER_* settings (no API
-    key, database, model or demo workspace leaks in), rich at 200 columns, the venv first on
+    key, database, model or demo workspace leaks in), no editor, rich at 200 columns, the venv first on
     PATH (as once activated: the hints tether prints then say plain ``tether``), then ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES) and k not in EDITOR_VARIABLES}
     env["COLUMNS"] = "200"  # rich wraps at 80 columns without a terminal; keep messages on one line
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra)

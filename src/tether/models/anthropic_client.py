@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import anthropic
 
 from tether.errors import ModelError
-from tether.models.sdk import CappedRetries, transient, translating
+from tether.models.sdk import CappedRetries, transient, translating, unreached
 from tether.redact import scrub
 
 MAX_QUOTED = 500
@@ -90,7 +90,8 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
             retry_waits=retry_waits,
         )
     if isinstance(error, anthropic.APIConnectionError):
-        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True, retry_waits=retry_waits)
+        message = f"cannot reach the Anthropic API{unreached(error)}: {error}"
+        return ModelError(message, retryable=True, retry_waits=retry_waits)
     return ModelError(f"Anthropic client error: {error}", retry_waits=retry_waits)
 
 

@@ -14,7 +14,7 @@ import openai
 
 from tether.errors import ModelError
 from tether.models.chat_format import SOURCE
-from tether.models.sdk import CappedRetries, transient, translating
+from tether.models.sdk import CappedRetries, transient, translating, unreached
 from tether.redact import scrub
 
 CONTEXT_ERROR_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
@@ -48,7 +48,7 @@ def translate_error(error: openai.OpenAIError, waits: list[float] | None = None)
             f"OpenAI API error {status}: {message}", status=status, retryable=transient(status), retry_waits=retry_waits
         )
     if isinstance(error, openai.APIConnectionError):
-        return ModelError(f"cannot reach {SOURCE}: {error}", retryable=True, retry_waits=retry_waits)
+        return ModelError(f"cannot reach {SOURCE}{unreached(error)}: {error}", retryable=True, retry_waits=retry_waits)
     if isinstance(error, openai.APIError):  # an error chunk mid-stream (after an HTTP 200)
         kind = error.type or error.code or "error"
         retryable = kind in ("server_error", "rate_limit_exceeded", "timeout")

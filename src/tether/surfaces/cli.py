@@ -5,7 +5,8 @@ Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usag
 e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
 the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
 model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
-its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
+its last committed step; the hint says how), or at the approval prompt (the run is parked first,
+the calls not answered left pending). ``--json`` prints exactly one JSON object on stdout
 and nothing else, an interrupted run's object as it stands included.
 """
 
@@ -86,15 +87,16 @@ from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
 from tether.models import ModelAdapter
+from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
     from tether.policy.access import Credentials
-    from tether.surfaces.terminal import LiveView
+    from tether.surfaces.terminal import LiveView, TerminalApprover
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
 EXIT_BUSY = 5
@@ -141,7 +143,7 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-RUN_ID_HELP = "the run's id (see `tether runs`)"
+RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
@@ -214,14 +216,16 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
         "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
     )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...], "total": N}')
+    _add_limit(runs, "runs")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
     pending = with_db(commands.add_parser("pending", help="list tool calls waiting for approval"))
-    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...]}')
+    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...], "total": N}')
     pending.add_argument("--run", dest="run_id", help="only this run's calls (and those of the child runs below it)")
     pending.add_argument("--tenant", help="only this tenant's runs")
+    _add_limit(pending, "calls")
 
     _add_audit(with_db(commands.add_parser("audit", help="every tool call: input, decision, attempts, outcome")))
 
@@ -256,6 +260,34 @@ def _with_otel(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="trace with OpenTelemetry (tether[otel]; on too when $OTEL_TRACES_EXPORTER is set: otlp, console)",
     )
     return sub
+
+
+DEFAULT_LISTED = 100
+"""How many runs ``tether runs`` lists, and calls ``tether pending``, unless ``--limit`` or ``--all``."""
+
+
+def _add_limit(listing: argparse.ArgumentParser, what: str) -> None:
+    """``--limit N`` or ``--all``: how much of a listing is shown (a cut one says so on stderr)."""
+    group = listing.add_mutually_exclusive_group()
+    group.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=DEFAULT_LISTED,
+        metavar="N",
+        help=f"list at most N {what} (default {DEFAULT_LISTED}); when there are more, stderr says how many",
+    )
+    group.add_argument("--all", action="store_true", help=f"list every {what}")
+
+
+def _say_cut(session: _Session, shown: int, total: int, which: str) -> None:
+    """On stderr, when a listing shows less than there is: ``showing the newest 100 of 1,234 runs; ...``.
+
+    ``which`` says what is listed first and what the items are: ``newest runs``.
+    """
+    if shown < total:
+        order, noun = which.rsplit(" ", 1)
+        said = f"showing the {order} {shown:,} of {total:,} {noun}; --limit N or --all for more"
+        session.err.print(Text(said))
 
 
 def _add_fork(fork: argparse.ArgumentParser) -> None:
@@ -391,6 +423,8 @@ class _Session:
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.agents: list[Agent] = []
         """The agents made here: their teams' toolsets and models are closed at the end (:meth:`Agent.close`)."""
+        self.prompt: TerminalApprover | None = None
+        """The person's prompt, if one was made: a Ctrl-C there parks the run and ends the command as interrupted."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
@@ -409,7 +443,8 @@ class _Session:
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
             actor = os.environ.get("USER") or "terminal"
-            return TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            self.prompt = TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            return self.prompt
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def _decided_meanwhile(self, request: PendingApproval) -> str | None:
@@ -520,6 +555,8 @@ class _Session:
                         " find it)",
                     )
                 )
+        if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
+            return _interrupted_exit(self.prompt.interrupted)
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
@@ -566,7 +603,11 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
-    agent = session.agent(spec)
+    agent = session.agent(spec)  # its settings checked first: a key would not mend them
+    if not args.detach and spec["model"] != DEMO_MODEL:  # a queued run is called by its worker, with its keys
+        missing = missing_credentials(spec["model"])
+        if missing is not None:
+            raise ConfigError(missing)
     if args.detach:
         return _detach(args, session, agent)
     runner = session.runner(args, agent)
@@ -825,18 +866,23 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    if args.due:
-        records = session.store.list_due(time.time())
-    elif args.status is not None:
-        status, waiting_retry = stored_filter(args.status)
-        records = session.store.list_runs(status=status, waiting_retry=waiting_retry)
+    store, limit = session.store, None if args.all else args.limit
+    if args.due:  # every run due is read (those waiting for a retry bound them), to count them
+        retrying = store.query_runs(RunQuery(waiting_retry=True), limit=0).total
+        due = store.list_due(time.time(), limit=max(retrying, 1))
+        records, total, which = due[:limit], len(due), "earliest due runs"
     else:
-        records = session.store.list_runs()
+        status, waiting_retry = stored_filter(args.status) if args.status is not None else (None, None)
+        query = RunQuery(status=status, waiting_retry=waiting_retry)
+        found = store.query_runs(query, limit=store.query_runs(query, limit=0).total if limit is None else limit)
+        records, total, which = found.records, found.total, "newest runs"
+    _say_cut(session, len(records), total, which)
     rows = [
         {
             "run_id": r.id,
             "status": shown_status(r),
             "parent": parent_of(r.spec),
+            "prompt": r.spec.get("prompt"),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -851,7 +897,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if record.unreadable:
             session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
-        print(json.dumps({"runs": rows}, ensure_ascii=False))
+        print(json.dumps({"runs": rows, "total": total}, ensure_ascii=False))
         return EXIT_DONE
     from tether.surfaces.terminal import render_runs
 
@@ -862,16 +908,19 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     from tether.views.pending import pending_approvals
 
-    pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
+    waiting = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)  # all, to count them
+    pending = waiting if args.all else waiting[: args.limit]
+    _say_cut(session, len(pending), len(waiting), "longest waiting calls")
     roots = {call.root for call in pending}
     queues = {root: queue for root in roots if (queue := queue_of(session.store.load_run(root).spec)) is not None}
     if session.json:
         shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
-        print(json.dumps({"pending": shown}, ensure_ascii=False, default=str))
+        print(json.dumps({"pending": shown, "total": len(waiting)}, ensure_ascii=False, default=str))
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation(), db=session._db_hint(), queues=queues)
+    hint = session._db_hint()
+    render_pending(session.out, pending, command=invocation(), db=hint, queues=queues, total=len(waiting))
     return EXIT_DONE
 
 
@@ -1449,6 +1498,20 @@ def _printable_output() -> None:
 
 IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
 """Arguments naming something stored, looked up in the database."""
+RUN_ARGUMENTS = ("run_id", "run", "continue_from")
+"""Arguments naming a run: by its id, or any start of it that names one run only."""
+
+
+def _whole_run_ids(args: argparse.Namespace, session: _Session) -> None:
+    """Each run named by the start of its id, named by its whole id (``AmbiguousRunId`` if several runs share it)."""
+    from tether.stores.run_ids import resolve_run_id
+
+    for name in RUN_ARGUMENTS:
+        given = getattr(args, name, None)
+        if isinstance(given, str):
+            setattr(args, name, resolve_run_id(session.store, given))
+    if args.command == "resume":  # named when Ctrl-C stops the drive
+        session.run_id = args.run_id
 
 
 def _surrogates(text: str) -> bool:
@@ -1522,6 +1585,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         _check_extras(args)
         session = _Session(args)
+        _whole_run_ids(args, session)
         return COMMANDS[args.command](args, session)
     except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)
