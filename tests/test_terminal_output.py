@@ -232,17 +232,21 @@ def test_show_and_audit_piped_keep_every_value_whole(parked: tuple[Workspace, st
 
 
 @pytest.mark.parametrize("columns", [80, 160])
-@pytest.mark.parametrize("command", ["audit", "show"])
+@pytest.mark.parametrize("command", ["audit", "show", "show --events"])
 def test_show_and_audit_fit_the_terminal(parked: tuple[Workspace, str, CliResult], command: str, columns: int) -> None:
     ws, run_id, _ = parked
-    screen = ws.screen(*(["audit"] if command == "audit" else ["show", run_id]), columns=columns)
+    name, *flags = command.split()
+    screen = ws.screen(*(["audit"] if name == "audit" else ["show", run_id, *flags]), columns=columns)
     assert_safe(screen, whole=False)  # wrapped to the screen
     lines = ANSI.sub("", screen).split("\n")
     assert all(len(line) <= columns for line in lines), [line for line in lines if len(line) > columns]
     text = " ".join(lines)
-    audit_words = ["input", "decision", "outcome", "echo", "delete", "toolu_echo", "toolu_del"]
-    show_words = ["tool_finished", "toolu_echo", "executing_tool", "awaiting_approval"]
-    for word in audit_words if command == "audit" else show_words:
+    words = {
+        "audit": ["input", "decision", "outcome", "echo", "delete", "toolu_echo", "toolu_del"],
+        "show": ["step 1", "toolu_echo", "toolu_del", "awaiting_approval", "waiting for a person"],
+        "show --events": ["tool_finished", "toolu_echo", "executing_tool", "awaiting_approval"],
+    }
+    for word in words[command]:
         assert word in text, (word, screen)  # whole: never squeezed to "to…"
     assert "executingTool" not in text
 

@@ -205,8 +205,9 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
 
     _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
 
-    show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
+    show = with_db(commands.add_parser("show", help="show a run as a conversation: prompt, steps, calls, decisions"))
     show.add_argument("run_id", help=RUN_ID_HELP)
+    show.add_argument("--events", action="store_true", help="show the run's event log instead of the conversation")
     show.add_argument("--json", action="store_true", help="print one JSON object, with the messages and the event log")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
@@ -818,7 +819,13 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
         )
     if tree.children:
         render_tree(session.out, tree)
-    render_events(session.out, events)
+    if args.events:
+        render_events(session.out, events)
+        return EXIT_DONE
+    from tether.surfaces.story import render_conversation
+    from tether.views.conversation import conversation
+
+    render_conversation(session.out, conversation(args.run_id, events, tree.children))
     return EXIT_DONE
 
 

@@ -464,7 +464,7 @@ def _fits(console: Console, table: Table) -> bool:
     return needed <= console.width
 
 
-def _value(console: Console, value: Any) -> Text:
+def record_value(console: Console, value: Any) -> Text:
     """A record's value: text as it is, anything else as JSON; cut only on a terminal."""
     text = printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
     if console.is_terminal and len(text) > SCREEN_VALUE_CHARS:
@@ -472,26 +472,29 @@ def _value(console: Console, value: Any) -> Text:
     return Text(text)
 
 
-def _print_record(console: Console, heading: Text, fields: Sequence[tuple[str, Text]]) -> None:
-    """A heading line, then ``label  value`` lines indented under it.
+def print_record(console: Console, heading: Text, fields: Sequence[tuple[str, Text]], *, indent: int = 0) -> None:
+    """A heading line, then ``label  value`` lines indented under it (all ``indent`` columns in).
 
     On a terminal each value wraps beside its label, within the screen; in a pipe each field
     is one whole line, for grep and for people reading a file.
     """
+    margin = " " * indent
     if not console.is_terminal:
         width = max((len(label) for label, _ in fields), default=0)
-        console.print(heading, soft_wrap=True)
+        console.print(Text(margin) + heading, soft_wrap=True)
+        under = Text("\n" + margin + " " * (width + 4))  # a value's later lines start under its first
         for label, value in fields:
-            console.print(Text.assemble("  ", (label.ljust(width), "dim"), "  ", value), soft_wrap=True)
+            lines = under.join(value.split("\n", allow_blank=True))
+            console.print(Text.assemble(margin, "  ", (label.ljust(width), "dim"), "  ", lines), soft_wrap=True)
         return
-    console.print(heading, soft_wrap=False)
+    console.print(Padding(heading, (0, 0, 0, indent)), soft_wrap=False)
     if fields:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column(overflow="fold")  # a long word (an id, a path) breaks instead of being cut
         for label, value in fields:
             grid.add_row(label, value)
-        console.print(Padding(grid, (0, 0, 0, 2)), soft_wrap=False)
+        console.print(Padding(grid, (0, 0, 0, indent + 2)), soft_wrap=False)
 
 
 _MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
@@ -526,7 +529,7 @@ def _print_event(console: Console, event: Event) -> None:
     if any(said):
         heading.append("  " + " · ".join(part for part in said if part), "dim")
     detail = _detail(event, whole=True)
-    _print_record(console, heading, [(key, _value(console, value)) for key, value in detail.items()])
+    print_record(console, heading, [(key, record_value(console, value)) for key, value in detail.items()])
 
 
 def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
@@ -689,14 +692,14 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         fields = [
             ("call", Text(printable(f"{entry.run_id} {entry.call_id}"))),
             *((("agent", Text(printable(entry.agent))),) if entry.agent else ()),
-            ("input", _value(console, entry.input)),
+            ("input", record_value(console, entry.input)),
             ("decision", Text(_verdict(entry))),
             ("outcome", _outcome(entry)),
             ("tries", Text(str(entry.attempts))),
         ]
         if entry.duration is not None:
             fields.append(("seconds", Text(f"{entry.duration:.3f}")))
-        _print_record(console, heading, fields)
+        print_record(console, heading, fields)
 
 
 _NOTES = {
