@@ -188,3 +188,39 @@ def test_a_reviewer_reads_show_on_an_80_column_terminal(told: tuple[Workspace, s
     ):
         assert said in flat, (said, screen)
     assert re.search(r"step 4 · [^\n]*─+", screen)
+
+
+def test_audit_shows_the_input_that_ran_the_error_and_every_reason(told: tuple[Workspace, str]) -> None:
+    ws, run_id = told
+    lines = lines_of(ws("audit", "--run", run_id).stdout)
+    for said in (
+        'input {"path": "/tmp/a"}',  # what ran
+        'original {"path": "/a"}',  # what the model asked for
+        "asked the tool is marked approval=True",
+        "decision approved by ann (input edited)",
+        "decision denied by bob: keep b: it holds the backups",
+        "error Error: the call was denied by bob: keep b: it holds the backups",
+        "outcome error ValueError",
+        "error Error (retryable): tool 'boom' raised ValueError: disk on fire",
+        "decision approved by cy, for the rest of the run",
+        "decision approved by cy, for the run with toolu_s1: send was approved for the rest of the run",
+    ):
+        assert said in lines, (said, lines)
+
+
+def test_audit_on_a_wide_terminal_is_a_table_with_the_input_that_ran_and_the_error(
+    told: tuple[Workspace, str],
+) -> None:
+    ws, run_id = told
+    child = spawn_tether(ws.root, "audit", "--run", run_id, "--db", ws.db, columns=300)
+    try:
+        status, _ = finish_terminal(child)
+    finally:
+        child.close(force=True)
+    assert status == 0, transcript(child)
+    rows = ANSI.sub("", transcript(child).replace("\r\n", "\n")).split("\n")
+    [edited] = [row for row in rows if "toolu_a" in row]
+    assert '{"path": "/tmp/a"}' in edited
+    assert "approved by ann (input edited)" in edited
+    [failed] = [row for row in rows if "toolu_boom" in row]
+    assert "error ValueError: Error (retryable): tool" in failed

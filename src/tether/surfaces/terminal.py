@@ -51,7 +51,7 @@ from tether.facts.events import (
 )
 from tether.facts.status import WAITING_RETRY, RunStatus, status_name
 from tether.facts.usage import Usage
-from tether.views.audit import AuditEntry
+from tether.views.audit import AuditEntry, decision_said
 from tether.views.printable import printable
 from tether.views.tree import RunNode
 
@@ -665,7 +665,11 @@ def render_pending(
 
 
 def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
-    """The audit log: one row per tool call (``--json`` has every detail); the agent of each when any is named."""
+    """The audit log: one row per tool call (``--json`` has every detail); the agent of each when any is named.
+
+    The input is the one that ran (a person's edit); a record also shows the model's original,
+    why a person was asked, and the error text whole.
+    """
     if not entries:
         console.print("No tool calls match.")
         return
@@ -677,10 +681,10 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
             _when(entry),
             *((Text(printable(entry.agent or "-")),) if agents else ()),
             Text(printable(entry.tool)),
-            Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
-            Text(_verdict(entry)),
+            Text(_preview(json.dumps(entry.input_ran, ensure_ascii=False), 50)),
+            Text(_preview(_verdict(entry), 60)),
             str(entry.attempts),
-            _outcome(entry),
+            _outcome(entry, error_chars=40),
             "-" if entry.duration is None else f"{entry.duration:.3f}",
             Text(printable(f"{entry.run_id} {entry.call_id}")),
         )
@@ -692,9 +696,12 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         fields = [
             ("call", Text(printable(f"{entry.run_id} {entry.call_id}"))),
             *((("agent", Text(printable(entry.agent))),) if entry.agent else ()),
-            ("input", record_value(console, entry.input)),
+            ("input", record_value(console, entry.input_ran)),
+            *((("original", record_value(console, entry.input)),) if entry.edited else ()),
+            *((label, Text(printable(text))) for label, text in decision_said(entry)[:-1]),
             ("decision", Text(_verdict(entry))),
             ("outcome", _outcome(entry)),
+            *((("error", record_value(console, entry.error)),) if entry.error is not None else ()),
             ("tries", Text(str(entry.attempts))),
         ]
         if entry.duration is not None:
@@ -735,24 +742,21 @@ def _when(entry: AuditEntry) -> str:
 
 
 def _verdict(entry: AuditEntry) -> str:
-    """Who decided and how: ``denied by alice: too risky``, ``approved by bob (input edited)``."""
-    decision = entry.decision or {}
-    verdict = f"{decision.get('verdict', '-')} by {decision['by']}" if decision.get("by") else "-"
-    if decision.get("verdict") == "allowed" and not decision.get("by"):
-        verdict = str(decision.get("reason") or "allowed")  # no approval needed
-    if decision.get("for_run_call"):
-        verdict += f" (for the run, with {decision['for_run_call']})"
-    if decision.get("reason") and decision.get("verdict") == "denied":
-        verdict += f": {_preview(str(decision['reason']), 40)}"
-    if decision.get("edited_input") is not None:
-        verdict += " (input edited)"
-    return printable(verdict)
+    """Who decided and how, with their reason: ``denied by alice: too risky``, ``approved by bob (input edited)``."""
+    said = decision_said(entry)
+    if not said:
+        return "-"
+    verdict, text = said[-1]
+    return printable(f"{verdict} {text}" + (" (input edited)" if entry.edited else ""))
 
 
-def _outcome(entry: AuditEntry) -> Text:
+def _outcome(entry: AuditEntry, *, error_chars: int | None = None) -> Text:
+    """The call's status, its exception type and (given ``error_chars``) the head of its error text."""
     outcome = entry.status
     if entry.status == "error" and entry.error_type:
         outcome += f" {entry.error_type}"
+    if error_chars is not None and entry.error:
+        outcome += f": {_preview(entry.error, error_chars)}"
     if entry.cached:
         outcome += " (cached)"
     if entry.truncated_from is not None:

@@ -324,8 +324,7 @@ def decision_said(entry: AuditEntry) -> list[tuple[str, str]]:
             lines.append(("after", f"the last attempt failed: {entry.approvals[-1]['last_error']}"))
     said = {"never_decided": "never decided"}.get(verdict, verdict)
     if verdict == "allowed":
-        who = "" if by in (None, "policy") else f"by {by}"
-        text = ": ".join(part for part in (who, reason or "no approval needed") if part)
+        text = f"by {by}: {reason}" if by else reason or "no approval needed"
     elif verdict == "pending":
         text = "waiting for a person"
     else:
