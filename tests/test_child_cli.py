@@ -153,7 +153,7 @@ def test_show_pending_and_diagram_draw_the_tree_of_runs(tether: Tether) -> None:
     _, pending, _ = tether("pending")
     assert f"chain  {root} → {child}" in pending
     assert [p["run_id"] for p in tether.json("pending", "--run", root)["pending"]] == [child]  # the tree's calls
-    assert "the first run of its chain" in " ".join(pending.split())
+    assert "then go on with (RUN: the first run of a call's chain):" in pending
     _, shown, _ = tether("show", root)
     assert f"└── {child} reviewer for review toolu_review awaiting_approval" in " ".join(shown.split())
     told = [" ".join(line.split()) for line in shown.splitlines()]

@@ -22,6 +22,7 @@ from rich.console import Console  # noqa: TID251 - the live view is checked on a
 
 from support import (
     ANSI,
+    TETHER,
     CliResult,
     finish_all,
     finish_terminal,
@@ -190,7 +191,7 @@ def test_a_piped_run_prints_model_and_tool_text_safely(parked: tuple[Workspace, 
     _, _, started = parked
     assert_safe(started.stdout)
     assert "state  thinking → executing_tool" in started.stdout
-    assert f"Decide with tether approve {parked[1]} {printable(DEL_ID)} --db" in started.stdout
+    assert f"Decide with:\n  {TETHER} approve {parked[1]} {printable(DEL_ID)} --db" in started.stdout
     assert "executingTool" not in started.stdout
     assert "awaitingApproval" not in started.stdout
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
@@ -648,20 +647,17 @@ def render_pending(
                 Text.assemble(("  then   ", "dim"), f"queued for `tether worker` (queue {queue}): it goes on by itself")
             )
         console.print()
-    decide = (
-        f"{len(pending)} call(s) waiting. Decide with [bold]{escape(command)} approve RUN CALL{escape(db)}[/] or "
-        f"[bold]{escape(command)} deny RUN CALL{escape(db)}[/]"
-    )
+    console.print(f"{len(pending)} call(s) waiting. Decide with:")
+    for verb in ("approve", "deny"):
+        console.print(Text(f"  {command} {verb} RUN CALL{db}", style="bold"))
     if all(call.root in queues for call in pending):
-        console.print(decide + "; each run's worker goes on by itself")
+        console.print("Each run's worker goes on by itself.")
         return
-    root = " (for a call in a chain, the first run of its chain, which drives the others)"
-    queued = "; a queued run's worker goes on by itself" if any(call.root in queues for call in pending) else ""
-    console.print(
-        f"{decide}, then [bold]{escape(command)} resume RUN{escape(db)}[/]"
-        + (root if any(len(call.chain) > 1 for call in pending) else "")
-        + queued
-    )
+    chains = any(len(call.chain) > 1 for call in pending)
+    console.print("then go on with" + (" (RUN: the first run of a call's chain):" if chains else ":"))
+    console.print(Text(f"  {command} resume RUN{db}", style="bold"))
+    if any(call.root in queues for call in pending):
+        console.print("(a queued run's worker goes on by itself)")
 
 
 def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
