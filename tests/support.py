@@ -380,6 +380,8 @@ def run_tether_process(cwd: Path, *args: str, env: Mapping[str, str] | None = No
 
 TETHER_MAIN = str(Path(__file__).resolve().parents[1] / "src" / "tether" / "__main__.py")
 """What ``sys.argv[0]`` is in ``python -m tether`` (the hints tether prints depend on it)."""
+TETHER = str(Path(sys.executable).parent / "tether")
+"""How the hints of ``python -m tether`` under :func:`clean_env` name tether: this venv's script, absolutely."""
 
 
 def run_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
@@ -420,7 +422,7 @@ def _like_a_new_process(
     are forgotten afterwards, as are directories added to ``sys.path``: the next command
     imports them anew, as a new process would.
     """
-    from tether.surfaces import cli
+    from tether.surfaces import hints
 
     saved_env, saved_cwd, saved_argv, saved_path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
     modules = set(sys.modules)
@@ -430,7 +432,7 @@ def _like_a_new_process(
     os.environ.update(environment)
     os.chdir(cwd)
     sys.argv = argv
-    cli.invocation.cache_clear()  # it depends on PATH and argv
+    hints.invocation.cache_clear()  # it depends on PATH and argv
     logging.getLogger().addHandler(logged)
     try:
         with (
@@ -447,7 +449,7 @@ def _like_a_new_process(
                     err.write(warnings.formatwarning(shown.message, shown.category, shown.filename, shown.lineno))
     finally:
         logging.getLogger().removeHandler(logged)
-        cli.invocation.cache_clear()
+        hints.invocation.cache_clear()
         sys.argv = saved_argv
         sys.path[:] = saved_path
         for name in set(sys.modules) - modules:

@@ -265,11 +265,14 @@ def test_the_pending_footer_names_the_command_this_tether_was_started_by() -> No
     )
     out = io.StringIO()
     render_pending(Console(file=out, width=200, color_system=None), [call], command=".venv/bin/tether")
-    footer = out.getvalue().strip().splitlines()[-1]
-    assert footer == (
-        "1 call(s) waiting. Decide with .venv/bin/tether approve RUN CALL or "
-        ".venv/bin/tether deny RUN CALL, then .venv/bin/tether resume RUN"
-    )
+    footer = out.getvalue().strip().splitlines()[-5:]
+    assert footer == [  # a command a line, never wrapped inside a sentence
+        "1 call(s) waiting. Decide with:",
+        "  .venv/bin/tether approve RUN CALL",
+        "  .venv/bin/tether deny RUN CALL",
+        "then go on with:",
+        "  .venv/bin/tether resume RUN",
+    ]
 
 
 def test_the_pending_footer_says_a_queued_run_goes_on_by_itself() -> None:
@@ -300,9 +303,11 @@ def test_the_pending_footer_says_a_queued_run_goes_on_by_itself() -> None:
 
     both = shown([queued, child])
     assert both.count("  then   queued for `tether worker` (queue default): it goes on by itself") == 2
-    assert both[-1] == (
-        "2 call(s) waiting. Decide with tether approve RUN CALL or tether deny RUN CALL; "
-        "each run's worker goes on by itself"
-    )
+    assert both[-4:] == [
+        "2 call(s) waiting. Decide with:",
+        "  tether approve RUN CALL",
+        "  tether deny RUN CALL",
+        "Each run's worker goes on by itself.",
+    ]
     mixed = shown([queued, local])
-    assert mixed[-1].endswith("then tether resume RUN; a queued run's worker goes on by itself")
+    assert mixed[-3:] == ["then go on with:", "  tether resume RUN", "(a queued run's worker goes on by itself)"]

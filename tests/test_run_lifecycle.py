@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from support import EFFECT_TOOLS, Cli, CliResult, clean_env, finish_tether, model_reply, tool_use, tool_use_turn
+from support import EFFECT_TOOLS, TETHER, Cli, CliResult, clean_env, finish_tether, model_reply, tool_use, tool_use_turn
 from tether import Agent, ModelError, Runner
 from tether.stores import open_store
 from tether.testing import ScriptedModel
@@ -192,7 +192,7 @@ def test_a_signal_while_a_tool_runs_leaves_the_run_resumable(
     stopped = finish_tether(driver)
 
     assert stopped.returncode == 128 + signum, stopped
-    assert f"interrupted; resume with: tether resume {run_id} --db {project.db}" in stopped.err
+    assert f"interrupted; resume with:\n  {TETHER} resume {run_id} --db {project.db}\n" in stopped.stderr
     assert "Traceback" not in stopped.stderr
     if json_output:
         assert stopped.data["run_id"] == run_id

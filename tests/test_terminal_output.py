@@ -22,6 +22,7 @@ from rich.console import Console  # noqa: TID251 - the live view is checked on a
 
 from support import (
     ANSI,
+    TETHER,
     CliResult,
     finish_all,
     finish_terminal,
@@ -190,7 +191,7 @@ def test_a_piped_run_prints_model_and_tool_text_safely(parked: tuple[Workspace, 
     _, _, started = parked
     assert_safe(started.stdout)
     assert "state  thinking → executing_tool" in started.stdout
-    assert f"Decide with tether approve {parked[1]} {printable(DEL_ID)} --db" in started.stdout
+    assert f"Decide with:\n  {TETHER} approve {parked[1]} {printable(DEL_ID)} --db" in started.stdout
     assert "executingTool" not in started.stdout
     assert "awaitingApproval" not in started.stdout
 
@@ -232,17 +233,21 @@ def test_show_and_audit_piped_keep_every_value_whole(parked: tuple[Workspace, st
 
 
 @pytest.mark.parametrize("columns", [80, 160])
-@pytest.mark.parametrize("command", ["audit", "show"])
+@pytest.mark.parametrize("command", ["audit", "show", "show --events"])
 def test_show_and_audit_fit_the_terminal(parked: tuple[Workspace, str, CliResult], command: str, columns: int) -> None:
     ws, run_id, _ = parked
-    screen = ws.screen(*(["audit"] if command == "audit" else ["show", run_id]), columns=columns)
+    name, *flags = command.split()
+    screen = ws.screen(*(["audit"] if name == "audit" else ["show", run_id, *flags]), columns=columns)
     assert_safe(screen, whole=False)  # wrapped to the screen
     lines = ANSI.sub("", screen).split("\n")
     assert all(len(line) <= columns for line in lines), [line for line in lines if len(line) > columns]
     text = " ".join(lines)
-    audit_words = ["input", "decision", "outcome", "echo", "delete", "toolu_echo", "toolu_del"]
-    show_words = ["tool_finished", "toolu_echo", "executing_tool", "awaiting_approval"]
-    for word in audit_words if command == "audit" else show_words:
+    words = {
+        "audit": ["input", "decision", "outcome", "echo", "delete", "toolu_echo", "toolu_del"],
+        "show": ["step 1", "toolu_echo", "toolu_del", "awaiting_approval", "waiting for a person"],
+        "show --events": ["tool_finished", "toolu_echo", "executing_tool", "awaiting_approval"],
+    }
+    for word in words[command]:
         assert word in text, (word, screen)  # whole: never squeezed to "to…"
     assert "executingTool" not in text
 

@@ -25,6 +25,7 @@ from support import (
     ANSI,
     DEMO_PROMPT,
     FIBONACCI,
+    TETHER,
     demo_db_url,
     events_of,
     fake_api_env,
@@ -426,7 +427,7 @@ def test_ctrl_c_while_a_tool_runs_exits_130_and_the_run_resumes(ws: Workspace, c
     children.append(child)
     output = interrupt_when(child, "running wait_for", started=lambda: bool(ws.effects()))
     run_id = ws.only_run()
-    assert f"interrupted; resume with: tether resume {run_id} --db {ws.db}" in output
+    assert f"interrupted; resume with: {TETHER} resume {run_id} --db {ws.db}" in output
     assert ws.effects() == ["waiting for go"]
 
     (ws.root / "go").touch()
@@ -459,7 +460,7 @@ def test_ctrl_c_while_the_model_thinks_exits_130_and_the_run_resumes(
         released.set()
     [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
     assert row["status"] == "thinking"
-    assert f"interrupted; resume with: tether resume {row['run_id']} --db {db}" in screen_text(output)
+    assert f"interrupted; resume with: {TETHER} resume {row['run_id']} --db {db}" in screen_text(output)
 
     api.reply_text("Hello again.")
     resumed = run_tether(tmp_path, "resume", row["run_id"], "--json", "--db", db, env=env)
@@ -473,8 +474,12 @@ def test_a_parked_run_prints_commands_with_the_real_call_ids(ws: Workspace) -> N
     model = ["--model", "scripted:script.json"]
     parked = run_tether(ws.root, "run", "Clean up.", "--tools", "mytools:TOOLS", *model, "--db", ws.db)
     assert parked.returncode == 3, parked
-    run_id, text = ws.only_run(), screen_text(parked.stdout)
-    assert (
-        f"Decide with tether approve {run_id} toolu_1 --db {ws.db} or tether deny {run_id} toolu_1 --db {ws.db} "
-        f"(and likewise for toolu_2, toolu_3), then tether resume {run_id} --db {ws.db}"
-    ) in text
+    run_id = ws.only_run()
+    assert parked.stdout.splitlines()[-6:] == [  # a whole command a line, never wrapped mid-sentence
+        "Decide with:",
+        f"  {TETHER} approve {run_id} toolu_1 --db {ws.db}",
+        f"  {TETHER} deny {run_id} toolu_1 --db {ws.db}",
+        "(and likewise for toolu_2, toolu_3)",
+        "then go on with:",
+        f"  {TETHER} resume {run_id} --db {ws.db}",
+    ]

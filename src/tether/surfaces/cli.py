@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import io
 import json
 import math
 import os
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -91,6 +89,7 @@ from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces.hints import command, db_option, invocation, lines
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -117,46 +116,11 @@ DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
 
-@functools.cache
-def invocation() -> str:
-    """How to run this same tether from the shell it was started in, for the commands hints show.
-
-    ``tether`` when that name on PATH is this installation (an activated venv, pipx); else the
-    path it was started by (``scripts/demo`` runs ``.venv/bin/tether`` with the venv not on
-    PATH: a bare ``tether`` would be "command not found"), or this interpreter with ``-m tether``.
-    """
-    started = sys.argv[0] if sys.argv else ""
-    on_path = shutil.which("tether")
-    if on_path is not None:
-        scripts = os.path.realpath(os.path.dirname(sys.executable))
-        if os.path.dirname(os.path.realpath(on_path)) == scripts or _same_file(on_path, started):
-            return "tether"
-    if os.path.basename(started) == "__main__.py":
-        return f"{shlex.quote(sys.executable)} -m tether"
-    return shlex.quote(started) if os.path.isfile(started) else "tether"
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
-
-
-def _absolute_sqlite(url: str) -> str:
-    """``sqlite:///runs.db`` as ``sqlite:////here/runs.db``; any other URL as it is."""
-    scheme, separator, rest = url.partition(":///")
-    if not separator or not scheme.startswith("sqlite") or rest.startswith("/") or rest.startswith(":memory:"):
-        return url
-    path, query, options = rest.partition("?")
-    return f"{scheme}:///{Path(path).resolve()}{query}{options}" if path else url
 
 
 def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per command, read top to bottom
@@ -207,8 +171,9 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
 
     _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
 
-    show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
+    show = with_db(commands.add_parser("show", help="show a run as a conversation: prompt, steps, calls, decisions"))
     show.add_argument("run_id", help=RUN_ID_HELP)
+    show.add_argument("--events", action="store_true", help="show the run's event log instead of the conversation")
     show.add_argument("--json", action="store_true", help="print one JSON object, with the messages and the event log")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
@@ -491,8 +456,8 @@ class _Session:
         """
         self.close()
         self.print_as_it_stands()
-        hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
-        self.err.print(Text(f"interrupted{hint}", style="yellow"))
+        hint = lines("interrupted; resume with:", self.command("resume", self.run_id)) if self.run_id else "interrupted"
+        self.err.print(Text(hint, style="yellow"))
 
     def print_as_it_stands(self, **extra: Any) -> None:
         """With ``--json``, the run's object as the store has it now (plus ``extra``); none if no run.
@@ -546,44 +511,27 @@ class _Session:
                 self.out.print(self._decide_hint(result))
             elif result.status == WAITING_RETRY and result.next_due_at is not None:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
-                self.out.print(
-                    Text.assemble(
-                        f"A tool retry is due at {when}: resume after it with ",
-                        (f"{invocation()} resume {result.run_id}{self._db_hint()}", "bold"),
-                        " (or let ",
-                        (f"{invocation()} runs --due{self._db_hint()}", "bold"),
-                        " find it)",
-                    )
-                )
+                lead = f"A tool retry is due at {when}: resume after it with:"
+                resume = lines(lead, self.command("resume", result.run_id))
+                due = lines("or let this find it when it is due:", self.command("runs", "--due"))
+                self.out.print(Text(f"{resume}\n{due}"))
         if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
             return _interrupted_exit(self.prompt.interrupted)
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
-        """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
+        """Commands to copy, one a line, with the first pending call's real id (absolute, with ``--db``)."""
         from tether.views.printable import printable  # call ids come from the model
 
         pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
-        run, db, tether = result.run_id, self._db_hint(), invocation()
-        each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
-        return Text.assemble(
-            "Decide with ",
-            (f"{tether} approve {run} {pending[0]}{db}", "bold"),
-            " or ",
-            (f"{tether} deny {run} {pending[0]}{db}", "bold"),
-            each,
-            ", then ",
-            (f"{tether} resume {run}{db}", "bold"),
-        )
+        run = result.run_id
+        decide = lines("Decide with:", self.command("approve", run, pending[0]), self.command("deny", run, pending[0]))
+        each = f"\n(and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
+        return Text(f"{decide}{each}\n" + lines("then go on with:", self.command("resume", run)))
 
-    def _db_hint(self) -> str:
-        """`` --db URL`` for a follow-up command, unless it is the default; never with the password.
-
-        A relative SQLite path is made absolute, so the command can be pasted in another directory.
-        """
-        if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ:
-            return ""
-        return f" --db {shlex.quote(shown_url(_absolute_sqlite(self.db_url)))}"
+    def command(self, *words: str) -> str:
+        """``/abs/tether WORDS --db URL``: a whole command to copy, for this tether and this database."""
+        return command(self.db_url, *words)
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
@@ -622,8 +570,8 @@ def _detach(args: argparse.Namespace, session: _Session, agent: Agent) -> int:
         print(json.dumps({"run_id": run_id, "status": "queued", "queue": args.queue}))
     else:
         print(run_id)
-        hint = f"{invocation()} show {run_id}{session._db_hint()}"
-        session.err.print(Text(f"queued for `tether worker` (queue {args.queue}); follow it with: {hint}"))
+        follow = session.command("show", run_id)
+        session.err.print(Text(lines(f"queued for `tether worker` (queue {args.queue}); follow it with:", follow)))
     return EXIT_DONE
 
 
@@ -734,10 +682,8 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     """Drive a run on; a child run is driven by its root (which drives it, then goes on), so name that."""
     root = _root_of(session, args.run_id)
     if root != args.run_id:
-        raise ConfigError(
-            f"run {args.run_id} is a child run (see `tether show {root}`): resume the run it belongs to, which "
-            f"drives it first: {invocation()} resume {root}{session._db_hint()}"
-        )
+        lead = f"run {args.run_id} is a child run: resume the run it belongs to, which drives it first:"
+        raise ConfigError(lines(lead, session.command("resume", root)))
     if args.detach:
         if args.force or args.approve_all or args.deny_all:
             raise ConfigError("--detach hands the run to a worker: it takes no --force, --approve-all or --deny-all")
@@ -775,7 +721,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
         if queue is not None:  # the decision queued the root, in its own transaction
             session.out.print(Text(f"queued for `tether worker` (queue {queue}): it goes on by itself"))
         else:
-            session.out.print(Text(f"continue with: {invocation()} resume {root}{session._db_hint()}"))
+            session.out.print(Text(lines("continue with:", session.command("resume", root))))
     return EXIT_DONE
 
 
@@ -813,7 +759,7 @@ def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
         print(json.dumps({**result_of(fork).to_dict(), "forked_from": fork.spec["forked_from"]}, ensure_ascii=False))
     else:
         session.out.print(Text(f"forked run {args.run_id} at step {args.at}: new run {fork.id}"))
-        session.out.print(Text(f"drive it with: {invocation()} resume {fork.id}{session._db_hint()}"))
+        session.out.print(Text(lines("drive it with:", session.command("resume", fork.id))))
     return EXIT_DONE
 
 
@@ -851,15 +797,17 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
         session.out.print(Text(f"forked from run {origin.get('run_id')} at step {origin.get('step')}"))
     if link is not None:
         root = chain_of(state.id, state.spec)[0]
-        session.out.print(
-            Text(
-                f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); "
-                f"the whole tree: {invocation()} show {root}{session._db_hint()}"
-            )
-        )
+        of = f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); the whole tree:"
+        session.out.print(Text(lines(of, session.command("show", root))))
     if tree.children:
         render_tree(session.out, tree)
-    render_events(session.out, events)
+    if args.events:
+        render_events(session.out, events)
+        return EXIT_DONE
+    from tether.surfaces.story import render_conversation
+    from tether.views.conversation import conversation
+
+    render_conversation(session.out, conversation(args.run_id, events, tree.children))
     return EXIT_DONE
 
 
@@ -919,8 +867,9 @@ def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    hint = session._db_hint()
-    render_pending(session.out, pending, command=invocation(), db=hint, queues=queues, total=len(waiting))
+    render_pending(
+        session.out, pending, command=invocation(), db=db_option(session.db_url), queues=queues, total=len(waiting)
+    )
     return EXIT_DONE
 
 
@@ -1470,11 +1419,9 @@ def _busy_message(error: RunBusy, session: _Session | None) -> str:
     """What RunBusy says, with the command that takes the run over as this tether is run (and its ``--db``)."""
     if error.lost:
         return error.situation
-    db = session._db_hint() if session is not None else ""
-    return (
-        f"{error.situation}; only if you know that process is gone, take the run over with: "
-        f"{invocation()} resume {error.run_id} --force{db}"
-    )
+    words = ("resume", error.run_id, "--force")
+    take_over = session.command(*words) if session is not None else f"{invocation()} {' '.join(words)}"
+    return lines(f"{error.situation}; only if you know that process is gone, take the run over with:", take_over)
 
 
 def _print_error(label: str, error: Exception | str) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
@@ -53,7 +52,7 @@ from tether.facts.status import WAITING_RETRY, RunStatus, status_name
 from tether.facts.usage import Usage
 from tether.surfaces.editor import chosen_editor, edit_text
 from tether.surfaces.line_input import read_line
-from tether.views.audit import AuditEntry
+from tether.views.audit import AuditEntry, decision_said
 from tether.views.printable import printable
 from tether.views.tree import RunNode
 
@@ -519,7 +518,7 @@ def _fits(console: Console, table: Table) -> bool:
     return needed <= console.width
 
 
-def _value(console: Console, value: Any) -> Text:
+def record_value(console: Console, value: Any) -> Text:
     """A record's value: text as it is, anything else as JSON; cut only on a terminal."""
     text = printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
     if console.is_terminal and len(text) > SCREEN_VALUE_CHARS:
@@ -527,26 +526,29 @@ def _value(console: Console, value: Any) -> Text:
     return Text(text)
 
 
-def _print_record(console: Console, heading: Text, fields: Sequence[tuple[str, Text]]) -> None:
-    """A heading line, then ``label  value`` lines indented under it.
+def print_record(console: Console, heading: Text, fields: Sequence[tuple[str, Text]], *, indent: int = 0) -> None:
+    """A heading line, then ``label  value`` lines indented under it (all ``indent`` columns in).
 
     On a terminal each value wraps beside its label, within the screen; in a pipe each field
     is one whole line, for grep and for people reading a file.
     """
+    margin = " " * indent
     if not console.is_terminal:
         width = max((len(label) for label, _ in fields), default=0)
-        console.print(heading, soft_wrap=True)
+        console.print(Text(margin) + heading, soft_wrap=True)
+        under = Text("\n" + margin + " " * (width + 4))  # a value's later lines start under its first
         for label, value in fields:
-            console.print(Text.assemble("  ", (label.ljust(width), "dim"), "  ", value), soft_wrap=True)
+            lines = under.join(value.split("\n", allow_blank=True))
+            console.print(Text.assemble(margin, "  ", (label.ljust(width), "dim"), "  ", lines), soft_wrap=True)
         return
-    console.print(heading, soft_wrap=False)
+    console.print(Padding(heading, (0, 0, 0, indent)), soft_wrap=False)
     if fields:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column(overflow="fold")  # a long word (an id, a path) breaks instead of being cut
         for label, value in fields:
             grid.add_row(label, value)
-        console.print(Padding(grid, (0, 0, 0, 2)), soft_wrap=False)
+        console.print(Padding(grid, (0, 0, 0, indent + 2)), soft_wrap=False)
 
 
 _MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd", "latency", "duration")
@@ -581,7 +583,7 @@ def _print_event(console: Console, event: Event) -> None:
     if any(said):
         heading.append("  " + " · ".join(part for part in said if part), "dim")
     detail = _detail(event, whole=True)
-    _print_record(console, heading, [(key, _value(console, value)) for key, value in detail.items()])
+    print_record(console, heading, [(key, record_value(console, value)) for key, value in detail.items()])
 
 
 def _detail(event: Event, *, whole: bool) -> dict[str, Any]:
@@ -704,25 +706,26 @@ def render_pending(
             )
         console.print()
     waiting = len(pending) if total is None else total
-    count = f"{waiting:,} call(s) waiting" + ("" if waiting == len(pending) else f" ({len(pending):,} shown)")
-    decide = (
-        f"{count}. Decide with [bold]{escape(command)} approve RUN CALL{escape(db)}[/] or "
-        f"[bold]{escape(command)} deny RUN CALL{escape(db)}[/]"
-    )
+    shown = "" if waiting == len(pending) else f" ({len(pending):,} shown)"
+    console.print(f"{waiting:,} call(s) waiting{shown}. Decide with:")
+    for verb in ("approve", "deny"):
+        console.print(Text(f"  {command} {verb} RUN CALL{db}", style="bold"))
     if all(call.root in queues for call in pending):
-        console.print(decide + "; each run's worker goes on by itself")
+        console.print("Each run's worker goes on by itself.")
         return
-    root = " (for a call in a chain, the first run of its chain, which drives the others)"
-    queued = "; a queued run's worker goes on by itself" if any(call.root in queues for call in pending) else ""
-    console.print(
-        f"{decide}, then [bold]{escape(command)} resume RUN{escape(db)}[/]"
-        + (root if any(len(call.chain) > 1 for call in pending) else "")
-        + queued
-    )
+    chains = any(len(call.chain) > 1 for call in pending)
+    console.print("then go on with" + (" (RUN: the first run of a call's chain):" if chains else ":"))
+    console.print(Text(f"  {command} resume RUN{db}", style="bold"))
+    if any(call.root in queues for call in pending):
+        console.print("(a queued run's worker goes on by itself)")
 
 
 def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
-    """The audit log: one row per tool call (``--json`` has every detail); the agent of each when any is named."""
+    """The audit log: one row per tool call (``--json`` has every detail); the agent of each when any is named.
+
+    The input is the one that ran (a person's edit); a record also shows the model's original,
+    why a person was asked, and the error text whole.
+    """
     if not entries:
         console.print("No tool calls match.")
         return
@@ -734,10 +737,10 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
             _when(entry),
             *((Text(printable(entry.agent or "-")),) if agents else ()),
             Text(printable(entry.tool)),
-            Text(_preview(json.dumps(entry.input, ensure_ascii=False), 50)),
-            Text(_verdict(entry)),
+            Text(_preview(json.dumps(entry.input_ran, ensure_ascii=False), 50)),
+            Text(_preview(_verdict(entry), 60)),
             str(entry.attempts),
-            _outcome(entry),
+            _outcome(entry, error_chars=40),
             "-" if entry.duration is None else f"{entry.duration:.3f}",
             Text(printable(f"{entry.run_id} {entry.call_id}")),
         )
@@ -749,14 +752,17 @@ def render_audit(console: Console, entries: Sequence[AuditEntry]) -> None:
         fields = [
             ("call", Text(printable(f"{entry.run_id} {entry.call_id}"))),
             *((("agent", Text(printable(entry.agent))),) if entry.agent else ()),
-            ("input", _value(console, entry.input)),
+            ("input", record_value(console, entry.input_ran)),
+            *((("original", record_value(console, entry.input)),) if entry.edited else ()),
+            *((label, Text(printable(text))) for label, text in decision_said(entry)[:-1]),
             ("decision", Text(_verdict(entry))),
             ("outcome", _outcome(entry)),
+            *((("error", record_value(console, entry.error)),) if entry.error is not None else ()),
             ("tries", Text(str(entry.attempts))),
         ]
         if entry.duration is not None:
             fields.append(("seconds", Text(f"{entry.duration:.3f}")))
-        _print_record(console, heading, fields)
+        print_record(console, heading, fields)
 
 
 _NOTES = {
@@ -792,24 +798,21 @@ def _when(entry: AuditEntry) -> str:
 
 
 def _verdict(entry: AuditEntry) -> str:
-    """Who decided and how: ``denied by alice: too risky``, ``approved by bob (input edited)``."""
-    decision = entry.decision or {}
-    verdict = f"{decision.get('verdict', '-')} by {decision['by']}" if decision.get("by") else "-"
-    if decision.get("verdict") == "allowed" and not decision.get("by"):
-        verdict = str(decision.get("reason") or "allowed")  # no approval needed
-    if decision.get("for_run_call"):
-        verdict += f" (for the run, with {decision['for_run_call']})"
-    if decision.get("reason") and decision.get("verdict") == "denied":
-        verdict += f": {_preview(str(decision['reason']), 40)}"
-    if decision.get("edited_input") is not None:
-        verdict += " (input edited)"
-    return printable(verdict)
+    """Who decided and how, with their reason: ``denied by alice: too risky``, ``approved by bob (input edited)``."""
+    said = decision_said(entry)
+    if not said:
+        return "-"
+    verdict, text = said[-1]
+    return printable(f"{verdict} {text}" + (" (input edited)" if entry.edited else ""))
 
 
-def _outcome(entry: AuditEntry) -> Text:
+def _outcome(entry: AuditEntry, *, error_chars: int | None = None) -> Text:
+    """The call's status, its exception type and (given ``error_chars``) the head of its error text."""
     outcome = entry.status
     if entry.status == "error" and entry.error_type:
         outcome += f" {entry.error_type}"
+    if error_chars is not None and entry.error:
+        outcome += f": {_preview(entry.error, error_chars)}"
     if entry.cached:
         outcome += " (cached)"
     if entry.truncated_from is not None:
