@@ -45,6 +45,7 @@ PUBLIC = {
         "TetherError",
         "Tool",
         "UnknownCall",
+        "freeze_startup_heap",
         "tool",
     ],
     "tether.testing": [

@@ -102,6 +102,7 @@ from tether.errors import (
     UnknownCursor,
 )
 from tether.facts.stream import StreamEvent, to_json
+from tether.heap import freeze_startup_heap
 from tether.policy.access import Credentials, bearer
 from tether.stores import AsyncStore, RunRecord, Store, open_async_store
 from tether.stores.awaitable import as_async_store
@@ -438,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (ConfigError, ImportError) as error:
         parser.error(str(error))
+    freeze_startup_heap()  # this process is the service's: its imports stay out of the GC's full passes
     try:
         uvicorn.run(app, host=args.host, port=args.port)
     finally:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import anthropic
 
+from tether import heap
 from tether.errors import ModelError
 from tether.models.sdk import CappedRetries, transient, translating, unreached
 from tether.redact import scrub
@@ -121,3 +122,6 @@ def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...
     retryable = status is not None and transient(status)
     message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
     return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)
+
+
+heap.freeze_late_import()  # imported at a model's first call: the SDK joins a frozen heap (tether.heap)

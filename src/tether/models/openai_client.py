@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 
 import openai
 
+from tether import heap
 from tether.errors import ModelError
 from tether.models.chat_format import SOURCE
 from tether.models.sdk import CappedRetries, transient, translating, unreached
@@ -76,3 +77,6 @@ def _sent_credentials(error: openai.APIError) -> list[str]:
     """The key the failed request carried (from ``api_key=`` or the environment)."""
     sent = error.request.headers.get("authorization", "").removeprefix("Bearer ")
     return [secret.strip() for secret in (sent, os.environ.get("OPENAI_API_KEY")) if secret]
+
+
+heap.freeze_late_import()  # imported at a model's first call: the SDK joins a frozen heap (tether.heap)

@@ -84,6 +84,7 @@ from tether.errors import (
 from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
+from tether.heap import freeze_startup_heap
 from tether.models import ModelAdapter
 from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
@@ -600,6 +601,7 @@ def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
             " (SIGTERM or Ctrl-C: stop after each run's current step)"
         )
     )
+    freeze_startup_heap()  # this process is the worker's: its imports stay out of the GC's full passes
     asyncio.run(_serve(worker, session.err))
     session.err.print(Text("tether worker: stopped; unfinished runs are queued again"))
     return EXIT_DONE
@@ -986,6 +988,7 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
         session.out.print(Text(f"showing {scope} in {shown_url(session.db_url)}; Ctrl-C stops"), highlight=False)
         sys.stdout.flush()
 
+    freeze_startup_heap()  # this process is the inspector's: its imports stay out of the GC's full passes
     try:
         serve(app, host=args.host, port=args.port, announce=announce, tls=tls)
     except OSError as error:
