@@ -89,6 +89,7 @@ from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces import replaying
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -245,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     _add_ui(_with_otel(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox"))))
     _add_worker(_with_otel(with_db(commands.add_parser("worker", help="drive queued runs (--detach) on PostgreSQL"))))
+    replaying.add_commands(commands, with_db)
     return parser
 
 
@@ -1382,6 +1384,7 @@ COMMANDS = {
     "diagram": _cmd_diagram,
     "ui": _cmd_ui,
     "worker": _cmd_worker,
+    **replaying.COMMANDS,
 }
 
 

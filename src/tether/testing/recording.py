@@ -37,6 +37,7 @@ from tether.agent import Agent, HandoffTool
 from tether.canonical import canonical_json
 from tether.core.approvals import ApprovalRequest, Approve, Decision, Deny
 from tether.core.state import RunState
+from tether.drivers.loader import agent_from_spec, import_tools_module
 from tether.drivers.runner import Runner, RunResult
 from tether.errors import ConfigError, ModelError
 from tether.facts.events import (
@@ -545,12 +546,13 @@ class Replayed:
         return not self.differences
 
     def report(self) -> str:
-        """The differences, and the replayed run's error (a :class:`ReplayMismatch`'s diff), for people."""
+        """Why the replayed run stopped (a :class:`ReplayMismatch`'s diff), then how its trajectory differs."""
         if self.agrees:
             return f"the replay agrees with run {self.recorded_run}"
-        lines = [f"the replay differs from run {self.recorded_run}:", *(f"  {line}" for line in self.differences)]
+        lines = [f"the replay differs from run {self.recorded_run}"]
         if self.result.error:
             lines.append(f"the replayed run failed: {self.result.error}")
+        lines += ["trajectory (expected as recorded, got in the replay):", *(f"  {line}" for line in self.differences)]
         return "\n".join(lines)
 
 
@@ -589,6 +591,32 @@ class Replay:
         tools = self.tools(own) if stub_tools else own
         return dataclasses.replace(agent, model=model or self.model, tools=tools, toolsets=())
 
+    @classmethod
+    def load(cls, path: str | Path, *, strict: bool = True) -> Replay:
+        """The replay of a recording file (what ``tether export --as-test`` writes)."""
+        return cls(Recording.load(path), strict=strict)
+
+    def agent_from_spec(self, given: Mapping[str, Any], *, cwd: str | Path) -> Agent:
+        """The agent ``tether run`` made for the run, with ``given`` spec entries instead (tools, system...).
+
+        Its tools modules are imported from ``cwd`` (the directory the run was started in, as a
+        test finds it); its model is this replay's.
+        """
+        spec = {**self.recording.spec, **given, "cwd": str(Path(cwd).resolve())}
+        return agent_from_spec(spec, model=self.model)
+
+    def check(self, agent: Agent, *, stub_tools: bool = True) -> Replayed:
+        """Replay with ``agent`` (see :meth:`agent`) and fail unless it agrees with the recording.
+
+        Raises:
+            AssertionError: the replay differs; its message lists how, with the request's diff.
+        """
+        __tracebackhide__ = True  # pytest shows the test's line and the message, not this frame
+        replayed = self.run(self.agent(agent, stub_tools=stub_tools))
+        if not replayed.agrees:
+            raise AssertionError(replayed.report())
+        return replayed
+
     def run(self, agent: Agent, *, store: Store | None = None) -> Replayed:
         """Drive a new run of ``agent`` (as :meth:`agent` makes it: pass it made) with the recorded prompt.
 
@@ -599,6 +627,27 @@ class Replay:
         trajectory = trajectory_of(runner.store.load_events(result.run_id))
         differences = self.expected.differences(trajectory)
         return Replayed(self.recording.run_id, result, trajectory, self.expected, differences)
+
+
+def agent_at(reference: str, *, cwd: str | Path) -> Agent:
+    """The agent ``MODULE:ATTR`` names: an :class:`~tether.Agent`, or a function of no arguments making one.
+
+    The module is imported as ``tether run`` imports a tools module: from ``cwd`` first, else installed.
+
+    Raises:
+        ConfigError: not ``MODULE:ATTR``, the module does not import, or the attribute is no agent.
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"agent {reference!r}: expected MODULE:ATTR, e.g. myapp.agents:support")
+    try:
+        found = getattr(import_tools_module(module_name, Path(cwd).resolve()), attribute)
+    except Exception as error:
+        raise ConfigError(f"agent {reference!r}: {type(error).__name__}: {error}") from error
+    made = found() if callable(found) and not isinstance(found, Agent) else found
+    if not isinstance(made, Agent):
+        raise ConfigError(f"agent {reference!r} is {made!r}, not a tether Agent (nor a function making one)")
+    return made
 
 
 def replay(store: Store, run_id: str, *, tenant: str | None = None, strict: bool = True) -> Replay:
@@ -622,6 +671,7 @@ __all__ = [
     "ReplayMismatch",
     "ReplayModel",
     "Replayed",
+    "agent_at",
     "replay",
     "request_differences",
     "stub_tool",
