@@ -125,7 +125,7 @@ STUB_TOOLS = True
 
 
 def test_run_{name}_replays_the_same() -> None:
-    from tether.testing.recording import agent_at
+    from tether.testing.replaying import agent_at
 
     replay = Replay.load(RECORDING)
     replay.check(agent_at(AGENT, cwd=AGENT_DIR), stub_tools=STUB_TOOLS)
