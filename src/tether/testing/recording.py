@@ -102,8 +102,8 @@ class Recording:
         opening = first.messages
         if len(opening) != 1 or opening[0].get("role") != "user" or not _text(opening[0]):
             raise ConfigError(
-                f"run {run_id} opens with {len(opening)} messages (it continues a conversation or is a fork): "
-                "only a run started from one prompt can be replayed"
+                f"run {run_id} opens with {len(opening)} messages: it continues a conversation or is a fork, "
+                "and only a run started from one prompt can be replayed"
             )
         state = RunState(id=run_id)
         exchanges: list[Exchange] = []

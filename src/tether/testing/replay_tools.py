@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 
@@ -21,6 +21,10 @@ from tether.policy.policies import ApprovalContext, ApprovalSetting, ApprovalVer
 from tether.testing.recording import RecordedDecision, RecordedResult
 from tether.tools import ModelRetry, SchemaInput, Tool
 
+Unmatched = Literal["ask", "deny"]
+"""What becomes of a call no recorded result answers: a person is asked, or it is refused."""
+UNMATCHED: tuple[Unmatched, ...] = ("ask", "deny")
+NOT_REPLAYED = "the recorded run never made this call, and a replay runs no tool"
 _RAISED = re.compile(r"Error \((?P<cls>\w+)\): tool '[^']*' raised (?P<type>\w+): (?P<message>.*)", re.DOTALL)
 
 
@@ -54,11 +58,12 @@ def _key(tool: Tool, value: Any) -> str:
         return canonical_json(value)
 
 
-def stub_tool(tool: Tool, results: Sequence[RecordedResult], *, gate_unmatched: bool = False) -> Tool:
+def stub_tool(tool: Tool, results: Sequence[RecordedResult], *, unmatched: Unmatched | None = None) -> Tool:
     """``tool`` answered from ``results`` (its name, description, schema and policies kept; nothing runs).
 
-    A call with an input no result holds raises :class:`NotRecorded` (the model gets an error);
-    with ``gate_unmatched`` it needs a person's approval instead, so a drive without one parks there.
+    A call with an input no result holds raises :class:`NotRecorded` (the model gets an error), or
+    is gated by ``unmatched``: ``"ask"``, it needs a person's approval (a drive without one parks
+    there); ``"deny"``, it is refused (the model is told the recorded run never made it).
     """
     recorded = _Results(tool, results)
 
@@ -69,8 +74,8 @@ def stub_tool(tool: Tool, results: Sequence[RecordedResult], *, gate_unmatched: 
         raise _error_of(result.content)
 
     approval: ApprovalSetting = tool.approval
-    if gate_unmatched:
-        approval = _gate(tool, recorded)
+    if unmatched is not None:
+        approval = _gate(tool, recorded, unmatched)
     base = {item.name: getattr(tool, item.name) for item in dataclasses.fields(Tool)}
     stubbed = Tool(**base)  # a plain tool: an agent tool's calls are answered too, not served by a child run
     return dataclasses.replace(
@@ -89,11 +94,13 @@ def _raw(tool: Tool) -> bool:
     return issubclass(tool.input_model, SchemaInput)
 
 
-def _gate(tool: Tool, recorded: _Results) -> ApprovalSetting:
+def _gate(tool: Tool, recorded: _Results, unmatched: Unmatched) -> ApprovalSetting:
+    refusal = ApprovalVerdict("require_approval" if unmatched == "ask" else "deny", NOT_REPLAYED)
+
     def gate(arguments: Any, context: ApprovalContext) -> ApprovalVerdict | bool:
         dumped = arguments.model_dump(mode="json") if isinstance(arguments, pydantic.BaseModel) else arguments
         if recorded.find(canonical_json(dumped)) is None:
-            return ApprovalVerdict("require_approval", "the recorded run never made this call: replay does not run it")
+            return refusal
         return decide_approval(tool.approval, arguments, context)
 
     return gate
@@ -152,4 +159,4 @@ class ReplayApprover:
         return next((d for d in self.decisions if d.tool == request.tool and canonical_json(d.input) == asked), None)
 
 
-__all__ = ["NotRecorded", "ReplayApprover", "stub_tool"]
+__all__ = ["NOT_REPLAYED", "UNMATCHED", "NotRecorded", "ReplayApprover", "Unmatched", "stub_tool"]

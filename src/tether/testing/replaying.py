@@ -28,10 +28,11 @@ from tether.agent import Agent, HandoffTool
 from tether.drivers.loader import agent_from_spec, import_tools_module
 from tether.drivers.runner import Runner, RunResult
 from tether.errors import ConfigError
+from tether.models import ModelAdapter
 from tether.stores import Store
 from tether.testing.recording import Recording
 from tether.testing.replay_model import ReplayModel
-from tether.testing.replay_tools import ReplayApprover, stub_tool
+from tether.testing.replay_tools import ReplayApprover, Unmatched, stub_tool
 from tether.tools import Tool
 from tether.tools.output import OUTPUT_TOOL
 from tether.views.trajectory import Trajectory, trajectory_of
@@ -76,27 +77,37 @@ class Replay:
         self.expected = recording.trajectory
         """The recorded trajectory."""
 
-    def tools(self, tools: Sequence[Tool], *, gate_unmatched: bool = False) -> list[Tool]:
-        """``tools`` answered from the recorded results (see :func:`stub_tool`); handoff tools stay as they are."""
+    def tools(self, tools: Sequence[Tool], *, unmatched: Unmatched | None = None) -> list[Tool]:
+        """``tools`` answered from the recorded results (see :func:`~tether.testing.replay_tools.stub_tool`).
+
+        Handoff tools stay as they are. ``unmatched``: what becomes of a call the recording does not answer.
+        """
         stubbed: list[Tool] = []
         for tool in tools:
             if isinstance(tool, HandoffTool):
                 stubbed.append(tool)
             else:
                 results = [r for r in self.recording.results if r.tool == tool.name]
-                stubbed.append(stub_tool(tool, results, gate_unmatched=gate_unmatched))
+                stubbed.append(stub_tool(tool, results, unmatched=unmatched))
         return stubbed
 
-    def agent(self, agent: Agent, *, stub_tools: bool = True, model: Any = None) -> Agent:
+    def agent(
+        self,
+        agent: Agent,
+        *,
+        stub_tools: bool = True,
+        model: ModelAdapter | None = None,
+        unmatched: Unmatched | None = None,
+    ) -> Agent:
         """``agent`` answered by the recording: its model (or ``model``), and its tools unless ``stub_tools`` is False.
 
-        A toolset's tools are listed (its servers reached) and stubbed like the rest.
+        A toolset's tools are listed (its servers reached) and stubbed like the rest (see :meth:`tools`).
         """
         added = {id(tool) for tool in agent.handoff_tools}  # the agent adds them again from its handoffs
         own = [tool for tool in agent.all_tools if id(tool) not in added]
         if agent.output_type is not None:
             own = [tool for tool in own if tool.name != OUTPUT_TOOL]  # the agent adds it again
-        tools = self.tools(own) if stub_tools else own
+        tools = self.tools(own, unmatched=unmatched) if stub_tools else own
         return dataclasses.replace(agent, model=model or self.model, tools=tools, toolsets=())
 
     @classmethod

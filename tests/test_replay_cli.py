@@ -1,8 +1,10 @@
-"""`tether export RUN --as-test PATH` writes a pytest module that replays the run offline.
+"""`tether export RUN --as-test PATH` and `tether replay RUN`: stored runs as regression tests.
 
 End to end, as a user does it: a run made by `tether run` in a project directory is exported, the
 test passes in its own pytest process, and a changed tool schema or system prompt makes it fail
-with a readable diff. Secrets are scrubbed from both files.
+with a readable diff; secrets are scrubbed from both files. `tether replay` asks the run's prompt
+again with a changed agent and shows both trajectories side by side (exit 0 agree, 1 differ), or
+sums up many runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support import Cli, clean_env, runs_made
+from support import Cli, clean_env, flat, runs_made
 from tether.redact import MASK
 
 SHOP = '''\
@@ -165,3 +167,118 @@ def test_bad_exports_are_refused_in_one_line_and_write_nothing(tmp_path: Path) -
     assert not (tmp_path / "test_refund.txt").exists()
     assert not (tmp_path / "test_nope.py").exists()
     assert cli("export", run_id, "--as-test", "test_refund.py", "--force").returncode == 0
+
+
+OTHER_MODEL: list[dict[str, Any]] = [
+    {"content": [{"type": "tool_use", "id": "toolu_a", "name": "lookup", "input": {"order_id": "42"}}]},
+    {
+        "content": [
+            {"type": "tool_use", "id": "toolu_b", "name": "refund", "input": {"order_id": "42", "amount": 300.0}}
+        ]
+    },
+    {"content": [{"type": "text", "text": "I could not refund 300."}], "stop_reason": "end_turn"},
+]
+
+
+def test_replaying_an_unchanged_agent_shows_both_trajectories_agreeing(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    run_id = runs_made(cli)[0]["run_id"]
+
+    same = cli("replay", run_id)
+
+    assert same.returncode == 0, same
+    rows = [line for line in same.stdout.splitlines() if line.startswith("│ ")]
+    assert [row.split("│")[1].strip() for row in rows] == ["call 1", "call 2", "status", "answer"]
+    assert all(row.rstrip().endswith("│ = │") for row in rows)
+    assert 'lookup {"order_id":"42"}' in same.stdout
+    assert "the replay agrees: the same calls, the same end" in same.stdout
+
+
+def test_a_changed_system_prompt_alone_is_answered_by_the_recording_and_said_so(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    run_id = runs_made(cli)[0]["run_id"]
+
+    changed = cli("replay", run_id, "--system", "Never refund.")
+
+    assert changed.returncode == 0, changed
+    assert "note: the recorded model answered although the system prompt changed (model calls #1, #2, #3)" in flat(
+        changed.stdout
+    )
+    assert "give --model to have a model answer the changed agent" in changed.stdout
+
+
+def test_another_model_asking_otherwise_differs_and_its_unrecorded_call_never_runs(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    run_id = runs_made(cli)[0]["run_id"]
+    replies = [{**reply, "stop_reason": reply.get("stop_reason", "tool_use")} for reply in OTHER_MODEL]
+    (tmp_path / "other.json").write_text(json.dumps(replies))
+
+    parked = cli("replay", run_id, "--model", "scripted:other.json")
+    refused = cli("replay", run_id, "--model", "scripted:other.json", "--unmatched", "deny")
+
+    assert (parked.returncode, refused.returncode) == (1, 1)
+    said = flat(parked.stdout)
+    assert "answered by scripted:" in said
+    assert "awaiting_approval" in said
+    assert (
+        'the replay waits at refund {"amount": 300.0, "order_id": "42"}: the recorded run never made this call, '
+        "and a replay runs no tool" in said
+    )
+    assert "I could not refund 300." in refused.stdout
+    assert "the replay differs: 2 difference(s)" in refused.stdout
+
+
+def test_changed_tools_that_answer_otherwise_differ_with_the_message_diff(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    run_id = runs_made(cli)[0]["run_id"]
+    (tmp_path / "shop2.py").write_text(SHOP.replace('"price": 30.0', '"price": 35.0'))
+
+    changed = cli("replay", run_id, "--tools", "shop2:TOOLS")
+
+    # no tool runs in a replay: the recording answers every call it holds, whichever module
+    assert changed.returncode == 0, changed
+    (tmp_path / "shop3.py").write_text(SHOP.replace("def lookup(order_id: str)", "def lookup(order_ref: str)"))
+    broken = cli("replay", run_id, "--tools", "shop3:TOOLS")
+    assert broken.returncode == 1, broken
+    assert "model call #2: the messages differ from the recorded ones" in broken.stdout
+    assert "order_ref" in broken.stdout
+
+
+def test_many_runs_are_summed_up_and_only_a_difference_fails(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    first = runs_made(cli)[0]["run_id"]
+    continued = cli("run", "--continue", first, "--model", "scripted:script.json", "--approve-all", "Thanks")
+    assert continued.returncode == 0, continued
+
+    summary = cli("replay", "--from-runs", "--status", "done")
+    only_refunds = cli("replay", "--from-runs", "--tool", "refund", "--system", "Never refund.")
+
+    assert summary.returncode == 0, summary
+    said = flat(summary.stdout)
+    assert "1 agree, 0 differ, 1 not replayed" in said
+    assert "opens with 7 messages: it continues a conversation or is a fork" in said
+    assert only_refunds.returncode == 0, only_refunds
+    (tmp_path / "shop3.py").write_text(SHOP.replace("def lookup(order_id: str)", "def lookup(order_ref: str)"))
+    differing = cli("replay", "--from-runs", "--tools", "shop3:TOOLS")
+    assert differing.returncode == 1, differing
+    assert "0 agree, 1 differ, 1 not replayed" in flat(differing.stdout)
+    assert (
+        'call 2: expected refund {"amount":30.0,"order_id":"42"}, got (no call); '
+        "model call #2: the messages differ from the recorded ones" in flat(differing.stdout)
+    )
+
+
+def test_replay_usage_errors_exit_2(tmp_path: Path) -> None:
+    cli = project(tmp_path)
+    run_id = runs_made(cli)[0]["run_id"]
+
+    both = cli("replay", run_id, "--from-runs")
+    neither = cli("replay")
+    filters = cli("replay", run_id, "--tool", "refund")
+    missing = cli("replay", "run_nope")
+
+    assert [r.returncode for r in (both, neither, filters, missing)] == [2, 2, 2, 2]
+    assert "give a run id, or --from-runs with filters" in both.err
+    assert "give a run id, or --from-runs with filters" in neither.err
+    assert "--status, --agent and --tool choose runs for --from-runs" in filters.err
+    assert "run_nope" in missing.err
