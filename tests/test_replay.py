@@ -191,7 +191,8 @@ def test_gated_unmatched_calls_park_the_replay_instead_of_running(store: SQLStor
     other = ScriptedModel(
         [
             tool_use_turn(tool_use("toolu_9", "lookup", {"order_id": "42"})),
-            tool_use_turn(tool_use("toolu_10", "refund", {"order_id": "42", "amount": 300.0})),
+            # the recorded refund's call id, with another amount: alice's approval was not for this
+            tool_use_turn(tool_use("toolu_2", "refund", {"order_id": "42", "amount": 300.0})),
         ]
     )
     changed = Agent(model=other, tools=again.tools(shop.tools(), unmatched="ask"), system=SYSTEM)

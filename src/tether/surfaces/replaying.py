@@ -172,6 +172,8 @@ def _rows(recorded: Trajectory, now: Trajectory) -> list[tuple[str, str, str]]:
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "—"
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = printable(text)
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"

@@ -124,7 +124,7 @@ def _recorded_class(error: BaseException) -> Any:
 
 
 class ReplayApprover:
-    """Decides each gated call as a person did in the recorded run: by call id, else by tool and input.
+    """Decides each gated call as a person did in the recorded run: the same tool with the same input.
 
     A call nobody decided then stays pending (the replayed run parks, as the recorded one may have).
     """
@@ -152,11 +152,10 @@ class ReplayApprover:
         return answers
 
     def _find(self, request: ApprovalRequest) -> RecordedDecision | None:
-        by_id = next((d for d in self.decisions if d.call_id == request.call_id and d.tool == request.tool), None)
-        if by_id is not None:
-            return by_id
+        """The decision on this very call (same tool and input), the one with its call id first."""
         asked = canonical_json(request.input)
-        return next((d for d in self.decisions if d.tool == request.tool and canonical_json(d.input) == asked), None)
+        alike = [d for d in self.decisions if d.tool == request.tool and canonical_json(d.input) == asked]
+        return next((d for d in alike if d.call_id == request.call_id), alike[0] if alike else None)
 
 
 __all__ = ["NOT_REPLAYED", "UNMATCHED", "NotRecorded", "ReplayApprover", "Unmatched", "stub_tool"]
