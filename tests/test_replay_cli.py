@@ -143,7 +143,7 @@ def test_an_agent_of_the_users_program_can_be_named(tmp_path: Path) -> None:
     sys.path.insert(0, str(tmp_path))
     try:
         exec(compile(written, "test_support.py", "exec"), namespace)  # the test module, as pytest runs it
-        test = namespace[f"test_run_{run_id}_replays_the_same"]
+        test = namespace[f"test_{run_id}_replays_the_same"]
         assert callable(test)
         test()
     finally:

@@ -124,7 +124,7 @@ STUB_TOOLS = True
 """The agent under test: an Agent, or a function making one."""
 
 
-def test_run_{name}_replays_the_same() -> None:
+def test_{name}_replays_the_same() -> None:
     from tether.testing.replaying import agent_at
 
     replay = Replay.load(RECORDING)
@@ -139,7 +139,7 @@ SYSTEM = {spec.get("system")!r}
 MODEL_SETTINGS = {spec.get("model_settings")!r}
 
 
-def test_run_{name}_replays_the_same() -> None:
+def test_{name}_replays_the_same() -> None:
     replay = Replay.load(RECORDING)
     given = {{"tools": TOOLS, "system": SYSTEM, "model_settings": MODEL_SETTINGS}}
     replay.check(replay.agent_from_spec(given, cwd=AGENT_DIR), stub_tools=STUB_TOOLS)
