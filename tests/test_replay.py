@@ -7,6 +7,7 @@ a tool answering otherwise shows up as a message diff.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -254,14 +255,48 @@ def test_a_typed_result_replays_and_is_compared(store: SQLStore) -> None:
     assert replayed.trajectory.result == {"refund": True, "reason": "broken"}
 
 
-def test_a_recording_round_trips_through_json(store: SQLStore) -> None:
+def test_a_recording_round_trips_through_json_each_history_written_once(store: SQLStore) -> None:
     shop = Shop()
     run_id = recorded(store, shop)
     recording = replay(store, run_id).recording
 
-    again = Replay(Recording.from_json(recording.to_json()))
+    written = json.loads(json.dumps(recording.to_json()))
+    again = Replay(Recording.from_json(written))
 
+    assert again.recording == recording
+    histories = [exchange["messages"] for exchange in written["exchanges"]]
+    assert histories[0] == [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}]
+    added = [[message["role"] for message in history["after_previous"]] for history in histories[1:]]
+    assert added == [["assistant", "user"], ["assistant", "user"]]  # a call and its result, each time
     assert again.run(again.agent(agent(shop.tools(), None))).agrees
+
+
+def test_one_replay_runs_as_often_as_asked(store: SQLStore) -> None:
+    shop = Shop()
+    again = replay(store, recorded(store, shop))
+
+    first = again.run(again.agent(agent(shop.tools(), None)))
+    second = again.run(again.agent(agent(shop.tools(), None)))
+
+    assert first.agrees, first.report()
+    assert second.agrees, second.report()
+    assert first.result.run_id != second.result.run_id
+
+
+def test_concurrent_calls_of_one_turn_replay_alike(store: SQLStore) -> None:
+    shop = Shop()
+    orders = [tool_use(f"toolu_{n}", "lookup", {"order_id": str(n)}) for n in range(1, 6)]
+    script = [tool_use_turn(*orders), model_reply([{"type": "text", "text": "Five orders."}], "end_turn")]
+    made = agent(shop.tools(), ScriptedModel(script), concurrent_tools=True)
+    run_id = Runner(made, store).run("Look up orders 1 to 5.").run_id
+    shop.ran.clear()
+    again = replay(store, run_id)
+
+    replayed = again.run(again.agent(agent(shop.tools(), None, concurrent_tools=True)))
+
+    assert replayed.agrees, replayed.report()
+    assert len(replayed.trajectory.calls) == 5
+    assert shop.ran == []
 
 
 def test_a_continued_conversation_is_refused_in_one_line(store: SQLStore) -> None:

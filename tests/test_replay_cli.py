@@ -48,15 +48,15 @@ SYSTEM = "You help customers with their orders."
 SECRET = "sk-ant-secret-0123456789"
 
 
-def project(tmp_path: Path) -> Cli:
-    """A project directory with a tools module and a scripted model, and one run made there."""
+def project(tmp_path: Path, *options: str) -> Cli:
+    """A project directory with a tools module and a scripted model, and one run made there (with ``options``)."""
     (tmp_path / "shop.py").write_text(SHOP)
     replies = [{**reply, "stop_reason": reply.get("stop_reason", "tool_use")} for reply in SCRIPT]
     (tmp_path / "script.json").write_text(json.dumps(replies))
     cli = Cli(tmp_path)
     ran = cli(
         "run", "--tools", "shop:TOOLS", "--model", "scripted:script.json", "--system", SYSTEM, "--approve-all",
-        f"Refund order 42, my key is {SECRET}",
+        *options, f"Refund order 42, my key is {SECRET}",
     )  # fmt: skip
     assert ran.returncode == 0, ran
     return cli
@@ -137,17 +137,30 @@ def test_an_agent_of_the_users_program_can_be_named(tmp_path: Path) -> None:
 
     assert cli("export", run_id, "--as-test", "test_support.py", "--agent", "agents:support").returncode == 0
 
-    written = (tmp_path / "test_support.py").read_text()
-    assert "AGENT = 'agents:support'" in written
-    namespace: dict[str, object] = {"__file__": str(tmp_path / "test_support.py")}
-    sys.path.insert(0, str(tmp_path))
+    assert "AGENT = 'agents:support'" in (tmp_path / "test_support.py").read_text()
+    run_exported(tmp_path / "test_support.py", run_id)
+
+
+def test_a_run_on_either_database_exports_to_a_test_that_passes(tmp_path: Path, db_url: str) -> None:
+    cli = project(tmp_path, "--db", db_url)
+    run_id = cli("runs", "--json", "--db", db_url).data["runs"][0]["run_id"]
+
+    assert cli("export", run_id, "--db", db_url, "--as-test", "test_refund.py").returncode == 0
+
+    run_exported(tmp_path / "test_refund.py", run_id)
+
+
+def run_exported(test: Path, run_id: str) -> None:
+    """Run an exported test module's test here, as pytest would (its directory importable, as rootdir)."""
+    namespace: dict[str, object] = {"__file__": str(test)}
+    sys.path.insert(0, str(test.parent))
     try:
-        exec(compile(written, "test_support.py", "exec"), namespace)  # the test module, as pytest runs it
-        test = namespace[f"test_{run_id}_replays_the_same"]
-        assert callable(test)
-        test()
+        exec(compile(test.read_text(), test.name, "exec"), namespace)
+        replays = namespace[f"test_{run_id}_replays_the_same"]
+        assert callable(replays)
+        replays()
     finally:
-        sys.path.remove(str(tmp_path))
+        sys.path.remove(str(test.parent))
         sys.modules.pop("shop", None)
 
 

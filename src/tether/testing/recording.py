@@ -146,7 +146,7 @@ class Recording:
             "run_id": self.run_id,
             "prompt": self.prompt,
             "spec": self.spec,
-            "exchanges": [exchange.to_json() for exchange in self.exchanges],
+            "exchanges": _packed(self.exchanges),
             "results": [dataclasses.asdict(result) for result in self.results],
             "decisions": [dataclasses.asdict(decision) for decision in self.decisions],
             "trajectory": self.trajectory.to_json(),
@@ -166,7 +166,7 @@ class Recording:
                 str(data["run_id"]),
                 str(data["prompt"]),
                 dict(data["spec"]),
-                [Exchange(**exchange) for exchange in data["exchanges"]],
+                _unpacked(data["exchanges"]),
                 [RecordedResult(**result) for result in data["results"]],
                 [RecordedDecision(**decision) for decision in data["decisions"]],
                 Trajectory.from_json(data["trajectory"]),
@@ -185,6 +185,37 @@ class Recording:
         if not isinstance(data, dict):
             raise ConfigError(f"{file} is not a tether recording (expected a JSON object)")
         return cls.from_json(data, source=str(file))
+
+
+def _packed(exchanges: Sequence[Exchange]) -> list[dict[str, Any]]:
+    """The exchanges' JSON, each history written as what it adds to the one before (when it extends it).
+
+    Each request holds the whole history so far: written whole, a long run's recording would grow
+    with the square of its length.
+    """
+    packed: list[dict[str, Any]] = []
+    before: list[Message] | None = None
+    for exchange in exchanges:
+        data = exchange.to_json()
+        messages = exchange.messages
+        if messages is not None and before is not None and messages[: len(before)] == before:
+            data["messages"] = {"after_previous": messages[len(before) :]}
+        packed.append(data)
+        before = messages if messages is not None else before
+    return packed
+
+
+def _unpacked(packed: Sequence[Mapping[str, Any]]) -> list[Exchange]:
+    """The inverse of :func:`_packed`."""
+    exchanges: list[Exchange] = []
+    before: list[Message] = []
+    for data in packed:
+        messages = data.get("messages")
+        if isinstance(messages, Mapping):
+            messages = [*before, *messages["after_previous"]]
+        exchanges.append(Exchange(**{**data, "messages": messages}))
+        before = messages if messages is not None else before
+    return exchanges
 
 
 def _text(message: Message) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -38,15 +39,19 @@ class _Results:
     def __init__(self, tool: Tool, results: Sequence[RecordedResult]) -> None:
         self.tool = tool
         self.left = [(_key(tool, result.input), result) for result in results]
+        self.lock = threading.Lock()
+        """Concurrent calls of one turn take their results from threads of their own."""
 
     def find(self, key: str) -> RecordedResult | None:
-        return next((result for known, result in self.left if known == key), None)
+        with self.lock:
+            return next((result for known, result in self.left if known == key), None)
 
     def take(self, key: str) -> RecordedResult:
-        for index, (known, result) in enumerate(self.left):
-            if known == key:
-                del self.left[index]
-                return result
+        with self.lock:
+            for index, (known, result) in enumerate(self.left):
+                if known == key:
+                    del self.left[index]
+                    return result
         raise NotRecorded(f"no recorded result of {self.tool.name!r} for input {key}")
 
 

@@ -141,6 +141,8 @@ class Replay:
 
         The run is kept in ``store`` (default: in memory); nothing else is touched.
         """
+        self.approver = ReplayApprover(self.recording.decisions)  # each run is decided afresh
+        self.model.ignored.clear()
         runner = Runner(agent, store, approver=self.approver)
         result = runner.run(self.prompt)
         trajectory = trajectory_of(runner.store.load_events(result.run_id))
