@@ -306,3 +306,22 @@ def test_a_continued_conversation_is_refused_in_one_line(store: SQLStore) -> Non
 
     with pytest.raises(ConfigError, match=r"opens with 7 messages: it continues a conversation or is a fork"):
         replay(store, later.run_id)
+
+
+def test_a_run_handed_to_another_agent_is_not_replayed_with_that_agents_tools_running(store: SQLStore) -> None:
+    shop = Shop()
+    model = ScriptedModel(  # one script: both agents' calls count as the run's model calls
+        [
+            tool_use_turn(tool_use("toolu_1", "transfer_to_billing", {})),
+            model_reply([{"type": "text", "text": "Billing here."}], "end_turn"),
+        ]
+    )
+    billing = Agent(model, tools=shop.tools()[1:], name="billing")
+    front = Agent(model, tools=shop.tools()[:1], name="front", handoffs=[billing])
+    run_id = Runner(front, store).run(PROMPT).run_id
+    again = replay(store, run_id)
+
+    assert again.recording.handed_off
+    with pytest.raises(ConfigError, match="handed off to another agent, whose tools a replay does not stub"):
+        again.agent(front)
+    assert again.run(again.agent(front, stub_tools=False)).agrees

@@ -28,7 +28,7 @@ RUN_ID_HELP = "the run's id (see `tether runs`)"
 EXIT_AGREE, EXIT_DIFFER = 0, 1
 Command = Callable[[argparse.Namespace, Any], int]
 SHOWN_CHARS = 120
-"""An answer or result is cut to this many characters in a table (the whole is in the run)."""
+"""An answer or result is cut to this many characters in a table (`tether show` has the recorded one whole)."""
 
 
 class Session(Protocol):

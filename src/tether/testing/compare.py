@@ -115,6 +115,8 @@ def compare_recording(recording: Recording, changes: Changes) -> Comparison:
         return Comparison(run_id, problem=str(error))
     try:
         replayed = replay.run(replay.agent(agent, model=model, unmatched=changes.unmatched))
+    except ConfigError as error:  # a run handed off: its other agent's tools would run
+        return Comparison(run_id, problem=str(error))
     finally:
         agent.close()
     answered_by = "the recording" if isinstance(model, ReplayModel) else str(spec["model"])

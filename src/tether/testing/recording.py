@@ -139,6 +139,11 @@ class Recording:
             state.apply(event)
         return cls(run_id, _text(opening[0]), first.spec, exchanges, results, decisions, trajectory_of(events))
 
+    @property
+    def handed_off(self) -> bool:
+        """Whether another agent answered some model call (a handoff): its prompt and tools are not recorded."""
+        return any(exchange.messages is not None and exchange.tools is None for exchange in self.exchanges)
+
     def to_json(self) -> dict[str, Any]:
         """The recording as one JSON object (what ``tether export --as-test`` writes beside the test)."""
         return {

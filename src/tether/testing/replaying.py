@@ -11,9 +11,9 @@
   inputs in order, end state) with the recorded one; :meth:`Replay.check` asserts they agree.
 
 A replay of an unchanged agent reaches the same end with the same calls. What is not replayed:
-the requests of history summaries (answered as recorded, never compared), the system prompt and
-tools of an agent a run was handed to (only the history is compared then), a run that continues
-a conversation or is a fork (refused).
+the requests of history summaries (answered as recorded, never compared), a run handed to another
+agent (that agent's model and tools are its own: refused unless the tools may run), a run that
+continues a conversation or is a fork (refused).
 """
 
 from __future__ import annotations
@@ -102,7 +102,16 @@ class Replay:
         """``agent`` answered by the recording: its model (or ``model``), and its tools unless ``stub_tools`` is False.
 
         A toolset's tools are listed (its servers reached) and stubbed like the rest (see :meth:`tools`).
+
+        Raises:
+            ConfigError: the run was handed to another agent, whose tools would run (only ``agent``'s
+                are stubbed): replay it with ``stub_tools=False`` where they may.
         """
+        if stub_tools and self.recording.handed_off:
+            raise ConfigError(
+                f"run {self.recording.run_id} was handed off to another agent, whose tools a replay does not "
+                "stub: they would run (replay it with stub_tools=False where they may)"
+            )
         added = {id(tool) for tool in agent.handoff_tools}  # the agent adds them again from its handoffs
         own = [tool for tool in agent.all_tools if id(tool) not in added]
         if agent.output_type is not None:
