@@ -37,6 +37,7 @@ class Session(Protocol):
     store: Store
     out: Console
     db_url: str
+    json: bool
 
 
 def add_commands(commands: Any, with_db: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]) -> None:
@@ -78,6 +79,7 @@ def add_commands(commands: Any, with_db: Callable[[argparse.ArgumentParser], arg
         help="a tool call the recording does not answer: ask (the replay parks there) or deny (the model is "
         "told); no tool ever runs (default: %(default)s)",
     )
+    replay.add_argument("--json", action="store_true", help="print one JSON object (the comparison, or the summary)")
     many = replay.add_argument_group("many runs")
     many.add_argument("--from-runs", action="store_true", help="replay the runs these filters find; print a summary")
     many.add_argument("--status", choices=SHOWN, metavar="STATUS", help=f"only runs in this status: {', '.join(SHOWN)}")
@@ -114,19 +116,35 @@ def cmd_replay(args: argparse.Namespace, session: Session) -> int:
         comparison = compare(session.store, args.run_id, changes)
         if comparison.replayed is None:
             raise ConfigError(comparison.problem or f"run {args.run_id} cannot be replayed")
-        render_comparison(session.out, comparison)
+        if session.json:
+            print(json.dumps(comparison.to_dict(), ensure_ascii=False))
+        else:
+            render_comparison(session.out, comparison)
         return EXIT_AGREE if comparison.verdict == "agrees" else EXIT_DIFFER
     if args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, not {args.limit}")
     status, waiting_retry = stored_filter(args.status) if args.status else (None, None)
     query = RunQuery(status=status, waiting_retry=waiting_retry, agent=args.agent, roots_only=True)
     comparisons = list(compare_many(session.store, query, changes, tool=args.tool, limit=args.limit))
-    render_summary(session.out, comparisons)
+    if session.json:
+        print(json.dumps(summary_of(comparisons), ensure_ascii=False))
+    else:
+        render_summary(session.out, comparisons)
     return EXIT_DIFFER if any(c.verdict == "differs" for c in comparisons) else EXIT_AGREE
 
 
 COMMANDS: dict[str, Command] = {"export": cmd_export, "replay": cmd_replay}
 """The commands this module serves, by name (merged into the CLI's)."""
+
+
+def summary_of(comparisons: Sequence[Comparison]) -> dict[str, Any]:
+    """``tether replay --from-runs --json``: each comparison; how many agree, differ, were not replayed."""
+    return {
+        "runs": [comparison.to_dict() for comparison in comparisons],
+        "agree": sum(c.verdict == "agrees" for c in comparisons),
+        "differ": sum(c.verdict == "differs" for c in comparisons),
+        "not_replayed": sum(c.verdict == "not replayed" for c in comparisons),
+    }
 
 
 def render_comparison(console: Console, comparison: Comparison) -> None:

@@ -89,6 +89,23 @@ class Comparison:
         cause = error[0].removeprefix(f"model call failed: replay of run {self.run_id}, ") if error else ""
         return "; ".join(part for part in (self.replayed.differences[0], cause) if part)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, as ``tether replay --json`` prints it (every key, null where there was no replay)."""
+        replayed = self.replayed
+        return {
+            "run_id": self.run_id,
+            "verdict": self.verdict,
+            "where": self.where,
+            "problem": self.problem,
+            "answered_by": self.answered_by if replayed is not None else None,
+            "replay_run_id": replayed.result.run_id if replayed is not None else None,
+            "recorded": replayed.expected.to_json() if replayed is not None else None,
+            "replay": replayed.trajectory.to_json() if replayed is not None else None,
+            "differences": list(replayed.differences) if replayed is not None else [],
+            "error": replayed.result.error if replayed is not None else None,
+            "let_through": list(self.let_through),
+        }
+
 
 def compare(store: Store, run_id: str, changes: Changes, *, tenant: str | None = None) -> Comparison:
     """Replay ``run_id`` with its agent changed by ``changes`` (its prompt, as recorded) and compare.
