@@ -150,6 +150,22 @@ def test_a_run_on_either_database_exports_to_a_test_that_passes(tmp_path: Path, 
     run_exported(tmp_path / "test_refund.py", run_id)
 
 
+def test_an_exported_test_keeps_the_runs_policy_and_runs_from_a_moved_checkout(tmp_path: Path) -> None:
+    (tmp_path / "app/config").mkdir(parents=True)
+    (tmp_path / "app/config/rules.toml").write_text(
+        '[[rules]]\ntool = "refund"\nwhen = { amount = { gt = 10 } }\naction = "deny"\nmessage = "over 10"\n'
+    )
+    cli = project(tmp_path / "app", "--policy", "config/rules.toml")
+    run_id = runs_made(cli)[0]["run_id"]
+    assert "denied" in cli("audit", "--run", run_id).stdout  # the rule refused the refund: no one was asked
+
+    assert cli("export", run_id, "--as-test", "tests/test_refund.py").returncode == 0
+    assert "POLICY = HERE / '../config/rules.toml'" in (tmp_path / "app/tests/test_refund.py").read_text()
+    (tmp_path / "app").rename(tmp_path / "moved")
+
+    run_exported(tmp_path / "moved/tests/test_refund.py", run_id)  # without the rule, the refund would park
+
+
 def run_exported(test: Path, run_id: str) -> None:
     """Run an exported test module's test here, as pytest would (its directory importable, as rootdir)."""
     namespace: dict[str, object] = {"__file__": str(test)}

@@ -81,9 +81,13 @@ def export_test(
     clean = Recording.from_json(scrubbed(recording.to_json(), [*secrets, *environment_secrets()]))
     test.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps(clean.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    started_in = Path(str(spec.get("cwd") or os.getcwd())).resolve()
-    test.write_text(_module(clean, data.name, _relative(started_in, test.parent.resolve()), agent), encoding="utf-8")
+    test.write_text(_module(clean, data.name, test.parent.resolve(), agent), encoding="utf-8")
     return test, data
+
+
+def _started_in(spec: dict[str, Any]) -> Path:
+    """The directory the run was started from (its tools modules are there)."""
+    return Path(str(spec.get("cwd") or os.getcwd())).resolve()
 
 
 def _relative(directory: Path, base: Path) -> str:
@@ -91,7 +95,11 @@ def _relative(directory: Path, base: Path) -> str:
     return Path(os.path.relpath(directory, base)).as_posix()
 
 
-def _module(recording: Recording, data: str, agent_dir: str, agent: str | None) -> str:
+_IMPORT = "from tether.testing import Replay"
+
+
+def _module(recording: Recording, data: str, test_dir: Path, agent: str | None) -> str:
+    """The test module's text: a docstring saying what it checks, the agent under test, one test."""
     run = recording.run_id
     name = re.sub(r"\W", "_", run)
     calls = ", ".join(call.tool for call in recording.trajectory.calls) or "none"
@@ -115,7 +123,7 @@ from tether.testing import Replay
 
 HERE = Path(__file__).resolve().parent
 RECORDING = HERE / {data!r}
-AGENT_DIR = HERE / {agent_dir!r}
+AGENT_DIR = HERE / {_relative(_started_in(recording.spec), test_dir)!r}
 """Where the run was started: the agent's modules are imported from there."""
 STUB_TOOLS = True
 '''
@@ -125,23 +133,27 @@ STUB_TOOLS = True
 
 
 def test_{name}_replays_the_same() -> None:
-    from tether.testing.replaying import agent_at
-
     replay = Replay.load(RECORDING)
     replay.check(agent_at(AGENT, cwd=AGENT_DIR), stub_tools=STUB_TOOLS)
 '''
-    else:
-        spec = recording.spec
-        body = f"""
+        return header.replace(_IMPORT, f"{_IMPORT}\nfrom tether.testing.replaying import agent_at") + body
+    spec = recording.spec
+    policy = spec.get("policy")
+    body = f"""
 # The agent under test, as `tether run` made it (--tools, --system, the model's settings).
 TOOLS = {list(spec.get("tools") or [])!r}
 SYSTEM = {spec.get("system")!r}
 MODEL_SETTINGS = {spec.get("model_settings")!r}
-
+"""
+    given = '"tools": TOOLS, "system": SYSTEM, "model_settings": MODEL_SETTINGS'
+    if policy:
+        body += f"POLICY = HERE / {_relative(Path(str(policy)).resolve(), test_dir)!r}\n"
+        given += ', "policy": str(POLICY)'
+    body += f"""
 
 def test_{name}_replays_the_same() -> None:
     replay = Replay.load(RECORDING)
-    given = {{"tools": TOOLS, "system": SYSTEM, "model_settings": MODEL_SETTINGS}}
+    given = {{{given}}}
     replay.check(replay.agent_from_spec(given, cwd=AGENT_DIR), stub_tools=STUB_TOOLS)
 """
     return header + body
