@@ -70,7 +70,11 @@ def add_commands(commands: Any, with_db: Callable[[argparse.ArgumentParser], arg
         "answers by turn while the conversation is the recorded one",
     )
     replay.add_argument(
-        "--tools", action="append", default=[], metavar="MODULE:ATTR", help="the changed tools (repeatable)"
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="the changed tools, imported from the current directory (repeatable)",
     )
     replay.add_argument(
         "--unmatched",
