@@ -51,8 +51,12 @@ PUBLIC = {
     "tether.testing": [
         "FakeChatCompletionsAPI",
         "FakeMessagesAPI",
+        "Recording",
         "RecordingApprover",
+        "Replay",
+        "ReplayMismatch",
         "ScriptedModel",
+        "replay",
         "validate_chat_request",
         "validate_messages_request",
     ],

@@ -90,6 +90,7 @@ from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces import replaying
 from tether.surfaces.hints import command, db_option, invocation, lines
 from tether.toolsets import from_record
 
@@ -215,6 +216,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     _add_ui(_with_otel(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox"))))
     _add_worker(_with_otel(with_db(commands.add_parser("worker", help="drive queued runs (--detach) on PostgreSQL"))))
+    replaying.add_commands(commands, with_db)
     return parser
 
 
@@ -1383,6 +1385,7 @@ COMMANDS = {
     "diagram": _cmd_diagram,
     "ui": _cmd_ui,
     "worker": _cmd_worker,
+    **replaying.COMMANDS,
 }
 
 
