@@ -16,7 +16,7 @@ from typing import Any
 
 from tether.canonical import canonical_json
 from tether.facts.events import Event, ModelResponded, RunFinished, RunStarted, Transition
-from tether.facts.status import status_name
+from tether.facts.status import RunStatus, status_name
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def trajectory_of(events: Iterable[Event]) -> Trajectory:
     for event in events:
         match event.fact:
             case RunStarted():
-                status = "thinking"
+                status = RunStatus.thinking.shown
             case ModelResponded(discarded=False, content=content):
                 calls.extend(
                     TrajectoryCall(str(b["name"]), b.get("input")) for b in content if b.get("type") == "tool_use"
@@ -92,7 +92,7 @@ def trajectory_of(events: Iterable[Event]) -> Trajectory:
                 status = status_name(target)
             case RunFinished(status=ended, output=output, result=value):
                 status, answer, result = status_name(ended), output, value
-    return Trajectory(tuple(calls), status, answer if status == "done" else None, result)
+    return Trajectory(tuple(calls), status, answer if status == RunStatus.done.shown else None, result)
 
 
 __all__ = ["Trajectory", "TrajectoryCall", "trajectory_of"]
