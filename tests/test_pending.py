@@ -18,9 +18,10 @@ from tether.errors import ApprovalError, RunNotFound
 from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
+from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
-from tether.views.pending import PendingApproval, pending_approvals
+from tether.views.pending import PendingApproval, apending_approvals, pending_approvals
 
 
 @tool(approval=True)
@@ -137,6 +138,13 @@ def test_scoped_to_a_run(store: Store, runs: dict[str, str]) -> None:
 def test_limit_caps_the_runs_read_those_waiting_longest(store: Store, runs: dict[str, str]) -> None:
     assert keys(pending_approvals(store, limit=1)) == [(runs["acme"], "c1"), (runs["acme"], "c2")]
     assert len(pending_approvals(store)) == 3  # no limit: every parked run is read
+
+
+async def test_from_an_async_store_alike(store: Store, runs: dict[str, str]) -> None:
+    awaitable = as_async_store(store)
+    assert keys(await apending_approvals(awaitable)) == keys(pending_approvals(store))
+    assert keys(await apending_approvals(awaitable, limit=1)) == [(runs["acme"], "c1"), (runs["acme"], "c2")]
+    assert keys(await apending_approvals(awaitable, tenant="globex")) == [(runs["globex"], "c9")]
 
 
 def test_cli_listings_are_cut_only_when_asked_and_say_so(tmp_path: Path) -> None:

@@ -310,18 +310,25 @@ def seen_by(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
 
 
-def test_e_opens_the_editor_on_the_pretty_input_and_a_mistake_reopens_it_on_what_was_typed(
-    tmp_path: Path, children: list[pexpect.spawn]
-) -> None:
+def demo_editing(tmp_path: Path, children: list[pexpect.spawn], env: dict[str, str], hello: str) -> pexpect.spawn:
+    """The demo, its workspace holding a hello.py that prints ``hello``, once ``e`` was answered."""
     workspace = tmp_path / "tether-demo"
     workspace.mkdir()
-    (workspace / "hello.py").write_text("print('hello from the editor')\n", encoding="utf-8")
-    mistake = '{"path": "hello.py",}'
-    editor, log = fake_editor(tmp_path, mistake, '{"path": "hello.py"}')
-    child = spawn_tether(tmp_path, "demo", env={"EDITOR": "false", "VISUAL": editor})  # VISUAL wins
+    (workspace / "hello.py").write_text(f"print({hello!r})\n", encoding="utf-8")
+    child = spawn_tether(tmp_path, "demo", env=env)
     children.append(child)
     child.expect(DEMO_PROMPT)
     child.sendline("e")
+    return child
+
+
+def test_e_opens_the_editor_on_the_pretty_input_and_a_mistake_reopens_it_on_what_was_typed(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    mistake = '{"path": "hello.py",}'
+    editor, log = fake_editor(tmp_path, mistake, '{"path": "hello.py"}')
+    env = {"EDITOR": "false", "VISUAL": editor}  # VISUAL wins
+    child = demo_editing(tmp_path, children, env, "hello from the editor")
     child.expect(re.escape("Not valid JSON: Expecting property name enclosed in double quotes: line 1 column 21"))
     child.expect(r"edit it again[^\n]*> ")
     child.sendline("")
@@ -332,7 +339,7 @@ def test_e_opens_the_editor_on_the_pretty_input_and_a_mistake_reopens_it_on_what
     first, second = seen_by(log)
     assert first == {"argv": ["--wait"], "name": "input.json", "text": '{\n  "path": "fib.py"\n}\n'}
     assert second["text"] == mistake  # nothing typed is lost
-    db = demo_db_url(workspace)
+    db = demo_db_url(tmp_path / "tether-demo")
     [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
     [decided] = events_of(run_tether(tmp_path, "show", row["run_id"], "--json", "--db", db).data, "approval_decided")
     assert decided["input"] == {"path": "hello.py"}
@@ -347,10 +354,7 @@ def test_an_emptied_or_unchanged_file_goes_back_to_the_question(
     tmp_path: Path, children: list[pexpect.spawn], answer: str, said: str
 ) -> None:
     editor, _ = fake_editor(tmp_path, answer)
-    child = spawn_tether(tmp_path, "demo", env={"EDITOR": editor})
-    children.append(child)
-    child.expect(DEMO_PROMPT)
-    child.sendline("e")
+    child = demo_editing(tmp_path, children, {"EDITOR": editor}, "never run")
     child.expect(re.escape(f"{said}: back to the question."))
     child.expect(DEMO_PROMPT)
     child.sendline("d")
@@ -362,13 +366,7 @@ def test_an_emptied_or_unchanged_file_goes_back_to_the_question(
 
 
 def test_an_editor_that_fails_falls_back_to_one_line_of_json(tmp_path: Path, children: list[pexpect.spawn]) -> None:
-    workspace = tmp_path / "tether-demo"
-    workspace.mkdir()
-    (workspace / "hello.py").write_text("print('hello from the line')\n", encoding="utf-8")
-    child = spawn_tether(tmp_path, "demo", env={"EDITOR": "false"})
-    children.append(child)
-    child.expect(DEMO_PROMPT)
-    child.sendline("e")
+    child = demo_editing(tmp_path, children, {"EDITOR": "false"}, "hello from the line")
     child.expect(re.escape("the editor false exited with status 1: type the input on one line instead"))
     child.expect(r"JSON[^\n]*> ")
     child.sendline('{"path": "hello.py"}')

@@ -33,20 +33,28 @@ def pending_approvals(
     if run_id is not None:
         record = store.load_run(run_id, tenant=tenant)
         return _pending_in([record, *(store.load_run(below, tenant=tenant) for below in _runs_below(record))])
-    parked = RunQuery(status=AWAITING, tenant=tenant, longest_waiting_first=True)
+    parked = _parked(tenant)
     if limit is None:
         limit = store.query_runs(parked, limit=0).total
     return _pending_in(store.query_runs(parked, limit=limit).records)
 
 
 async def apending_approvals(
-    store: AsyncStore, *, tenant: str | None = None, run_id: str | None = None, limit: int = 1000
+    store: AsyncStore, *, tenant: str | None = None, run_id: str | None = None, limit: int | None = None
 ) -> list[PendingApproval]:
     """:func:`pending_approvals` from an :class:`~tether.stores.AsyncStore` (a service's event loop)."""
     if run_id is not None:
         record = await store.load_run(run_id, tenant=tenant)
         return _pending_in([record, *[await store.load_run(below, tenant=tenant) for below in _runs_below(record)]])
-    return _pending_in(await store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+    parked = _parked(tenant)
+    if limit is None:
+        limit = (await store.query_runs(parked, limit=0)).total
+    return _pending_in((await store.query_runs(parked, limit=limit)).records)
+
+
+def _parked(tenant: str | None) -> RunQuery:
+    """The parked runs (of ``tenant``), those waiting longest first."""
+    return RunQuery(status=AWAITING, tenant=tenant, longest_waiting_first=True)
 
 
 def _runs_below(record: RunRecord) -> list[str]:
