@@ -337,5 +337,5 @@ def test_a_run_started_from_python_exports_only_naming_its_agent(store: SQLStore
         export_test(recording, tmp_path / "test_refund.py")
     test, data = export_test(recording, tmp_path / "test_refund.py", agent="shop_agents:support")
 
-    assert "AGENT = 'shop_agents:support'" in test.read_text()
+    assert 'AGENT = "shop_agents:support"' in test.read_text()
     assert Recording.load(data) == recording
