@@ -20,6 +20,8 @@ import pytest
 
 from support import Cli, clean_env, flat, runs_made
 from tether.redact import MASK
+from tether.surfaces import replaying
+from tether.testing.replay_tools import UNMATCHED
 
 SHOP = '''\
 from tether import tool
@@ -315,3 +317,15 @@ def test_replay_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "give a run id, or --from-runs with filters" in neither.err
     assert "--status, --agent and --tool choose runs for --from-runs" in filters.err
     assert "run_nope" in missing.err
+
+
+def test_the_cli_spells_the_unmatched_choices_as_the_replay_does_and_starts_without_tether_testing() -> None:
+    assert replaying.UNMATCHED == UNMATCHED
+    imported = "import sys, tether.surfaces.cli; print(any('tether.testing' in m for m in sys.modules))"
+    started = subprocess.run(
+        [sys.executable, "-c", imported],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert started.stdout.strip() == "False"
