@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # tether.testing is imported by these commands alone: every o
 RUN_ID_HELP = "the run's id (see `tether runs`)"
 UNMATCHED = ("ask", "deny")
 """``--unmatched``: :data:`tether.testing.replay_tools.UNMATCHED`, spelt again so the CLI starts without it."""
-EXIT_AGREE, EXIT_DIFFER = 0, 1
+EXIT_WRITTEN = EXIT_AGREE = 0
+EXIT_DIFFER = 1
 Command = Callable[[argparse.Namespace, Any], int]
 SHOWN_CHARS = 120
 """An answer or result is cut to this many characters in a table (`tether show` has the recorded one whole)."""
@@ -107,7 +108,7 @@ def cmd_export(args: argparse.Namespace, session: Session) -> int:
     )
     session.out.print(Text(f"wrote {test} and {data}: run it with `pytest {test}`"))
     session.out.print(Text(f"{data} holds the run's prompt and tool results: read it before you commit it"))
-    return EXIT_AGREE
+    return EXIT_WRITTEN
 
 
 def cmd_replay(args: argparse.Namespace, session: Session) -> int:
