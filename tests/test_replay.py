@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -20,6 +21,7 @@ from tether.errors import ConfigError
 from tether.models import ModelSettings
 from tether.stores.sql import SQLStore
 from tether.testing import Recording, RecordingApprover, Replay, ScriptedModel, replay
+from tether.testing.export import export_test
 from tether.tools import ModelRetry, Tool
 
 SYSTEM = "You help customers with their orders."
@@ -325,3 +327,15 @@ def test_a_run_handed_to_another_agent_is_not_replayed_with_that_agents_tools_ru
     with pytest.raises(ConfigError, match="handed off to another agent, whose tools a replay does not stub"):
         again.agent(front)
     assert again.run(again.agent(front, stub_tools=False)).agrees
+
+
+def test_a_run_started_from_python_exports_only_naming_its_agent(store: SQLStore, tmp_path: Path) -> None:
+    run_id = recorded(store, Shop())
+    recording = replay(store, run_id).recording
+
+    with pytest.raises(ConfigError, match=r"started from Python, .* name the agent under test with --agent"):
+        export_test(recording, tmp_path / "test_refund.py")
+    test, data = export_test(recording, tmp_path / "test_refund.py", agent="shop_agents:support")
+
+    assert 'AGENT = "shop_agents:support"' in test.read_text()
+    assert Recording.load(data) == recording

@@ -20,6 +20,8 @@ import pytest
 
 from support import Cli, clean_env, flat, runs_made
 from tether.redact import MASK
+from tether.surfaces import replaying
+from tether.testing.replay_tools import UNMATCHED
 
 SHOP = '''\
 from tether import tool
@@ -91,6 +93,10 @@ def test_an_exported_run_passes_offline_and_fails_with_a_diff_after_a_breaking_c
     passed = pytest_in(tmp_path, "tests/test_refund.py")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "1 passed" in passed.stdout
+    formatted = subprocess.run(  # born formatted: committed as it is
+        [sys.executable, "-m", "ruff", "format", "--isolated", "--check", str(test)], capture_output=True, check=False
+    )
+    assert formatted.returncode == 0, formatted.stdout
 
     (tmp_path / "shop.py").write_text(SHOP.replace("def lookup(order_id: str)", "def lookup(order_id: int)"))
     broken = pytest_in(tmp_path, "tests/test_refund.py")
@@ -110,7 +116,7 @@ def test_an_exported_test_fails_when_the_system_prompt_changes(tmp_path: Path) -
     run_id = runs_made(cli)[0]["run_id"]
     assert cli("export", run_id, "--as-test", "regressions/test_refund.py").returncode == 0
     test = tmp_path / "regressions/test_refund.py"
-    test.write_text(test.read_text().replace(repr(SYSTEM), repr("You help customers. Never refund.")))
+    test.write_text(test.read_text().replace(json.dumps(SYSTEM), json.dumps("You help customers. Never refund.")))
 
     broken = pytest_in(tmp_path / "regressions", "test_refund.py")  # from another directory too
 
@@ -137,7 +143,7 @@ def test_an_agent_of_the_users_program_can_be_named(tmp_path: Path) -> None:
 
     assert cli("export", run_id, "--as-test", "test_support.py", "--agent", "agents:support").returncode == 0
 
-    assert "AGENT = 'agents:support'" in (tmp_path / "test_support.py").read_text()
+    assert 'AGENT = "agents:support"' in (tmp_path / "test_support.py").read_text()
     run_exported(tmp_path / "test_support.py", run_id)
 
 
@@ -160,7 +166,7 @@ def test_an_exported_test_keeps_the_runs_policy_and_runs_from_a_moved_checkout(t
     assert "denied" in cli("audit", "--run", run_id).stdout  # the rule refused the refund: no one was asked
 
     assert cli("export", run_id, "--as-test", "tests/test_refund.py").returncode == 0
-    assert "POLICY = HERE / '../config/rules.toml'" in (tmp_path / "app/tests/test_refund.py").read_text()
+    assert 'POLICY = HERE / "../config/rules.toml"' in (tmp_path / "app/tests/test_refund.py").read_text()
     (tmp_path / "app").rename(tmp_path / "moved")
 
     run_exported(tmp_path / "moved/tests/test_refund.py", run_id)  # without the rule, the refund would park
@@ -311,3 +317,15 @@ def test_replay_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "give a run id, or --from-runs with filters" in neither.err
     assert "--status, --agent and --tool choose runs for --from-runs" in filters.err
     assert "run_nope" in missing.err
+
+
+def test_the_cli_spells_the_unmatched_choices_as_the_replay_does_and_starts_without_tether_testing() -> None:
+    assert replaying.UNMATCHED == UNMATCHED
+    imported = "import sys, tether.surfaces.cli; print(any('tether.testing' in m for m in sys.modules))"
+    started = subprocess.run(
+        [sys.executable, "-c", imported],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert started.stdout.strip() == "False"

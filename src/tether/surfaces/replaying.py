@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -19,13 +19,17 @@ from rich.text import Text
 from tether.errors import ConfigError
 from tether.facts.status import SHOWN, stored_filter
 from tether.stores import RunQuery, Store
-from tether.testing.compare import Changes, Comparison, compare, compare_many
-from tether.testing.replay_tools import UNMATCHED
 from tether.views.printable import printable
 from tether.views.trajectory import Trajectory
 
+if TYPE_CHECKING:  # tether.testing is imported by these commands alone: every other command starts without it
+    from tether.testing.compare import Comparison
+
 RUN_ID_HELP = "the run's id (see `tether runs`)"
-EXIT_AGREE, EXIT_DIFFER = 0, 1
+UNMATCHED = ("ask", "deny")
+"""``--unmatched``: :data:`tether.testing.replay_tools.UNMATCHED`, spelt again so the CLI starts without it."""
+EXIT_WRITTEN = EXIT_AGREE = 0
+EXIT_DIFFER = 1
 Command = Callable[[argparse.Namespace, Any], int]
 SHOWN_CHARS = 120
 """An answer or result is cut to this many characters in a table (`tether show` has the recorded one whole)."""
@@ -103,7 +107,8 @@ def cmd_export(args: argparse.Namespace, session: Session) -> int:
         recording, args.as_test, agent=args.agent, secrets=url_secrets(session.db_url), overwrite=args.force
     )
     session.out.print(Text(f"wrote {test} and {data}: run it with `pytest {test}`"))
-    return EXIT_AGREE
+    session.out.print(Text(f"{data} holds the run's prompt and tool results: read it before you commit it"))
+    return EXIT_WRITTEN
 
 
 def cmd_replay(args: argparse.Namespace, session: Session) -> int:
@@ -111,6 +116,8 @@ def cmd_replay(args: argparse.Namespace, session: Session) -> int:
 
     A run that cannot be replayed (a continued conversation...) is listed as such, and fails nothing.
     """
+    from tether.testing.compare import Changes, compare, compare_many
+
     changes = Changes(system=args.system, model=args.model, tools=tuple(args.tools), unmatched=args.unmatched)
     if args.from_runs == (args.run_id is not None):
         raise ConfigError("give a run id, or --from-runs with filters (--status, --agent, --tool, --limit)")

@@ -105,16 +105,16 @@ def _module(recording: Recording, data: str, test_dir: Path, agent: str | None) 
     calls = ", ".join(call.tool for call in recording.trajectory.calls) or "none"
     prompt = textwrap.shorten(recording.prompt, 200, placeholder="...")
     header = f'''\
-"""Regression test of run {run}, exported by `tether export --as-test` on {time.strftime("%Y-%m-%d")}.
+"""Regression test of run {run} (`tether export --as-test`, {time.strftime("%Y-%m-%d")}).
 
 The run was asked: {_docstring_safe(prompt)}
 It called: {calls}; it ended {recording.trajectory.status}.
 
-Replayed offline from {data}: the recorded model answers each call, and refuses, with a diff, a
-request that differs from the recorded one (messages, system prompt, tools offered, settings); the
-tools answer with the recorded results (STUB_TOOLS = False runs the real ones). The replay must
-make the same tool calls with the same inputs, in order, and end the same way. To accept a change
-on purpose, export the run again.
+Replayed offline from its recording ({data}): the recorded model answers each call, and
+refuses, with a diff, a request that differs from the recorded one (messages, system prompt, tools
+offered, settings); the tools answer with the recorded results (STUB_TOOLS = False runs the real
+ones). The replay must make the same tool calls with the same inputs, in order, and end the same
+way. To accept a change on purpose, export the run again.
 """
 
 from pathlib import Path
@@ -122,13 +122,13 @@ from pathlib import Path
 from tether.testing import Replay
 
 HERE = Path(__file__).resolve().parent
-RECORDING = HERE / {data!r}
-AGENT_DIR = HERE / {_relative(_started_in(recording.spec), test_dir)!r}
+RECORDING = HERE / {_python(data)}
+AGENT_DIR = HERE / {_python(_relative(_started_in(recording.spec), test_dir))}
 """Where the run was started: the agent's modules are imported from there."""
 STUB_TOOLS = True
 '''
     if agent is not None:
-        body = f'''AGENT = {agent!r}
+        body = f'''AGENT = {_python(agent)}
 """The agent under test: an Agent, or a function making one."""
 
 
@@ -141,13 +141,13 @@ def test_{name}_replays_the_same() -> None:
     policy = spec.get("policy")
     body = f"""
 # The agent under test, as `tether run` made it (--tools, --system, the model's settings).
-TOOLS = {list(spec.get("tools") or [])!r}
-SYSTEM = {spec.get("system")!r}
-MODEL_SETTINGS = {spec.get("model_settings")!r}
+TOOLS = {_python(list(spec.get("tools") or []))}
+SYSTEM = {_python(spec.get("system"))}
+MODEL_SETTINGS = {_python(spec.get("model_settings"))}
 """
     given = '"tools": TOOLS, "system": SYSTEM, "model_settings": MODEL_SETTINGS'
     if policy:
-        body += f"POLICY = HERE / {_relative(Path(str(policy)).resolve(), test_dir)!r}\n"
+        body += f"POLICY = HERE / {_python(_relative(Path(str(policy)).resolve(), test_dir))}\n"
         given += ', "policy": str(POLICY)'
     body += f"""
 
@@ -157,6 +157,23 @@ def test_{name}_replays_the_same() -> None:
     replay.check(replay.agent_from_spec(given, cwd=AGENT_DIR), stub_tools=STUB_TOOLS)
 """
     return header + body
+
+
+def _python(value: Any) -> str:
+    """``value`` (free JSON) as Python source, quoted as ruff and black quote it: the module is born formatted."""
+    if isinstance(value, str):
+        if '"' in value and "'" not in value:
+            return repr(value)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escaped
+            return repr(value)
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_python(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_python(key)}: {_python(item)}" for key, item in value.items()) + "}"
+    return repr(value)
 
 
 def _docstring_safe(text: str) -> str:
