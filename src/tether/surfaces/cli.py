@@ -91,7 +91,7 @@ from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
 from tether.surfaces import replaying
-from tether.surfaces.hints import command, db_option, invocation, lines
+from tether.surfaces.hints import RUN_ID_HELP, command, db_option, invocation, lines
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -116,9 +116,6 @@ ENDED_SHOWN = sorted(status.shown for status in ENDED)
 """The statuses ``tether gc`` may delete."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
-
-
-RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
