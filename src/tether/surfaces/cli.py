@@ -200,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument(
         "--format",
         choices=["mermaid", "dot", "svg", "png"],
-        default="mermaid",
-        help="mermaid or dot source, or svg or png rendered by Graphviz (default: %(default)s)",
+        help="mermaid or dot source, or svg or png rendered by Graphviz (default: the one -o FILE's extension "
+        "names, .mmd .dot .svg .png; else mermaid)",
     )
     diagram.add_argument("--run", metavar="RUN_ID", help="highlight this run's path (with --kind graph)")
     diagram.add_argument(
@@ -863,13 +863,13 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether.views import diagram
+    from tether.views.diagram_format import output_format
 
+    args.format = output_format(args.output, args.format, kind=args.kind)
     if args.format == "png" and not args.output and sys.stdout.isatty():
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and args.run is None:
         raise ConfigError("--kind sequence draws one run's timeline: give --run RUN_ID")
-    if args.kind == "sequence" and args.format != "mermaid":
-        raise ConfigError(f"--kind sequence is drawn in Mermaid only, not --format {args.format}: leave --format out")
     events, tools, children = None, None, []
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
