@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
 
     _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
-    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
+    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from an event of an earlier one"))))
 
     show = with_db(commands.add_parser("show", help="show a run as a conversation: prompt, steps, calls, decisions"))
     show.add_argument("run_id", help=RUN_ID_HELP)
@@ -227,11 +227,14 @@ def _add_fork(fork: argparse.ArgumentParser) -> None:
     """``tether fork``'s arguments: where to fork, and one message to change."""
     fork.add_argument("run_id", help=RUN_ID_HELP)
     fork.add_argument(
+        "--at-event",
         "--at",
+        dest="at",
         type=int,
         required=True,
-        metavar="STEP",
-        help="the step (the seq of `tether show`) whose history the fork starts with; it must end with a user turn",
+        metavar="EVENT",
+        help="the event (its # in `tether show --events`) whose history the fork starts with; it must end with a "
+        "user turn (--at is its former name)",
     )
     fork.add_argument(
         "--edit-message",
@@ -708,16 +711,16 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
-    """Start a new run from a step of an earlier one (not driven: its tools are loaded by ``resume``)."""
+    """Start a new run from an event of an earlier one (not driven: its tools are loaded by ``resume``)."""
     if args.edit_message is not None and args.text is None:
         raise ConfigError("--edit-message K needs --text: the message's new text")
     edit = None if args.text is None else MessageEdit(args.edit_message, args.text)
     runner = Runner(reader_agent(), session.store, telemetry=session.telemetry)
-    fork = runner.fork(args.run_id, at_step=args.at, edit=edit)
+    fork = runner.fork(args.run_id, at_event=args.at, edit=edit)
     if session.json:
         print(json.dumps({**result_of(fork).to_dict(), "forked_from": fork.spec["forked_from"]}, ensure_ascii=False))
     else:
-        session.out.print(Text(f"forked run {args.run_id} at step {args.at}: new run {fork.id}"))
+        session.out.print(Text(f"forked run {args.run_id} at event {args.at}: new run {fork.id}"))
         session.out.print(Text(lines("drive it with:", session.command("resume", fork.id))))
     return EXIT_DONE
 
@@ -753,7 +756,7 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
     if tree.handed_off_from is not None and not tree.children:  # else the tree's first line says so
         session.out.print(Text(f"agent in charge: {tree.agent} (handed off from {tree.handed_off_from})"))
     if (origin := state.spec.get("forked_from")) is not None:
-        session.out.print(Text(f"forked from run {origin.get('run_id')} at step {origin.get('step')}"))
+        session.out.print(Text(f"forked from run {origin.get('run_id')} at event {origin.get('step')}"))
     if link is not None:
         root = chain_of(state.id, state.spec)[0]
         of = f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); the whole tree:"
