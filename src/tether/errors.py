@@ -25,6 +25,7 @@ The tree::
     │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     ├── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
     │   │                        values (also a ValueError, as Python's own bad-value errors are)
+    │   ├── NoDatabase           the database a URL names is not there (a SQLite file, a PostgreSQL database)
     │   └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
     │                            invalid spec (.path), a credential's variable unset (.toolset)
     └── MissingExtra             an optional dependency is not installed (.extra to install);
@@ -57,6 +58,14 @@ class ConfigError(TetherError, ValueError):
 
     Also a :class:`ValueError`: a bad value passed to a constructor (``RetryPolicy(max_attempts=0)``)
     is what Python code expects ``except ValueError`` to catch, and callers that did keep working.
+    """
+
+
+class NoDatabase(ConfigError):
+    """The database a URL names is not there: nothing was created.
+
+    A PostgreSQL database is made with ``createdb``; a SQLite file by the first run, never by a
+    command that only reads or decides.
     """
 
 

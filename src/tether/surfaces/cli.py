@@ -1,12 +1,13 @@
 """The ``tether`` command line.
 
-Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
-the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
-model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
-its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
-and nothing else, an interrupted run's object as it stands included.
+Exit codes (:class:`~tether.surfaces.exit_codes.ExitCode`): 0 done, 1 failed or cancelled (or
+refused), 2 usage error (nothing done; a run, call or database not there), 3 awaiting approval,
+4 waiting for a tool retry due later than ``--max-wait`` (resume it then, e.g. from cron with
+``tether runs --due``), 5 busy (another process is driving the run: it holds the run's lease;
+``resume --force`` takes it over), 128 + the signal when interrupted while the model or a tool
+ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last
+committed step; the hint says how); a reader leaving early (``| head``) is 0. ``--json`` prints
+exactly one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -79,6 +81,7 @@ from tether.errors import (
     RunNotFound,
     StaleRun,
     TetherError,
+    UnknownCall,
 )
 from tether.extras import require
 from tether.facts.events import Event
@@ -87,6 +90,7 @@ from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces.exit_codes import SIGNAL_BASE, ExitCode
 from tether.surfaces.hints import command, db_option, invocation, lines
 from tether.toolsets import from_record
 
@@ -95,10 +99,9 @@ if TYPE_CHECKING:
     from tether.policy.access import Credentials
     from tether.surfaces.terminal import LiveView
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
-EXIT_BUSY = 5
-EXIT_SIGNAL_BASE = 128
-"""Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE = ExitCode.DONE, ExitCode.FAILED, ExitCode.USAGE
+EXIT_AWAITING, EXIT_WAITING_RETRY, EXIT_BUSY = ExitCode.AWAITING, ExitCode.WAITING_RETRY, ExitCode.BUSY
+"""Short names of the codes :mod:`tether.surfaces.exit_codes` defines."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {
@@ -337,6 +340,16 @@ def _add_ui(ui: argparse.ArgumentParser) -> None:
     )
 
 
+class _Console(Console):
+    """A console whose reader leaving early (``| head``) ends the command as a ``print`` does: exit 0.
+
+    rich's own answer exits 1, so ``audit | head`` and ``runs | head`` would differ.
+    """
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader left")  # see _main
+
+
 _CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
 """The commands that may start the first run of a database; the others refuse a SQLite file not there."""
 
@@ -347,8 +360,8 @@ class _Session:
     def __init__(self, args: argparse.Namespace) -> None:
         self.json = bool(getattr(args, "json", False))
         # soft_wrap: commands and ids printed for copying are never broken across lines
-        self.out = Console(soft_wrap=True)
-        self.err = Console(stderr=True, soft_wrap=True)
+        self.out = _Console(soft_wrap=True)
+        self.err = _Console(stderr=True, soft_wrap=True)
         self.db_url = _db_url(getattr(args, "db", None))
         reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
         self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
@@ -1450,7 +1463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
     signum = interrupt.signum if isinstance(interrupt, _Stopped) else signal.SIGINT
-    return EXIT_SIGNAL_BASE + signum
+    return SIGNAL_BASE + signum
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -1472,8 +1485,8 @@ def _main(argv: Sequence[str] | None) -> int:
         _check_extras(args)
         session = _Session(args)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
-        _print_error("error", error)
+    except (ConfigError, MissingExtra, RunNotFound, UnknownCall, RunEnded, CorruptData, InvalidForkPoint) as error:
+        _print_error("error", error)  # nothing was done; a run, a call or a database not there (NoDatabase) alike
         return EXIT_USAGE
     except RunBusy as error:
         if session is not None:  # run/resume --json: one object still, saying who holds the run
@@ -1499,7 +1512,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _interrupted_exit(interrupt)
     except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return EXIT_FAILED
+        return EXIT_DONE
     finally:
         if session is not None:
             session.close()
