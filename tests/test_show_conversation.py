@@ -12,6 +12,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -228,12 +229,15 @@ def test_audit_on_a_wide_terminal_is_a_table_with_the_input_that_ran_and_the_err
 
 def test_the_conversation_is_a_fold_of_the_log_with_what_tether_did_between_steps() -> None:
     """A continued conversation's prompt, a discarded answer, a warning and a handoff, from events alone."""
-    from tether.facts.events import Event, HandedOff, ModelResponded, RunStarted, Warned
+    from tether.facts.events import Event, Fact, HandedOff, ModelResponded, RunStarted, Warned
     from tether.views.conversation import Aside, Turn, conversation
 
-    earlier = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]
-    cut = [{"type": "tool_use", "id": "toolu_cut", "name": "write", "input": {}}]
-    facts = [
+    earlier: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "yo"}]},
+    ]
+    cut: list[dict[str, Any]] = [{"type": "tool_use", "id": "toolu_cut", "name": "write", "input": {}}]
+    facts: list[Fact] = [
         RunStarted({"system": "Be brief.", "agent": "triage"}, [*earlier, {"role": "user", "content": "Fix it."}]),
         ModelResponded(cut, "max_tokens", discarded=True),
         Warned("budget max_cost_usd at 80%"),
