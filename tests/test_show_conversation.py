@@ -12,6 +12,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,3 +225,32 @@ def test_audit_on_a_wide_terminal_is_a_table_with_the_input_that_ran_and_the_err
     assert "approved by ann (input edited)" in edited
     [failed] = [row for row in rows if "toolu_boom" in row]
     assert "error ValueError: Error (retryable): tool" in failed
+
+
+def test_the_conversation_is_a_fold_of_the_log_with_what_tether_did_between_steps() -> None:
+    """A continued conversation's prompt, a discarded answer, a warning and a handoff, from events alone."""
+    from tether.facts.events import Event, Fact, HandedOff, ModelResponded, RunStarted, Warned
+    from tether.views.conversation import Aside, Turn, conversation
+
+    earlier: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "yo"}]},
+    ]
+    cut: list[dict[str, Any]] = [{"type": "tool_use", "id": "toolu_cut", "name": "write", "input": {}}]
+    facts: list[Fact] = [
+        RunStarted({"system": "Be brief.", "agent": "triage"}, [*earlier, {"role": "user", "content": "Fix it."}]),
+        ModelResponded(cut, "max_tokens", discarded=True),
+        Warned("budget max_cost_usd at 80%"),
+        HandedOff("triage", "fixer", "toolu_h", "to_fixer"),
+        ModelResponded([{"type": "text", "text": "Fixed."}], "end_turn"),
+    ]
+    told = conversation("run_1", [Event(seq, float(seq), fact) for seq, fact in enumerate(facts)])
+    assert (told.prompt, told.system, told.earlier) == ("Fix it.", "Be brief.", 2)
+    first, warned, handed, second = told.beats
+    assert isinstance(first, Turn)
+    assert (first.step, first.calls, first.agent) == (1, (), "triage")  # a call not kept is not shown as made
+    assert first.discarded == "not kept (stop reason max_tokens): the model was asked again"
+    assert warned == Aside("budget max_cost_usd at 80%", warning=True)
+    assert handed == Aside("handed off from triage to fixer")
+    assert isinstance(second, Turn)
+    assert (second.step, second.text, second.agent, second.discarded) == (2, "Fixed.", "fixer", None)

@@ -21,6 +21,7 @@ import functools
 import inspect
 import random
 import time
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -143,6 +144,22 @@ class RunResult:
         if self.next_due_at is not None:
             data["next_due_at"] = self.next_due_at
         return data
+
+
+def fork_event(at_event: int | None, at_step: int | None) -> int:
+    """The event a fork starts at, given by ``at_event`` or by its deprecated name ``at_step`` (warned about)."""
+    if at_step is not None:
+        if at_event is not None:
+            raise ConfigError("fork takes at_event (at_step is its deprecated name), not both")
+        warnings.warn(
+            "fork(at_step=...) is deprecated: it is an event's seq, not a step (a model invocation); pass at_event=",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return at_step
+    if at_event is None:
+        raise ConfigError("fork needs at_event: the seq of the event to fork at (`tether show --events`)")
+    return at_event
 
 
 def shown_status(record: RunRecord) -> str:
@@ -353,12 +370,12 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
             return (yield from flow)
 
     def _fork_flow(
-        self, run_id: str, at_step: int, *, edit: MessageEdit | None, tenant: str | None, new_run_id: str | None
+        self, run_id: str, at_event: int, *, edit: MessageEdit | None, tenant: str | None, new_run_id: str | None
     ) -> Flowing[RunState]:
         """Forking a run (see :meth:`Runner.fork`), traced while it lasts."""
         with self._run_trace(forked_from=run_id) as trace:
             flow = lifecycle.fork(
-                self._flow(), run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id, trace=trace
+                self._flow(), run_id, at_event, edit=edit, tenant=tenant, new_run_id=new_run_id, trace=trace
             )
             return (yield from flow)
 
@@ -513,23 +530,26 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         self,
         run_id: str,
         *,
-        at_step: int,
+        at_event: int | None = None,
         edit: MessageEdit | None = None,
         tenant: str | None = None,
         new_run_id: str | None = None,
+        at_step: int | None = None,
     ) -> RunState:
-        """Persist a new run whose history is ``run_id``'s at step ``at_step``, without driving it.
+        """Persist a new run whose history is ``run_id``'s once event ``at_event`` was recorded, without driving it.
 
-        ``at_step`` is an event's seq (the ``#`` of ``tether show`` and the inspector's timeline);
-        the history there must end with a user turn (see :mod:`tether.core.forks`). ``edit``
-        replaces one message's text. The original is untouched; the fork's spec says
-        ``forked_from``. Drive the fork like any run.
+        ``at_event`` is an event's seq (the ``#`` of ``tether show --events`` and the inspector's
+        timeline); the history there must end with a user turn (see :mod:`tether.core.forks`).
+        ``edit`` replaces one message's text. The original is untouched; the fork's spec says
+        ``forked_from``. Drive the fork like any run. ``at_step`` is ``at_event``'s deprecated name
+        (a step is a model invocation, not an event).
 
         Raises:
-            InvalidForkPoint: no such step, a step mid-turn (naming the nearest that can be
+            InvalidForkPoint: no such event, an event mid-turn (naming the nearest that can be
                 forked), or an edit that does not apply.
         """
-        return self._complete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+        at = fork_event(at_event, at_step)
+        return self._complete(self._fork_flow(run_id, at, edit=edit, tenant=tenant, new_run_id=new_run_id))
 
     def submit(
         self,
@@ -783,13 +803,15 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         self,
         run_id: str,
         *,
-        at_step: int,
+        at_event: int | None = None,
         edit: MessageEdit | None = None,
         tenant: str | None = None,
         new_run_id: str | None = None,
+        at_step: int | None = None,
     ) -> RunState:
         """See :meth:`Runner.fork`."""
-        return await self._acomplete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+        at = fork_event(at_event, at_step)
+        return await self._acomplete(self._fork_flow(run_id, at, edit=edit, tenant=tenant, new_run_id=new_run_id))
 
     async def submit(
         self,

@@ -1,13 +1,14 @@
 """The ``tether`` command line.
 
-Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
-the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
-model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
-its last committed step; the hint says how), or at the approval prompt (the run is parked first,
-the calls not answered left pending). ``--json`` prints exactly one JSON object on stdout
-and nothing else, an interrupted run's object as it stands included.
+Exit codes (:class:`~tether.surfaces.exit_codes.ExitCode`): 0 done, 1 failed or cancelled (or
+refused), 2 usage error (nothing done; a run, call or database not there), 3 awaiting approval,
+4 waiting for a tool retry due later than ``--max-wait`` (resume it then, e.g. from cron with
+``tether runs --due``), 5 busy (another process is driving the run: it holds the run's lease;
+``resume --force`` takes it over), 128 + the signal when interrupted while the model or a tool
+ran or at the approval prompt (the run is parked first, the calls not answered left pending):
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last committed
+step; the hint says how); a reader leaving early (``| head``) is 0. ``--json`` prints exactly
+one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -80,6 +82,7 @@ from tether.errors import (
     RunNotFound,
     StaleRun,
     TetherError,
+    UnknownCall,
 )
 from tether.extras import require
 from tether.facts.events import Event
@@ -91,6 +94,7 @@ from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
 from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
 from tether.surfaces import replaying
+from tether.surfaces.exit_codes import SIGNAL_BASE, ExitCode
 from tether.surfaces.hints import RUN_ID_HELP, command, db_option, invocation, lines
 from tether.toolsets import from_record
 
@@ -99,10 +103,9 @@ if TYPE_CHECKING:
     from tether.policy.access import Credentials
     from tether.surfaces.terminal import LiveView, TerminalApprover
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
-EXIT_BUSY = 5
-EXIT_SIGNAL_BASE = 128
-"""Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE = ExitCode.DONE, ExitCode.FAILED, ExitCode.USAGE
+EXIT_AWAITING, EXIT_WAITING_RETRY, EXIT_BUSY = ExitCode.AWAITING, ExitCode.WAITING_RETRY, ExitCode.BUSY
+"""Short names of the codes :mod:`tether.surfaces.exit_codes` defines."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {
@@ -168,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
 
     _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
-    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
+    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from an event of an earlier one"))))
 
     show = with_db(commands.add_parser("show", help="show a run as a conversation: prompt, steps, calls, decisions"))
     show.add_argument("run_id", help=RUN_ID_HELP)
@@ -203,8 +206,8 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument(
         "--format",
         choices=["mermaid", "dot", "svg", "png"],
-        default="mermaid",
-        help="mermaid or dot source, or svg or png rendered by Graphviz (default: %(default)s)",
+        help="mermaid or dot source, or svg or png rendered by Graphviz (default: the one -o FILE's extension "
+        "names, .mmd .dot .svg .png; else mermaid)",
     )
     diagram.add_argument("--run", metavar="RUN_ID", help="highlight this run's path (with --kind graph)")
     diagram.add_argument(
@@ -259,11 +262,14 @@ def _add_fork(fork: argparse.ArgumentParser) -> None:
     """``tether fork``'s arguments: where to fork, and one message to change."""
     fork.add_argument("run_id", help=RUN_ID_HELP)
     fork.add_argument(
+        "--at-event",
         "--at",
+        dest="at",
         type=int,
         required=True,
-        metavar="STEP",
-        help="the step (the seq of `tether show`) whose history the fork starts with; it must end with a user turn",
+        metavar="EVENT",
+        help="the event (its # in `tether show --events`) whose history the fork starts with; it must end with a "
+        "user turn (--at is its former name)",
     )
     fork.add_argument(
         "--edit-message",
@@ -366,6 +372,16 @@ def _add_ui(ui: argparse.ArgumentParser) -> None:
     )
 
 
+class _Console(Console):
+    """A console whose reader leaving early (``| head``) ends the command as a ``print`` does: exit 0.
+
+    rich's own answer exits 1, so ``audit | head`` and ``runs | head`` would differ.
+    """
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader left")  # see _main
+
+
 _CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
 """The commands that may start the first run of a database; the others refuse a SQLite file not there."""
 
@@ -376,8 +392,8 @@ class _Session:
     def __init__(self, args: argparse.Namespace) -> None:
         self.json = bool(getattr(args, "json", False))
         # soft_wrap: commands and ids printed for copying are never broken across lines
-        self.out = Console(soft_wrap=True)
-        self.err = Console(stderr=True, soft_wrap=True)
+        self.out = _Console(soft_wrap=True)
+        self.err = _Console(stderr=True, soft_wrap=True)
         self.db_url = _db_url(getattr(args, "db", None))
         reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
         self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
@@ -750,16 +766,16 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
-    """Start a new run from a step of an earlier one (not driven: its tools are loaded by ``resume``)."""
+    """Start a new run from an event of an earlier one (not driven: its tools are loaded by ``resume``)."""
     if args.edit_message is not None and args.text is None:
         raise ConfigError("--edit-message K needs --text: the message's new text")
     edit = None if args.text is None else MessageEdit(args.edit_message, args.text)
     runner = Runner(reader_agent(), session.store, telemetry=session.telemetry)
-    fork = runner.fork(args.run_id, at_step=args.at, edit=edit)
+    fork = runner.fork(args.run_id, at_event=args.at, edit=edit)
     if session.json:
         print(json.dumps({**result_of(fork).to_dict(), "forked_from": fork.spec["forked_from"]}, ensure_ascii=False))
     else:
-        session.out.print(Text(f"forked run {args.run_id} at step {args.at}: new run {fork.id}"))
+        session.out.print(Text(f"forked run {args.run_id} at event {args.at}: new run {fork.id}"))
         session.out.print(Text(lines("drive it with:", session.command("resume", fork.id))))
     return EXIT_DONE
 
@@ -795,7 +811,7 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
     if tree.handed_off_from is not None and not tree.children:  # else the tree's first line says so
         session.out.print(Text(f"agent in charge: {tree.agent} (handed off from {tree.handed_off_from})"))
     if (origin := state.spec.get("forked_from")) is not None:
-        session.out.print(Text(f"forked from run {origin.get('run_id')} at step {origin.get('step')}"))
+        session.out.print(Text(f"forked from run {origin.get('run_id')} at event {origin.get('step')}"))
     if link is not None:
         root = chain_of(state.id, state.spec)[0]
         of = f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); the whole tree:"
@@ -914,13 +930,13 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether.views import diagram
+    from tether.views.diagram_format import output_format
 
+    args.format = output_format(args.output, args.format, kind=args.kind)
     if args.format == "png" and not args.output and sys.stdout.isatty():
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and args.run is None:
         raise ConfigError("--kind sequence draws one run's timeline: give --run RUN_ID")
-    if args.kind == "sequence" and args.format != "mermaid":
-        raise ConfigError(f"--kind sequence is drawn in Mermaid only, not --format {args.format}: leave --format out")
     events, tools, children = None, None, []
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
@@ -1514,7 +1530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
     signum = interrupt.signum if isinstance(interrupt, _Stopped) else signal.SIGINT
-    return EXIT_SIGNAL_BASE + signum
+    return SIGNAL_BASE + signum
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -1537,8 +1553,8 @@ def _main(argv: Sequence[str] | None) -> int:
         session = _Session(args)
         _whole_run_ids(args, session)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
-        _print_error("error", error)
+    except (ConfigError, MissingExtra, RunNotFound, UnknownCall, RunEnded, CorruptData, InvalidForkPoint) as error:
+        _print_error("error", error)  # nothing was done; a run, a call or a database not there (NoDatabase) alike
         return EXIT_USAGE
     except RunBusy as error:
         if session is not None:  # run/resume --json: one object still, saying who holds the run
@@ -1564,7 +1580,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _interrupted_exit(interrupt)
     except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return EXIT_FAILED
+        return EXIT_DONE
     finally:
         if session is not None:
             session.close()

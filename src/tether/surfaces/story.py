@@ -20,25 +20,27 @@ from tether.views.conversation import Aside, Call, Conversation, Turn
 from tether.views.printable import printable
 
 SYSTEM_CHARS = 160
-"""How much of the system prompt is shown (folded on one line): ``--json`` has it whole."""
+"""How much of the system prompt is shown, folded on one line (one screen line on a terminal): ``--json``
+has it whole."""
 
 _OUTCOMES = {
     "ok": ("result", "green"),
     "error": ("error", "red"),
     "denied": ("refused", "red"),
-    "awaiting_approval": ("waiting", "yellow"),
     "running": ("running", "yellow"),
     "not_run": ("not run", "dim"),
-    "never_decided": ("not run", "dim"),
 }
 """A call's status: the label of its outcome line, and its colour."""
+_SAID_BY_THE_DECISION = frozenset({"awaiting_approval", "never_decided"})
+"""Statuses the decision's line says already (``pending``, ``never decided``): no outcome line."""
 
 
 def render_conversation(console: Console, told: Conversation) -> None:
     """The system prompt (folded), the prompt, then each step: the model's text and its calls."""
     if told.system:
         flat = " ".join(printable(told.system).split())
-        folded = flat if len(flat) <= SYSTEM_CHARS else flat[: SYSTEM_CHARS - 1] + "…"
+        room = min(SYSTEM_CHARS, console.width - len("system ")) if console.is_terminal else SYSTEM_CHARS
+        folded = flat if len(flat) <= room else flat[: room - 1] + "…"  # one line on a screen
         console.print(Text.assemble(("system ", "bold dim"), (folded, "dim")), soft_wrap=not console.is_terminal)
     if told.prompt is not None:
         earlier = f" (after {told.earlier} earlier message(s))" if told.earlier else ""
@@ -81,7 +83,8 @@ def _call(console: Console, call: Call) -> None:
         fields.append((said, Text(printable(text), style=_DECISION_STYLES.get(said, ""))))
     fields += [("retry", Text(printable(f"attempt {r['attempt']} failed: {r['error']}"))) for r in entry.retries]
     fields += [("warning", Text(printable(warning), style="yellow")) for warning in entry.warnings]
-    fields.append((label, _outcome(console, call, style)))
+    if entry.status not in _SAID_BY_THE_DECISION:
+        fields.append((label, _outcome(console, call, style)))
     for child in call.children:
         said = f"{child.run_id}  {child.agent or ''}  {child.status}".replace("    ", "  ")
         fields.append(("child run", Text(printable(said))))
@@ -100,9 +103,7 @@ def _outcome(console: Console, call: Call, style: str) -> Text:
     elif entry.status in ("error", "denied"):
         value = entry.error or ""  # what the model was told (it names the exception)
     else:
-        value = {"awaiting_approval": "for a person's decision", "running": "started, no result recorded"}.get(
-            entry.status, "the tool did not run"
-        )
+        value = "started, no result recorded" if entry.status == "running" else "the tool did not run"
     shown = record_value(console, value)
     shown.stylize(style)
     if entry.cached:
