@@ -47,6 +47,7 @@ from tether.stores import (
     PARKED_STATUSES,
     SCHEMA_VERSION,
     SNAPSHOT_EVERY,
+    Holder,
     RunLease,
     RunLog,
     RunQuery,
@@ -185,6 +186,11 @@ class RunLeaseRow(SQLModel, table=True):
     owner: str = Field(max_length=300)
     expires_at: float
     claimed_at: float
+    holder_host: str | None = Field(default=None, max_length=80)
+    """The holder's :class:`~tether.stores.Holder` (schema 5; null in a lease an older tether wrote)."""
+    holder_pid_namespace: int | None = Field(default=None, sa_type=sa.BigInteger)
+    holder_pid: int | None = None
+    holder_started: int | None = Field(default=None, sa_type=sa.BigInteger)
 
 
 _LEASE = RunLeaseRow.__table__  # type: ignore[attr-defined]
@@ -667,9 +673,19 @@ class SQLStore(_SQLBase):
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
         return self._run(_list_due(now, tenant, limit))
 
-    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """Take or renew the run's lease (see :func:`_claim_run`)."""
-        return self._run(_claim_run(run_id, owner, now, ttl, force))
+        return self._run(_claim_run(run_id, owner, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing))
 
     def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """Extend ``owner``'s lease if the row names it, then read what holds."""
@@ -870,9 +886,21 @@ class AsyncSQLStore(_SQLBase):
         """See :meth:`SQLStore.list_due`."""
         return await self._run(_list_due(now, tenant, limit))
 
-    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    async def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """See :meth:`SQLStore.claim_run`."""
-        return await self._run(_claim_run(run_id, owner, now, ttl, force))
+        return await self._run(
+            _claim_run(run_id, owner, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing)
+        )
 
     async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """See :meth:`SQLStore.renew_run`."""
@@ -1181,25 +1209,28 @@ def _records(query: Any, connection: sa.Connection) -> list[RunRecord]:
     return [_record(r, strict=False) for r in connection.execute(query).mappings().all()]
 
 
-def _claim_run(run_id: str, owner: str, now: float, ttl: float, force: bool) -> _Work[RunLease]:
+def _claim_run(
+    run_id: str, owner: str, *, now: float, ttl: float, force: bool, holder: Holder | None, replacing: str | None
+) -> _Work[RunLease]:
     """Take or renew the run's lease in one upsert guarded by a WHERE: one round trip when it is taken.
 
     The upsert answers the lease it wrote; when its WHERE refuses (another owner holds an
-    unexpired lease), the lease in force is read after it.
+    unexpired lease, not the dead one it replaces), the lease in force is read after it.
     """
 
     def run(connection: sa.Connection) -> RunLease:
         dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-        insert = dialect.insert(_LEASE).values(run_id=run_id, owner=owner, expires_at=now + ttl, claimed_at=now)
+        values = {"run_id": run_id, "owner": owner, "expires_at": now + ttl, "claimed_at": now, **_holder_row(holder)}
+        insert = dialect.insert(_LEASE).values(**values)
         mine = _LEASE.c.owner == insert.excluded.owner
+        free = mine | (_LEASE.c.expires_at <= now)
         claim = insert.on_conflict_do_update(
             index_elements=[_LEASE.c.run_id],
             set_={
-                "owner": insert.excluded.owner,
-                "expires_at": insert.excluded.expires_at,
+                **{name: insert.excluded[name] for name in values if name not in ("run_id", "claimed_at")},
                 "claimed_at": sa.case((mine, _LEASE.c.claimed_at), else_=insert.excluded.claimed_at),
             },
-            where=None if force else mine | (_LEASE.c.expires_at <= now),
+            where=None if force else free if replacing is None else free | (_LEASE.c.owner == replacing),
         ).returning(*_LEASE.c)
         return _written_or_held(connection, run_id, claim)
 
@@ -1346,7 +1377,21 @@ def _to_v4(connection: sa.Connection) -> None:
     _SNAPSHOT.create(connection, checkfirst=True)
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2), (2, _to_v3), (3, _to_v4))
+def _to_v5(connection: sa.Connection) -> None:
+    """Version 4 to 5: a lease names its holder process; leases held now keep null there (their ttl rules)."""
+    present = {column["name"] for column in sa.inspect(connection).get_columns(_LEASE.name)}
+    for column in _LEASE.c:
+        if column.name not in present:
+            kind = column.type.compile(dialect=connection.dialect)
+            connection.execute(sa.text(f"ALTER TABLE {_LEASE.name} ADD COLUMN {column.name} {kind}"))
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
+    (1, _to_v2),
+    (2, _to_v3),
+    (3, _to_v4),
+    (4, _to_v5),
+)
 """(from version, step to the next), in order. A step only adds (tables, columns, facts
 derived from the log): it never drops or rewrites what runs recorded. Plain steps rather
 than alembic: a few small additive changes, applied on first use with no extra tool."""
@@ -1454,7 +1499,20 @@ def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
 
 
 def _lease(row: Any) -> RunLease:
-    return RunLease(row["run_id"], row["owner"], row["expires_at"], row["claimed_at"])
+    holder = None
+    if row["holder_host"] is not None and row["holder_pid"] is not None:
+        holder = Holder(row["holder_host"], row["holder_pid_namespace"], row["holder_pid"], row["holder_started"])
+    return RunLease(row["run_id"], row["owner"], row["expires_at"], row["claimed_at"], holder)
+
+
+def _holder_row(holder: Holder | None) -> dict[str, Any]:
+    """The lease row's holder columns for ``holder`` (all null: unknown)."""
+    return {
+        "holder_host": holder and holder.host,
+        "holder_pid_namespace": holder and holder.pid_namespace,
+        "holder_pid": holder and holder.pid,
+        "holder_started": holder and holder.started,
+    }
 
 
 _INSERT_EVENTS = sa.insert(_EVENT)

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import io
 import json
+import logging
 import math
 import os
 import shlex
@@ -88,7 +89,7 @@ from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_f
 from tether.models import ModelAdapter
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, leases, open_store, shown_url
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -373,6 +374,17 @@ _CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
 """The commands that may start the first run of a database; the others refuse a SQLite file not there."""
 
 
+class _Notices(logging.Handler):
+    """Says on stderr what a drive notes in passing (a run taken over from a dead driver), as ``notice: ...``."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(Text.assemble(("notice:", "yellow"), " ", record.getMessage()))
+
+
 class _Session:
     """What one command invocation shares: consoles, the store, output mode."""
 
@@ -381,6 +393,8 @@ class _Session:
         # soft_wrap: commands and ids printed for copying are never broken across lines
         self.out = Console(soft_wrap=True)
         self.err = Console(stderr=True, soft_wrap=True)
+        self.notices = _Notices(self.err)
+        leases.log.addHandler(self.notices)
         self.db_url = _db_url(getattr(args, "db", None))
         reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
         self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
@@ -489,6 +503,7 @@ class _Session:
             self.agents.pop().close()
         if self.telemetry is not None:
             self.telemetry.close()  # flushes the spans
+        leases.log.removeHandler(self.notices)
         self.store.close()
 
     def finish(self, result: RunResult) -> int:
