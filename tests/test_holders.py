@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from support import as_holder
 from tether.stores import Holder
 from tether.stores.holders import is_gone, this_process
 
@@ -30,13 +31,6 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
     finally:
         process.kill()
         process.wait()
-
-
-def as_holder(pid: int) -> Holder:
-    """Process ``pid`` (of this host and namespace) as it would name itself in a lease."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    started = int(stat[stat.rindex(")") + 2 :].split()[19])
-    return replace(this_process(), pid=pid, started=started)
 
 
 def test_this_process_names_its_host_namespace_pid_and_start() -> None:

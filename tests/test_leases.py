@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from support import clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
+from support import as_holder, clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Runner, tool
 from tether.core.approvals import DecideLater
 from tether.drivers.loader import agent_from_spec, agent_spec
@@ -166,8 +166,8 @@ def test_a_holder_process_gone_from_this_host_is_replaced_at_once_and_said(
         result = Runner(agent, store, approver=DecideLater()).drive(run_id)
     assert result.status == "awaiting_approval"  # taken over: its call is in doubt, asked about
     [said] = [r.getMessage() for r in caplog.records if r.name == "tether.stores.leases"]
-    assert said.startswith(f"run {run_id}: the process that drove it (pid {other_process.pid} on this host, {owner})")
-    assert "taken over now" in said
+    assert said.startswith(f"run {run_id}: the drive that held it ({owner}, pid {other_process.pid} on this host)")
+    assert "has ended; taken over now" in said
 
 
 def test_a_live_holder_or_one_in_another_pid_namespace_is_never_replaced(
@@ -182,7 +182,7 @@ def test_a_live_holder_or_one_in_another_pid_namespace_is_never_replaced(
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     for holder in (
-        me,  # this very process (another of its drives)
+        as_holder(other_process.pid),  # a live process on this host
         replace(me, pid_namespace=other_namespace),  # a live pid here, but the namespace's is another process
         replace(me, pid_namespace=other_namespace, pid=dead.pid),  # no such pid here, which says nothing there
         replace(me, host="boot:another-host", pid=dead.pid),
@@ -396,8 +396,8 @@ def test_tether_resume_right_after_kill_9_takes_the_run_over_and_says_so(tmp_pat
     resumed = run_tether(tmp_path, "resume", run_id, "--json", "--db", db)
     assert resumed.returncode == 0, resumed
     assert (resumed.data["status"], resumed.data["output"]) == ("done", "Tea found.")
-    assert f"notice: run {run_id}: the process that drove it (pid " in resumed.err
-    assert "is gone; taken over now, without waiting for its lease to expire" in resumed.err
+    assert f"notice: run {run_id}: the drive that held it (" in resumed.err
+    assert "has ended; taken over now, without waiting for its lease to expire" in resumed.err
     assert started_log(tmp_path) == ["tea", "tea"]  # idempotent: the abandoned call ran again
 
 

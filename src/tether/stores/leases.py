@@ -8,9 +8,10 @@ call in flight: a call another owner started and never finished was abandoned, a
 in-doubt rules resolve it.
 
 The lease names its holder process (:class:`~tether.stores.Holder`): a claim refused by a
-holder that, on this very host and in this PID namespace, is certainly gone (killed, say)
-takes the run over at once, and says so (a warning on this module's logger, and
-:attr:`Lease.took_over`). Anywhere else a pid says nothing (another host, a container that
+holder that, on this very host and in this PID namespace, is certainly gone (killed, say), or
+by a drive of this process that ended without giving the lease up (the store failed to delete
+it: a full disk), takes the run over at once, and says so (a warning on this module's logger,
+and :attr:`Lease.took_over`). Anywhere else a pid says nothing (another host, a container that
 reuses pids): the lease is honoured until it expires.
 
 A drive that finds its lease taken (an operator's ``--force``, or a renewal that came too
@@ -62,6 +63,11 @@ def _marked_held(run_id: str) -> Iterator[None]:
         yield
     finally:
         _HELD.reset(token)
+
+
+_DRIVING: set[str] = set()
+"""The owners of this process's drives, from before their claim to after their release: a lease
+this process holds under another owner is left over from a drive that ended without releasing it."""
 
 
 def _new_owner() -> str:
@@ -216,10 +222,16 @@ def _taken(claimed: RunLease, owner: str) -> RunLease:
 
 
 def _dead_holder(claimed: RunLease, owner: str) -> RunLease | None:
-    """The lease that refused ``owner``'s claim, if its holder is certainly gone (see :mod:`holders`)."""
-    if claimed.owner == owner or claimed.holder is None or not holders.is_gone(claimed.holder):
+    """The lease that refused ``owner``'s claim, if its drive has certainly ended.
+
+    Either its process is gone (see :mod:`holders`), or it is this process and the drive is
+    not one of :data:`_DRIVING` (it ended, but could not give the lease up: a full disk).
+    """
+    holder = claimed.holder
+    if claimed.owner == owner or holder is None:
         return None
-    return claimed
+    ended_here = holder == holders.this_process() and claimed.owner not in _DRIVING
+    return claimed if ended_here or holders.is_gone(holder) else None
 
 
 def _took_over(claimed: RunLease, owner: str, dead: RunLease) -> RunLease | None:
@@ -228,11 +240,11 @@ def _took_over(claimed: RunLease, owner: str, dead: RunLease) -> RunLease | None
         return None
     pid = dead.holder.pid if dead.holder is not None else "?"
     log.warning(
-        "run %s: the process that drove it (pid %s on this host, %s) is gone; taken over now, without waiting "
+        "run %s: the drive that held it (%s, pid %s on this host) has ended; taken over now, without waiting "
         "for its lease to expire",
         claimed.run_id,
-        pid,
         dead.owner,
+        pid,
     )
     return dead
 
@@ -247,12 +259,16 @@ def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = F
     """
     _check_ttl(ttl)
     owner, me, took_over = _new_owner(), holders.this_process(), None
-    claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
-    if (dead := _dead_holder(claimed, owner)) is not None:
-        claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner)
-        took_over = _took_over(claimed, owner, dead)
-    with Lease(store, _taken(claimed, owner), ttl, took_over) as lease, _marked_held(run_id):
-        yield lease
+    _DRIVING.add(owner)
+    try:
+        claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
+        if (dead := _dead_holder(claimed, owner)) is not None:
+            claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner)
+            took_over = _took_over(claimed, owner, dead)
+        with Lease(store, _taken(claimed, owner), ttl, took_over) as lease, _marked_held(run_id):
+            yield lease
+    finally:
+        _DRIVING.discard(owner)
 
 
 @asynccontextmanager
@@ -262,16 +278,22 @@ async def ahold(
     """Claim the run's lease for an async drive, as :func:`hold` does (used as ``async with``)."""
     _check_ttl(ttl)
     owner, me, took_over = _new_owner(), holders.this_process(), None
+    _DRIVING.add(owner)
     try:
-        claimed = await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
-        if (dead := _dead_holder(claimed, owner)) is not None:
-            claimed = await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner)
-            took_over = _took_over(claimed, owner, dead)
-        claimed = _taken(claimed, owner)
-    except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
-        with suppress(StoreError):
-            await store.release_run(run_id, owner)
-        raise
-    async with AsyncLease(store, claimed, ttl, took_over) as lease:
-        with _marked_held(run_id):
-            yield lease
+        try:
+            claimed = await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
+            if (dead := _dead_holder(claimed, owner)) is not None:
+                replaced = await store.claim_run(
+                    run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner
+                )
+                took_over, claimed = _took_over(replaced, owner, dead), replaced
+            claimed = _taken(claimed, owner)
+        except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
+            with suppress(StoreError):
+                await store.release_run(run_id, owner)
+            raise
+        async with AsyncLease(store, claimed, ttl, took_over) as lease:
+            with _marked_held(run_id):
+                yield lease
+    finally:
+        _DRIVING.discard(owner)

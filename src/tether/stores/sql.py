@@ -202,6 +202,12 @@ dead one is then replaced unseen. A connection in steady use is never pinged (a 
 round trip); one that drops mid-use fails that use with a transient StoreError."""
 
 
+READ_RETRIES = 2
+"""Times a read that found its pooled connection dropped (a server restart, an idle connection the
+network or an administrator cut) is run again on a new one. A read after a run's last commit (the
+result ``tether run`` prints) then reports what is stored, instead of failing a finished run."""
+
+
 def _ping_when_idle(engine: sa.Engine) -> None:
     """Ping a connection on checkout only after it sat idle :data:`IDLE_PING_AFTER` seconds (not per step)."""
 
@@ -401,6 +407,9 @@ class _Work(Generic[T]):
     round trips of BEGIN and COMMIT (a step's commit is then one round trip)."""
     on_conflict: Callable[[sa.exc.IntegrityError], T] | None = None
     """What a constraint violation means for this write (raise the right error, or an answer)."""
+    reads_only: bool = False
+    """It writes nothing: on a connection found dropped it is run again on a new one (see
+    :data:`READ_RETRIES`). A write is not: it may have committed before the connection dropped."""
 
 
 class _SQLBase:
@@ -486,11 +495,14 @@ class _SQLBase:
                     self._set_up(raw)
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
-        try:
-            with (connect or engine.connect)() as raw:
-                return self._perform(raw, work)
-        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
-            return self._failed(work, error)
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                with (connect or engine.connect)() as raw:
+                    return self._perform(raw, work)
+            except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+                if not self._read_again(work, error, attempt):
+                    return self._failed(work, error)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _cannot_use(self, error: Exception) -> ConfigError:
         return ConfigError(f"cannot use database {self._where()!r}: {error}")
@@ -502,6 +514,11 @@ class _SQLBase:
             return work.run(raw.execution_options(isolation_level="AUTOCOMMIT"))
         with raw.begin():
             return work.run(raw)
+
+    def _read_again(self, work: _Work[T], error: Exception, attempt: int) -> bool:
+        """Whether ``work`` failed only because its connection had dropped, and may run again on a new one."""
+        dropped = isinstance(error, sa.exc.DBAPIError) and error.connection_invalidated
+        return work.reads_only and dropped and attempt < READ_RETRIES
 
     def _failed(self, work: _Work[T], error: Exception) -> T:
         """The error ``work`` raised, said as the store's contract says it (or the answer a conflict means)."""
@@ -835,11 +852,14 @@ class AsyncSQLStore(_SQLBase):
                     await raw.run_sync(self._set_up)
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
-        try:
-            async with self.engine.connect() as raw:
-                return await raw.run_sync(self._perform, work)
-        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
-            return self._failed(work, error)
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                async with self.engine.connect() as raw:
+                    return await raw.run_sync(self._perform, work)
+            except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+                if not self._read_again(work, error, attempt):
+                    return self._failed(work, error)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """See :meth:`SQLStore.create_run`."""
@@ -993,7 +1013,7 @@ def _load_run(run_id: str, tenant: str | None) -> _Work[RunRecord]:
             raise RunNotFound(run_id)
         return _record(row, strict=True)
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _load_events(run_id: str, tenant: str | None, after: int | None, limit: int | None) -> _Work[list[Event]]:
@@ -1021,7 +1041,7 @@ def _load_events(run_id: str, tenant: str | None, after: int | None, limit: int 
             raise RunNotFound(run_id)
         return [_event(run_id, r) for r in rows if r["seq"] is not None]
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _load_log(run_id: str, tenant: str | None, snapshot_format: str | None) -> _Work[RunLog]:
@@ -1057,7 +1077,7 @@ def _load_log(run_id: str, tenant: str | None, snapshot_format: str | None) -> _
         events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events, snapshot)
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _save_snapshot(run_id: str, snapshot: Snapshot) -> _Work[None]:
@@ -1120,7 +1140,7 @@ def _list_runs(
         query = query.where(due_at.is_not(None) if waiting_retry else due_at.is_(None))
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
-    return _Work(functools.partial(_records, query), single=True)
+    return _Work(functools.partial(_records, query), single=True, reads_only=True)
 
 
 def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
@@ -1138,7 +1158,7 @@ def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
         total = int(connection.execute(counted).scalar_one())
         return RunsFound(_records(page, connection) if limit and offset < total else [], total)
 
-    return _Work(run)
+    return _Work(run, reads_only=True)
 
 
 def _found_by(query: RunQuery) -> list[Any]:
@@ -1202,7 +1222,7 @@ def _list_due(now: float, tenant: str | None, limit: int) -> _Work[list[RunRecor
     )
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
-    return _Work(functools.partial(_records, query), single=True)
+    return _Work(functools.partial(_records, query), single=True, reads_only=True)
 
 
 def _records(query: Any, connection: sa.Connection) -> list[RunRecord]:
@@ -1282,7 +1302,7 @@ def _cache_get(key: str, now: float) -> _Work[str | None]:
         value = connection.execute(query).scalar()
         return None if value is None else codec.decode_text(str(value))
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _cache_put(key: str, tool: str, value: str, expires_at: float) -> _Work[None]:
