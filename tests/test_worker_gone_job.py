@@ -78,5 +78,5 @@ async def test_a_job_gone_when_its_drive_ends_is_one_logged_line(pg_schema: PgSc
     assert taken == [1]
     [said] = [line for line in watch.said if "could not be" in line]
     assert said.startswith("job ")
-    assert "could not be finished here: a recovery queued it again meanwhile" in said
+    assert "could not be finished here: it is no longer this worker's (a recovery queued it again" in said
     assert unhandled == []

@@ -279,8 +279,9 @@ def _gone_meanwhile(procrastinate: Any, job: Any, what: str) -> Iterator[None]:
         if _GONE not in str(error.__cause__ or error):
             raise
         log.warning(
-            "job %s (%s) could not be %s here: a recovery queued it again meanwhile (this worker's heartbeat "
-            "came late), and it is no longer this worker's; the run's outcome is in the store",
+            "job %s (%s) could not be %s here: it is no longer this worker's (a recovery queued it again "
+            "meanwhile, this worker's heartbeat having come late, or it ended elsewhere); the run's outcome "
+            "is in the store",
             job.id,
             job.task_kwargs,
             what,
