@@ -66,6 +66,15 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
         assert overhead[(system, 10)]["status"] == "unavailable"
         assert overhead[(system, 10)]["why"]
 
+    async_cost = {row["system"]: row for row in results["async_cost"]}
+    assert set(async_cost) == {"runner-sqlite", "async-sqlite-k1", "async-sqlite-k"}
+    for row in async_cost.values():
+        assert row["status"] == "ok", row
+        assert row["cpu_ms_per_step"] > 0
+        assert row["ratio_to_sync"] > 0
+    assert async_cost["async-sqlite-k"]["k"] == 16
+    assert "### 1b. An async step's CPU" in done.stdout
+
     growth = {row["system"]: row for row in results["growth"]}
     assert growth["tether-sqlite"]["status"] == "ok", growth["tether-sqlite"]
     assert growth["tether-sqlite"]["wal_bytes_per_step_early"] > 0
@@ -84,6 +93,11 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
     assert results["meta"]["plan"]["scale_k"] == [1, 16, 64]
     assert {("tether-sqlite", k, None) for k in (1, 16, 64)} <= scale, results["scale"]
     assert ("tether-sqlite", None, 100) in scale, results["scale"]
+    assert ("tether-sqlite-unfrozen", 64, None) in scale, results["scale"]  # the same load, heap not frozen
+    for row in results["scale"]:
+        if row["status"] == "ok" and "k" in row and row["system"].startswith("tether"):
+            assert row["gc_full_passes"] >= 0, row
+            assert (row["gc_frozen_objects"] > 0) == (row["system"] != "tether-sqlite-unfrozen"), row
     for row in results["scale"]:
         if row["status"] == "ok" and "k" in row:
             assert row["steps_per_s"] > 0, row
