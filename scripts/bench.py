@@ -1166,10 +1166,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         send = over.get(("floor-send", n))
         if sqlite_row and floor_b and send:
             floor = send["ms_per_step"] + floor_b["ms_per_step"]
+            cpu = sqlite_row["ms_per_step_cpu"] / (send["ms_per_step_cpu"] + floor_b["ms_per_step_cpu"])
             add(
                 f"tether-on-SQLite <= 2.5x (bare send() + durable floor (b)), N={n}",
                 f"{sqlite_row['ms_per_step'] / floor:.1f}x ({sqlite_row['ms_per_step']:.3f} ms against "
-                f"{send['ms_per_step']:.3f} + {floor_b['ms_per_step']:.3f} ms)",
+                f"{send['ms_per_step']:.3f} + {floor_b['ms_per_step']:.3f} ms; CPU {cpu:.1f}x)",
                 sqlite_row["ms_per_step"] / floor <= 2.5,
             )
         # Against the faster of LangGraph's two durability modes at this N (the conservative reading).

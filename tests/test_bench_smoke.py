@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow  # runs scripts/bench --quick
 
 ROOT = Path(__file__).resolve().parents[1]
-TETHER_ROWS = ("floor-loop", "floor-sqlite", "tether-memory", "tether-sqlite", "tether-postgres")
+TETHER_ROWS = ("floor-loop", "floor-sqlite", "floor-send", "tether-memory", "tether-sqlite", "tether-postgres")
 PEER_ROWS = ("langgraph", "langgraph-sqlite", "langgraph-sqlite-sync", "pydantic-ai")
 
 
@@ -54,7 +54,7 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
     for system in TETHER_ROWS + PEER_ROWS:
         for n in sizes:
             assert (system, n) in overhead, (system, n)
-    for system in ("floor-loop", "floor-sqlite", "tether-memory", "tether-sqlite"):
+    for system in ("floor-loop", "floor-sqlite", "floor-send", "tether-memory", "tether-sqlite"):
         for n in sizes:
             row = overhead[(system, n)]
             assert row["status"] == "ok", row
@@ -62,6 +62,9 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
             assert row["steps"] == 2 * n + 1
             assert row["ratio_a"] > 0
             assert row["ratio_b"] > 0
+            assert row["ratio_sb"] > 0  # over a bare send() plus (b)
+    floor_targets = [t for t in results["targets"] if "bare send() + durable floor (b)" in t["target"]]
+    assert len(floor_targets) == len(sizes), results["targets"]
     for system in PEER_ROWS:
         assert overhead[(system, 10)]["status"] == "unavailable"
         assert overhead[(system, 10)]["why"]
