@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -178,13 +177,7 @@ def test_an_agent_of_a_named_openai_adapter_records_that_model(chat_api: FakeCha
     assert result.cost_usd is not None
 
 
-def test_a_model_name_given_wins_and_an_adapter_naming_none_is_default() -> None:
+def test_a_model_name_given_wins_and_an_adapter_of_no_vendor_api_is_default() -> None:
     named = AnthropicModel("claude-sonnet-4-5", api_key="k")
     assert Agent(model=named, model_name="claude-sonnet-4-5-20250929").model_name == "claude-sonnet-4-5-20250929"
-    assert Agent(model=ScriptedModel([])).model_name == "scripted"
-
-    class Nameless:
-        def complete(self, request: Any) -> Any:
-            raise NotImplementedError
-
-    assert Agent(model=Nameless()).model_name == "default"
+    assert Agent(model=ScriptedModel([])).model_name == "default"  # a script asks no API for a model

@@ -21,6 +21,7 @@ import pydantic
 from tether.errors import ConfigError, IncompatibleRun, ToolDefinitionError
 from tether.facts.history import Message
 from tether.models import ModelAdapter, ModelSettings
+from tether.models.sdk import SdkAdapter
 from tether.policy.compaction import HistoryProcessor, check_processors
 from tether.policy.policies import Limits
 from tether.policy.pricing import Price, price_for
@@ -37,9 +38,8 @@ DEFAULT_MAX_CONCURRENT_TOOLS = 8
 
 
 def _name_of(model: ModelAdapter) -> str:
-    """The model an adapter calls, as it names it (its ``name``); ``"default"`` when it names none."""
-    name = getattr(model, "name", None)
-    return name if isinstance(name, str) and name else "default"
+    """The model a vendor's API is asked for (an SDK adapter's ``name``); ``"default"`` for any other adapter."""
+    return model.name if isinstance(model, SdkAdapter) and model.name else "default"
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class Agent:
     """Overrides and additions to :data:`tether.policy.pricing.PRICES`, by model name prefix."""
     model_name: str = ""
     """The model's name, stored with the run: what prices its calls, what traces call
-    ``gen_ai.request.model``. Left out, the adapter's own ``name`` (``AnthropicModel``'s and
-    ``OpenAIModel``'s model, ``ScriptedModel``'s ``"scripted"``), else ``"default"``."""
+    ``gen_ai.request.model``. Left out, the model ``AnthropicModel`` or ``OpenAIModel`` asks its
+    API for, else ``"default"`` (a scripted or hand-written adapter)."""
     spec: dict[str, Any] = field(default_factory=dict)
     policy: Policy | None = None
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""

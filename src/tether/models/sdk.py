@@ -96,6 +96,9 @@ class SdkAdapter(abc.ABC, Generic[SyncT, AsyncT]):
     usual environment variables. Nothing here is ever stored with a run.
     """
 
+    name: str
+    """The model the API is asked for (the request's ``model``); an agent's runs record it."""
+
     def __init__(
         self,
         *,
