@@ -79,6 +79,27 @@ def test_freeze_heap_false_leaves_the_collector_alone() -> None:
     assert found["count"] == 0
 
 
+def test_a_child_runs_runner_keeps_its_parents_choice() -> None:
+    """An agent tool's child run gets a runner of its own: it must not freeze what its parent left alone."""
+    found = python(
+        "import asyncio, gc, json\n"
+        "from tether import Agent, AsyncRunner\n"
+        "from tether.stores.memory import MemoryStore\n"
+        "from tether.testing import ScriptedModel\n"
+        "def say(text): return {'content': [{'type': 'text', 'text': text}], 'stop_reason': 'end_turn'}\n"
+        "child = Agent(ScriptedModel([say('looks fine')]), name='reviewer')\n"
+        "call = {'type': 'tool_use', 'id': 'toolu_1', 'name': 'review', 'input': {'task': 'check'}}\n"
+        "turn = {'content': [call], 'stop_reason': 'tool_use'}\n"
+        "parent = Agent(ScriptedModel([turn, say('done')]), tools=[child.as_tool('review', 'Review.')])\n"
+        "store = MemoryStore()\n"
+        "runner = AsyncRunner(parent, store, freeze_heap=False)\n"
+        "result = asyncio.run(runner.run('write'))\n"
+        "children = len(store.list_runs())\n"
+        "print(json.dumps({'status': result.status, 'runs': children, 'count': gc.get_freeze_count()}))"
+    )
+    assert found == {"status": "done", "runs": 2, "count": 0}  # the parent and its child, nothing frozen
+
+
 def test_an_sdk_imported_at_the_first_call_joins_a_frozen_heap_only() -> None:
     program = (
         "import gc, json, tether\n"
