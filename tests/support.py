@@ -190,6 +190,8 @@ def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 # Environment and text ---------------------------------------------------------------------
 CLEAN_ENV_PREFIXES = ("ANTHROPIC", "OPENAI", "TETHER")
+EDITOR_VARIABLES = ("VISUAL", "EDITOR")
+"""Left out too: ``e`` at a prompt would open the person's editor instead of asking for a line."""
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
 )
@@ -197,9 +199,9 @@ ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles,
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child: no ANTHROPIC_* or TETHER_* settings (no API
-    key, database, model or demo workspace leaks in), rich at 200 columns, the venv first on
+    key, database, model or demo workspace leaks in), no editor, rich at 200 columns, the venv first on
     PATH (as once activated: the hints tether prints then say plain ``tether``), then ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES) and k not in EDITOR_VARIABLES}
     env["COLUMNS"] = "200"  # rich wraps at 80 columns without a terminal; keep messages on one line
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra)
@@ -382,6 +384,8 @@ def run_tether_process(cwd: Path, *args: str, env: Mapping[str, str] | None = No
 
 TETHER_MAIN = str(Path(__file__).resolve().parents[1] / "src" / "tether" / "__main__.py")
 """What ``sys.argv[0]`` is in ``python -m tether`` (the hints tether prints depend on it)."""
+TETHER = str(Path(sys.executable).parent / "tether")
+"""How the hints of ``python -m tether`` under :func:`clean_env` name tether: this venv's script, absolutely."""
 
 
 def run_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
@@ -422,7 +426,7 @@ def _like_a_new_process(
     are forgotten afterwards, as are directories added to ``sys.path``: the next command
     imports them anew, as a new process would.
     """
-    from tether.surfaces import cli
+    from tether.surfaces import hints
 
     saved_env, saved_cwd, saved_argv, saved_path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
     modules = set(sys.modules)
@@ -432,7 +436,7 @@ def _like_a_new_process(
     os.environ.update(environment)
     os.chdir(cwd)
     sys.argv = argv
-    cli.invocation.cache_clear()  # it depends on PATH and argv
+    hints.invocation.cache_clear()  # it depends on PATH and argv
     logging.getLogger().addHandler(logged)
     try:
         with (
@@ -449,7 +453,7 @@ def _like_a_new_process(
                     err.write(warnings.formatwarning(shown.message, shown.category, shown.filename, shown.lineno))
     finally:
         logging.getLogger().removeHandler(logged)
-        cli.invocation.cache_clear()
+        hints.invocation.cache_clear()
         sys.argv = saved_argv
         sys.path[:] = saved_path
         for name in set(sys.modules) - modules:

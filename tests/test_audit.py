@@ -247,6 +247,7 @@ def test_a_call_allowed_by_an_approval_for_the_run_is_attributed_to_it() -> None
     assert result.status == "done"
     first, second = entries(result.run_id, store.load_events(result.run_id))
     assert first.decision is not None
+    assert first.decision["for_run"] is True  # what the person chose, beside who they were
     assert second.decision == {
         "verdict": "approved",
         "by": "alice",

@@ -153,9 +153,12 @@ def test_show_pending_and_diagram_draw_the_tree_of_runs(tether: Tether) -> None:
     _, pending, _ = tether("pending")
     assert f"chain  {root} → {child}" in pending
     assert [p["run_id"] for p in tether.json("pending", "--run", root)["pending"]] == [child]  # the tree's calls
-    assert "the first run of its chain" in " ".join(pending.split())
+    assert "then go on with (RUN: the first run of a call's chain):" in pending
     _, shown, _ = tether("show", root)
     assert f"└── {child} reviewer for review toolu_review awaiting_approval" in " ".join(shown.split())
+    told = [" ".join(line.split()) for line in shown.splitlines()]
+    call = told.index("▸ review toolu_review")  # the conversation places the child under the call it serves
+    assert f"child run {child} reviewer awaiting_approval" in told[call:]
     _, shown_child, _ = tether("show", child)
     assert f"child run of {root} (its call toolu_review of review)" in " ".join(shown_child.split())
     tree = tether.json("show", root)["children"]

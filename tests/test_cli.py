@@ -329,7 +329,9 @@ def test_show_human(base: Base) -> None:
     text = flat(shown.stdout)
     assert "status: done" in text
     assert run_id in text
-    assert "run_finished" in text  # the event log
+    assert "step 3" in text  # the conversation
+    logged = base.cli("show", run_id, "--events")
+    assert "run_finished" in flat(logged.stdout)  # the event log
 
 
 def test_max_steps_fails_the_run(base: Base) -> None:

@@ -51,7 +51,11 @@ def test_show_reports_each_step_and_the_totals(tmp_path: Path) -> None:
     assert data["tool_seconds"] == pytest.approx(sum(e["duration"] for e in tool_steps), abs=1e-5)
     assert data["tool_seconds"] > 0
 
-    human = run_tether(tmp_path, "show", run_id, "--db", url)
+    told = run_tether(tmp_path, "show", run_id, "--db", url)
+    assert told.returncode == 0, told
+    step = f"step 1 · {100 + 50 + 1000} tokens · ${first:.6f} · {responses[0]['latency']:.3f}s"
+    assert step in flat(told.stdout)  # each step of the conversation says what it cost
+    human = run_tether(tmp_path, "show", run_id, "--events", "--db", url)
     assert human.returncode == 0, human
     text = flat(human.stdout)
     assert "tokens in/out/cache w/r" in text

@@ -165,9 +165,10 @@ def test_the_hints_the_demo_prints_work_when_copied_into_a_shell(
         check=False,
     )
     assert parked.returncode == 3, parked
-    hint = re.search(r"^Decide with (.+) or (.+), then (.+)$", parked.stdout, re.MULTILINE)
+    hint = re.search(r"^Decide with:\n  (.+)\n  (.+)\nthen go on with:\n  (.+)$", parked.stdout, re.MULTILINE)
     assert hint is not None, parked.stdout
     approve, _, resume = hint.groups()
+    assert approve.startswith("/")  # absolute: it works pasted in any directory
 
     def shell(command: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(

@@ -146,6 +146,34 @@ def test_svg_and_png_are_written_with_o(tmp_path: Path) -> None:
     assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+@needs_dot
+def test_o_takes_the_format_from_the_files_extension(tmp_path: Path) -> None:
+    for name in ("g.png", "g.svg", "g.dot", "g.mmd", "G.PNG"):
+        done = run_tether(tmp_path, "diagram", "-o", name)
+        assert done.returncode == 0, done
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # never Mermaid text in a .png
+    assert (tmp_path / "G.PNG").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert ET.parse(tmp_path / "g.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    assert (tmp_path / "g.dot").read_text(encoding="utf-8") == dg.to_dot()
+    assert (tmp_path / "g.mmd").read_text(encoding="utf-8") == dg.to_mermaid()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-o", "g.png", "--format", "mermaid"], "-o g.png names a png file but --format is mermaid: make them agree"),
+        (["-o", "g.mmd", "--format", "svg"], "-o g.mmd names a mermaid file but --format is svg: make them agree"),
+        (["-o", "g.jpg"], "-o g.jpg: cannot tell the format from '.jpg'"),
+    ],
+)
+def test_a_format_the_files_name_contradicts_is_refused_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
+    done = run_tether(tmp_path, "diagram", *args)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith(f"error: {said}"), done
+    assert len(done.stderr.strip().splitlines()) == 1, done
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_missing_graphviz_is_a_clear_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty-path"
     empty.mkdir()
@@ -217,6 +245,12 @@ def test_sequence_is_mermaid_only(workdir: Path, run_id: str) -> None:
     )
     assert done.returncode == 2
     assert "drawn in Mermaid only, not --format dot" in done.stderr  # the run was given: not asked for again
+    into_png = run_tether(
+        workdir, "diagram", "--run", run_id, "--kind", "sequence", "-o", "seq.png", "--db", "sqlite:///runs.db"
+    )
+    assert into_png.returncode == 2
+    assert "drawn in Mermaid only, not -o seq.png" in into_png.stderr
+    assert not (workdir / "seq.png").exists()
 
 
 # The demo's runs, drawn and checked against their events ----------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from support import model_reply, tool_use, tool_use_turn
 from tether import Agent, AsyncRunner, Handoff, Runner, tool
 from tether.core.forks import MessageEdit, fork_points
-from tether.errors import InvalidForkPoint, RunNotFound
+from tether.errors import ConfigError, InvalidForkPoint, RunNotFound
 from tether.models import ModelRequest
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
@@ -68,7 +68,7 @@ def test_a_fork_after_the_tool_results_asks_the_model_again_with_that_history() 
     before = store.load_events(original, tenant="acme")
     at = seq_of(store, original, "results_returned")
 
-    fork = runner.fork(original, at_step=at, tenant="acme")
+    fork = runner.fork(original, at_event=at, tenant="acme")
 
     assert fork.id != original
     assert fork.spec["forked_from"] == {"run_id": original, "step": at}
@@ -88,7 +88,7 @@ def test_a_step_in_the_middle_of_a_turn_is_refused_naming_the_nearest_steps() ->
     prompt_point, results_point = seq_of(store, original, "transition"), seq_of(store, original, "results_returned")
 
     with pytest.raises(InvalidForkPoint, match="toolu_1 have no results") as refused:
-        runner.fork(original, at_step=asked, tenant="acme")
+        runner.fork(original, at_event=asked, tenant="acme")
 
     assert refused.value.nearest == (prompt_point, results_point)
     assert f"{prompt_point} or {results_point}" in str(refused.value)
@@ -100,11 +100,11 @@ def test_the_final_answer_and_steps_out_of_range_are_refused() -> None:
     runner, _, original = finished_run(store)
     last = store.load_events(original, tenant="acme")[-1].seq
     with pytest.raises(InvalidForkPoint, match="answer ends the history"):
-        runner.fork(original, at_step=last, tenant="acme")
-    with pytest.raises(InvalidForkPoint, match=f"has steps 0 to {last}"):
-        runner.fork(original, at_step=last + 1, tenant="acme")
-    with pytest.raises(InvalidForkPoint, match="has steps 0 to"):
-        runner.fork(original, at_step=-1, tenant="acme")
+        runner.fork(original, at_event=last, tenant="acme")
+    with pytest.raises(InvalidForkPoint, match=f"has events 0 to {last}"):
+        runner.fork(original, at_event=last + 1, tenant="acme")
+    with pytest.raises(InvalidForkPoint, match="has events 0 to"):
+        runner.fork(original, at_event=-1, tenant="acme")
 
 
 def test_fork_points_are_where_the_history_ends_with_a_user_turn() -> None:
@@ -119,7 +119,7 @@ def test_an_edited_prompt_is_what_the_fork_sends() -> None:
     store = MemoryStore()
     runner, script, original = finished_run(store)
 
-    fork = runner.fork(original, at_step=1, edit=MessageEdit(0, "What is 4 + 4?"), tenant="acme")
+    fork = runner.fork(original, at_event=1, edit=MessageEdit(0, "What is 4 + 4?"), tenant="acme")
     runner.drive(fork.id, tenant="acme")
 
     assert script.requests[-1].messages[0]["content"][0]["text"] == "What is 4 + 4?"
@@ -131,13 +131,13 @@ def test_an_edit_of_a_message_without_text_or_out_of_range_is_refused() -> None:
     runner, _, original = finished_run(store)
     at = seq_of(store, original, "results_returned")
     with pytest.raises(InvalidForkPoint, match="message 2 holds no text to edit \\(only tool_result\\)"):
-        runner.fork(original, at_step=at, edit=MessageEdit(-1, "hi"), tenant="acme")
+        runner.fork(original, at_event=at, edit=MessageEdit(-1, "hi"), tenant="acme")
     with pytest.raises(InvalidForkPoint, match="has messages 0 to 2, not 3"):
-        runner.fork(original, at_step=at, edit=MessageEdit(3, "hi"), tenant="acme")
+        runner.fork(original, at_event=at, edit=MessageEdit(3, "hi"), tenant="acme")
     with pytest.raises(InvalidForkPoint, match="edited text is empty"):
-        runner.fork(original, at_step=at, edit=MessageEdit(0, "  "), tenant="acme")
+        runner.fork(original, at_event=at, edit=MessageEdit(0, "  "), tenant="acme")
     assert [r.id for r in store.list_runs()] == [original]
-    prompt = runner.fork(original, at_step=at, edit=MessageEdit(None, "Add 4 and 4."), tenant="acme")
+    prompt = runner.fork(original, at_event=at, edit=MessageEdit(None, "Add 4 and 4."), tenant="acme")
     assert prompt.messages[0]["content"] == [{"type": "text", "text": "Add 4 and 4."}]  # None: the last user text
 
 
@@ -145,7 +145,7 @@ def test_another_tenants_run_cannot_be_forked() -> None:
     store = MemoryStore()
     runner, _, original = finished_run(store)
     with pytest.raises(RunNotFound):
-        runner.fork(original, at_step=1, tenant="other")
+        runner.fork(original, at_event=1, tenant="other")
 
 
 async def test_the_async_runner_forks_the_same_way() -> None:
@@ -154,7 +154,7 @@ async def test_the_async_runner_forks_the_same_way() -> None:
     runner = AsyncRunner(Agent(model=ScriptedModel(script), tools=[add]), store)
     original = (await runner.run("What is 2 + 3?", tenant="acme")).run_id
 
-    fork = await runner.fork(original, at_step=seq_of(store, original, "results_returned"), tenant="acme")
+    fork = await runner.fork(original, at_event=seq_of(store, original, "results_returned"), tenant="acme")
     result = await runner.drive(fork.id, tenant="acme")
 
     assert fork.spec["forked_from"]["run_id"] == original
@@ -187,15 +187,15 @@ def test_tether_fork_makes_the_fork_and_show_names_its_origin(
     assert shown["forked_from"] == {"run_id": original, "step": 0}
     assert shown["messages"] == [{"role": "user", "content": [{"type": "text", "text": "What is 4 + 4?"}]}]
     assert main(["show", fork["run_id"], "--db", db]) == 0
-    assert f"forked from run {original} at step 0" in capsys.readouterr().out
+    assert f"forked from run {original} at event 0" in capsys.readouterr().out
 
 
 def test_tether_fork_refuses_a_bad_step_or_edit_as_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db, original = sql_run(tmp_path)
-    assert main(["fork", original, "--at", "2", "--db", db]) == 2
-    assert "have no results there yet; the nearest steps that can be forked: 1 or 6" in capsys.readouterr().err
+    assert main(["fork", original, "--at-event", "2", "--db", db]) == 2
+    assert "have no results there yet; the nearest events that can be forked: 1 or 6" in capsys.readouterr().err
     assert main(["fork", original, "--at", "1", "--edit-message", "0", "--db", db]) == 2
     assert "--edit-message K needs --text" in capsys.readouterr().err
     assert main(["runs", "--json", "--db", db]) == 0
@@ -217,8 +217,8 @@ def test_a_fork_after_a_handoff_is_driven_by_the_agent_then_in_charge() -> None:
 
     triage, triage_model, billing_model = team()  # a fresh process
     runner = Runner(triage, store)
-    handed = runner.fork(original, at_step=results)
-    from_the_start = runner.fork(original, at_step=1)
+    handed = runner.fork(original, at_event=results)
+    from_the_start = runner.fork(original, at_event=1)
 
     assert handed.spec["handed_to"] == "billing"
     assert "handed_to" not in from_the_start.spec
@@ -248,12 +248,12 @@ def test_a_fork_of_a_child_run_is_a_root_run_driven_with_the_childs_agent() -> N
     child = child_run_id(parent, "toolu_review", 1)
     at = next(e.seq for e in store.load_events(child) if e.type == "results_returned")
 
-    fork = runner.fork(child, at_step=at)
+    fork = runner.fork(child, at_event=at)
 
     assert link_of(fork.spec) is None  # a root run: listed, resumed and retried as one
     assert fork.spec["forked_from"]["agent_of"] == store.load_run(child).spec["parent"]
     assert [r.id for r in store.list_runs()].count(fork.id) == 1
-    again = runner.fork(child, at_step=at)
+    again = runner.fork(child, at_event=at)
     result = runner.drive(fork.id)  # the root's runner drives it with the reviewer's model and tools
     assert (result.status, result.output) == ("done", "5")
     reviewer = Agent(ScriptedModel([sums, answer("5")]), tools=[add], name="reviewer")  # as `tether resume` builds it
@@ -271,7 +271,7 @@ def test_a_fork_of_a_parent_calls_its_agent_tool_with_a_child_of_its_own() -> No
     before = store.load_events(first_child)
     at = 1  # before the review: the fork's model calls the tool again, with the same call id
 
-    fork = runner.fork(original, at_step=at)
+    fork = runner.fork(original, at_event=at)
     result = runner.drive(fork.id)
 
     assert result.status == "done"
@@ -279,3 +279,15 @@ def test_a_fork_of_a_parent_calls_its_agent_tool_with_a_child_of_its_own() -> No
     assert runner.load(fork.id).children == {"toolu_review": own}
     assert store.load_run(own).spec["parent"]["run_id"] == fork.id
     assert store.load_events(first_child) == before  # the original's child is neither adopted nor driven
+
+
+def test_at_step_is_the_deprecated_name_of_at_event(tmp_path: Path) -> None:
+    """A step is a model invocation; a fork starts at an event: the old keyword still works, and says so."""
+    done = model_reply([{"type": "text", "text": "hello"}], "end_turn")
+    runner = Runner(Agent(model=ScriptedModel([done]), tools=[]), MemoryStore())
+    run_id = runner.run("hi").run_id
+    with pytest.warns(DeprecationWarning, match="pass at_event="):
+        fork = runner.fork(run_id, at_step=0)
+    assert fork.spec["forked_from"] == {"run_id": run_id, "step": 0}
+    with pytest.raises(ConfigError, match="not both"):
+        runner.fork(run_id, at_event=0, at_step=0)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
+from support import TETHER, clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Runner, tool
 from tether.core.approvals import DecideLater
 from tether.drivers.loader import agent_from_spec
@@ -356,7 +356,8 @@ def test_tether_resume_exits_5_while_another_process_drives_and_force_takes_over
     busy = run_tether(tmp_path, "resume", run_id, "--db", db)
     assert busy.returncode == 5, busy
     assert f"another process is driving run {run_id!r}: {HOST}:{os.getpid()}:live holds its lease until" in busy.err
-    assert f"take the run over with: tether resume {run_id} --force --db {db}" in busy.err  # as this tether runs
+    take_over = f"take the run over with:\n  {TETHER} resume {run_id} --force --db {db}\n"  # a line of its own
+    assert take_over in busy.stderr
     assert "drive(force=True)" not in busy.err  # the library's advice is not the command line's
     forced = run_tether(tmp_path, "resume", run_id, "--force", "--db", db, "--json")
     assert forced.returncode == 3, forced  # no terminal: parked for `tether approve`

@@ -185,7 +185,7 @@ def test_a_fork_starts_its_own_trace_naming_the_original(exporter: InMemorySpanE
     script = (asks(tool_use("toolu_1", "add", {"a": 2, "b": 3})), answer("5"), answer("again"))
     runner = Runner(agent(*script), store, telemetry=telemetry(exporter))
     original = runner.run("2 + 3?").run_id
-    fork = runner.fork(original, at_step=1)
+    fork = runner.fork(original, at_event=1)
     runner.drive(fork.id)
 
     spans = exporter.get_finished_spans()

@@ -182,7 +182,7 @@ def test_approve_for_run_in_another_process_skips_later_gates(cli: Cli) -> None:
     later = audited.data["entries"][1]["decision"]
     assert (later["verdict"], later["by"], later["for_run_call"]) == ("approved", "alice", "toolu_1")
     table = " ".join(cli("audit", "--run", run_id).stdout.split())
-    assert "approved by alice (for the run, with toolu_1)" in table
+    assert "approved by alice, for the run with toolu_1: send was approved for the rest of the run" in table
 
 
 def test_an_invalid_policy_file_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:

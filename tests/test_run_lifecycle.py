@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from support import EFFECT_TOOLS, Cli, CliResult, clean_env, finish_tether, model_reply, tool_use, tool_use_turn
+from support import EFFECT_TOOLS, TETHER, Cli, CliResult, clean_env, finish_tether, model_reply, tool_use, tool_use_turn
 from tether import Agent, ModelError, Runner
 from tether.stores import open_store
 from tether.testing import ScriptedModel
@@ -104,7 +104,7 @@ def test_cancel_a_parked_run_from_elsewhere_without_its_tools_or_model(project: 
     shown = project.show(run_id)
     assert shown["status"] == "cancelled"
     assert run_finished(shown)["status"] == "cancelled"
-    assert project.tether("pending", "--json").data == {"pending": []}
+    assert project.tether("pending", "--json").data == {"pending": [], "total": 0}
 
     again = project.tether("cancel", run_id)
     assert again.returncode == 2, again
@@ -192,7 +192,7 @@ def test_a_signal_while_a_tool_runs_leaves_the_run_resumable(
     stopped = finish_tether(driver)
 
     assert stopped.returncode == 128 + signum, stopped
-    assert f"interrupted; resume with: tether resume {run_id} --db {project.db}" in stopped.err
+    assert f"interrupted; resume with:\n  {TETHER} resume {run_id} --db {project.db}\n" in stopped.stderr
     assert "Traceback" not in stopped.stderr
     if json_output:
         assert stopped.data["run_id"] == run_id

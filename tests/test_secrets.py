@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from support import (
+    TETHER,
     Cli,
     PgSchema,
     closed_port,
@@ -102,7 +103,7 @@ def test_a_database_password_is_never_printed_nor_stored(pg_schema: PgSchema, tm
     run_id = json.loads(run_tether(tmp_path, "runs", "--json", *db).stdout)["runs"][0]["run_id"]
     outputs.append(tether("approve", run_id, "toolu_a"))
     outputs.append(tether("deny", run_id, "toolu_b", "--reason", "not b"))
-    assert "continue with: tether resume" in outputs[-1]
+    assert f"continue with:\n  {TETHER} resume" in outputs[-1]
     assert "postgres:***@" in outputs[-1]
     outputs.append(tether("resume", run_id))
     assert "Published a." in outputs[-1]

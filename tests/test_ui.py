@@ -914,7 +914,7 @@ def test_a_fork_mid_turn_forged_or_of_another_tenant_makes_nothing(app: Any, sto
 
     refused = fork(acme, mine.run_id, page, "2")
     assert refused.status_code == 422
-    assert "cannot be forked at step 2: the model&#39;s tool calls" in refused.text
+    assert "cannot be forked at event 2: the model&#39;s tool calls" in refused.text
     assert fork(acme, mine.run_id, page, "two").status_code == 422
     assert fork(acme, theirs.run_id, page, "1").status_code == 404
     assert acme.post("/fork", data={"run_id": mine.run_id, "at": "1"}).status_code == 403  # no CSRF token

@@ -13,7 +13,7 @@ The tree::
     │   │   └── RunBusy          another process holds the run's lease (it drives the run)
     │   ├── InvalidHistory       the history would break the Messages API pairing rules
     │   ├── IncompatibleRun      the run's tools or machine changed incompatibly since it started
-    │   ├── InvalidForkPoint     a fork cannot start there (.step, .nearest): mid-turn, out of range
+    │   ├── InvalidForkPoint     a fork cannot start there (.event, .nearest): mid-turn, out of range
     │   └── ApprovalError        a decision that cannot apply (.call_id)
     │       ├── AlreadyDecided       the call was decided before (.actor, .approved)
     │       ├── UnknownCall          the model never asked for this call in the run
@@ -25,6 +25,8 @@ The tree::
     │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     ├── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
     │   │                        values (also a ValueError, as Python's own bad-value errors are)
+    │   ├── AmbiguousRunId       the start of an id that several runs' ids start with (.candidates)
+    │   ├── NoDatabase           the database a URL names is not there (a SQLite file, a PostgreSQL database)
     │   └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
     │                            invalid spec (.path), a credential's variable unset (.toolset)
     └── MissingExtra             an optional dependency is not installed (.extra to install);
@@ -60,6 +62,14 @@ class ConfigError(TetherError, ValueError):
     """
 
 
+class NoDatabase(ConfigError):
+    """The database a URL names is not there: nothing was created.
+
+    A PostgreSQL database is made with ``createdb``; a SQLite file by the first run, never by a
+    command that only reads or decides.
+    """
+
+
 class ToolsetError(ConfigError):
     """A toolset cannot give its tools: its server is unreachable, its spec invalid, a credential unset.
 
@@ -73,6 +83,25 @@ class ToolsetError(ConfigError):
         super().__init__(f"{toolset}{where}: {message}")
         self.toolset = toolset
         self.path = path
+
+
+class AmbiguousRunId(ConfigError):
+    """Several runs' ids start with what was given as a run's id: which one is meant is not known.
+
+    Attributes:
+        prefix: what was given.
+        candidates: the ids of the newest runs it could name (at most a few).
+        total: how many runs' ids start with it.
+    """
+
+    def __init__(self, prefix: str, candidates: list[str], total: int) -> None:
+        more = f" and {total - len(candidates)} more" if total > len(candidates) else ""
+        super().__init__(
+            f"{prefix!r} is the start of {total} runs' ids: {', '.join(candidates)}{more}; give more of the id"
+        )
+        self.prefix = prefix
+        self.candidates = candidates
+        self.total = total
 
 
 class MissingExtra(TetherError, ImportError):
@@ -241,23 +270,24 @@ class IncompatibleRun(RunError):
 
 
 class InvalidForkPoint(RunError):
-    """A run cannot be forked as asked: no such step, a step mid-turn, or an edit that does not apply.
+    """A run cannot be forked as asked: no such event, an event mid-turn, or an edit that does not apply.
 
     Attributes:
-        step: the step asked for (None when the edit is the problem).
-        nearest: the nearest steps before and after ``step`` that can be forked (None: there is none).
+        event: the event (its seq, the ``#`` of ``tether show --events``) asked for; None when the edit
+            is the problem. ``step`` is the same, by its former name.
+        nearest: the nearest events before and after ``event`` that can be forked (None: there is none).
     """
 
     def __init__(
-        self, run_id: str, step: int | None, why: str, nearest: tuple[int | None, int | None] = (None, None)
+        self, run_id: str, event: int | None, why: str, nearest: tuple[int | None, int | None] = (None, None)
     ) -> None:
-        where = f"at step {step}" if step is not None else "with that edit"
+        where = f"at event {event}" if event is not None else "with that edit"
         message = f"run {run_id} cannot be forked {where}: {why}"
         choices = [str(seq) for seq in nearest if seq is not None]
         if choices:
-            message += f"; the nearest steps that can be forked: {' or '.join(choices)}"
+            message += f"; the nearest events that can be forked: {' or '.join(choices)}"
         super().__init__(message, run_id=run_id)
-        self.step = step
+        self.event = self.step = event
         self.nearest = nearest
 
 

@@ -1,11 +1,12 @@
-"""Forking a run: a new run whose history is an earlier run's as it stood at one of its steps.
+"""Forking a run: a new run whose history is an earlier run's as it stood at one of its events.
 
-A step is an event of the run's log, numbered by its ``seq`` (the ``#`` of ``tether show`` and
-of the web inspector's timeline). The fork's history is the original's messages folded up to and
-including that event, so it is exactly what the run held then; optionally one message's text is
-edited. Driving the fork asks the model from there: the history must end with a user turn whose
-tool results answer every ``tool_use`` before it. A step in the middle of a turn (the model asked
-for tools that have no results yet, or it just answered) is refused, naming the nearest steps that
+The fork point is an event of the run's log, numbered by its ``seq`` (the ``#`` of ``tether show
+--events`` and of the web inspector's timeline); not a step, which is a model invocation. The
+fork's history is the original's messages folded up to and including that event, so it is exactly
+what the run held then; optionally one message's text is edited. Driving the fork asks the model
+from there: the history must end with a user turn whose tool results answer every ``tool_use``
+before it. An event in the middle of a turn (the model asked
+for tools that have no results yet, or it just answered) is refused, naming the nearest events that
 can be forked. The original run is only read. No I/O here: :func:`tether.core.lifecycle.fork`
 reads the log and creates the fork.
 """
@@ -26,7 +27,7 @@ FORK_KEYS_DROPPED = (PARENT_KEY, "forked_from", "trace", "handed_to")
 """Spec entries of the original a fork does not keep: a fork is a root run (it serves no parent
 call: a fork of a child run is listed, resumed and retried like any root run), has its own
 origin, starts its own trace (see :mod:`tether.drivers.otel`), and has the agent in charge at
-its step (see :func:`spec_of`)."""
+its event (see :func:`spec_of`)."""
 
 
 @dataclass(frozen=True)
@@ -52,21 +53,21 @@ def fork_points(events: list[Event]) -> list[int]:
     return points
 
 
-def state_at(run_id: str, events: list[Event], step: int) -> RunState:
-    """The run as it stood once event ``step`` was recorded: its messages, the agent then in charge.
+def state_at(run_id: str, events: list[Event], seq: int) -> RunState:
+    """The run as it stood once event ``seq`` was recorded: its messages, the agent then in charge.
 
     Raises:
-        InvalidForkPoint: no such step, or the history there ends in the middle of a turn.
+        InvalidForkPoint: no such event, or the history there ends in the middle of a turn.
     """
     last = events[-1].seq if events else -1
-    if not 0 <= step <= last:
-        raise InvalidForkPoint(run_id, step, f"the run has steps 0 to {last}", _near(events, step))
+    if not 0 <= seq <= last:
+        raise InvalidForkPoint(run_id, seq, f"the run has events 0 to {last}", _near(events, seq))
     state = RunState(id=run_id)
-    for event in events[: step + 1]:
+    for event in events[: seq + 1]:
         state.apply(event)
     if not _askable(state.messages):
         why = _why_not(state)
-        raise InvalidForkPoint(run_id, step, why, _near(events, step))
+        raise InvalidForkPoint(run_id, seq, why, _near(events, seq))
     return state
 
 
@@ -80,15 +81,15 @@ def _why_not(state: RunState) -> str:
         waiting = [call.call_id for call in state.unfinished_calls()]
         if waiting:
             return f"the model's tool calls {', '.join(waiting)} have no results there yet"
-        return "the tool results are not in the history yet there (they go back to the model a step later)"
-    return "the model's answer ends the history there (fork at an earlier step to have it answer again)"
+        return "the tool results are not in the history yet there (they go back to the model an event later)"
+    return "the model's answer ends the history there (fork at an earlier event to have it answer again)"
 
 
-def _near(events: list[Event], step: int) -> tuple[int | None, int | None]:
-    """The nearest steps before and after ``step`` that can be forked."""
+def _near(events: list[Event], seq: int) -> tuple[int | None, int | None]:
+    """The nearest events before and after ``seq`` that can be forked."""
     points = fork_points(events)
-    before = max((p for p in points if p < step), default=None)
-    after = min((p for p in points if p > step), default=None)
+    before = max((p for p in points if p < seq), default=None)
+    after = min((p for p in points if p > seq), default=None)
     return before, after
 
 
@@ -137,10 +138,12 @@ def _has_text(message: Message) -> bool:
     return isinstance(content, str) or any(block.get("type") == "text" for block in content)
 
 
-def spec_of(run_id: str, events: list[Event], then: RunState, step: int) -> dict[str, Any]:
+def spec_of(run_id: str, events: list[Event], then: RunState, seq: int) -> dict[str, Any]:
     """The fork's spec: the original's (model, tools, limits as recorded), linked back to it.
 
-    A run handed to another agent before ``step`` (``then``) is forked with that agent in charge.
+    ``forked_from["step"]`` holds the event's seq (the key kept from before "step" meant a model
+    invocation). A run handed to another agent before event ``seq`` (``then``) is forked with that
+    agent in charge.
     A fork of a child run keeps the link that names its agent as ``forked_from["agent_of"]``
     (see :func:`agent_link`): it is driven with the child's agent, but as a root run.
 
@@ -149,9 +152,9 @@ def spec_of(run_id: str, events: list[Event], then: RunState, step: int) -> dict
     """
     first = events[0].fact if events else None
     if not isinstance(first, RunStarted):
-        raise InvalidForkPoint(run_id, step, "its log does not begin with the run's start")
+        raise InvalidForkPoint(run_id, seq, "its log does not begin with the run's start")
     spec = {key: value for key, value in first.spec.items() if key not in FORK_KEYS_DROPPED}
-    spec["forked_from"] = {"run_id": run_id, "step": step}
+    spec["forked_from"] = {"run_id": run_id, "step": seq}
     if (link := agent_link(first.spec)) is not None:
         spec["forked_from"]["agent_of"] = link
     if then.agent is not None:

@@ -115,28 +115,28 @@ def prompt_of(messages: list[dict[str, Any]]) -> str | None:
 def fork(
     flow: Flow,
     run_id: str,
-    at_step: int,
+    at_event: int,
     *,
     edit: forks.MessageEdit | None,
     tenant: str | None,
     new_run_id: str | None = None,
     trace: dict[str, Any] | None = None,
 ) -> Flowing[RunState]:
-    """A new run whose history is ``run_id``'s at step ``at_step`` (one message's text edited, if asked).
+    """A new run whose history is ``run_id``'s once event ``at_event`` was recorded (a message's text edited, if asked).
 
     The original is only read. The fork keeps the original's spec (so it is driven with the same
     tools and model, and checked against them), links back to it (``spec["forked_from"]``) and is
     not driven. ``trace``: the fork's own trace context, when a driver traces runs.
 
     Raises:
-        InvalidForkPoint: no such step, a step in the middle of a turn, or an edit that does not apply.
+        InvalidForkPoint: no such event, an event in the middle of a turn, or an edit that does not apply.
     """
     log: RunLog = yield LoadLog(run_id, tenant, whole=True)
-    then = forks.state_at(run_id, log.events, at_step)
+    then = forks.state_at(run_id, log.events, at_event)
     messages = [dict(message) for message in then.messages]
     if edit is not None:
         messages = forks.edited(run_id, messages, edit)
-    spec = forks.spec_of(run_id, log.events, then, at_step)
+    spec = forks.spec_of(run_id, log.events, then, at_event)
     if trace is not None:
         spec["trace"] = trace
     return (yield from _start(flow, spec, messages, log.tenant, new_run_id))

@@ -21,6 +21,7 @@ import functools
 import inspect
 import random
 import time
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 from pydantic import BaseModel
 
+from tether import heap
 from tether.agent import Agent
 from tether.core import engine, lifecycle, snapshots
 from tether.core.approvals import (
@@ -142,6 +144,22 @@ class RunResult:
         if self.next_due_at is not None:
             data["next_due_at"] = self.next_due_at
         return data
+
+
+def fork_event(at_event: int | None, at_step: int | None) -> int:
+    """The event a fork starts at, given by ``at_event`` or by its deprecated name ``at_step`` (warned about)."""
+    if at_step is not None:
+        if at_event is not None:
+            raise ConfigError("fork takes at_event (at_step is its deprecated name), not both")
+        warnings.warn(
+            "fork(at_step=...) is deprecated: it is an event's seq, not a step (a model invocation); pass at_event=",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return at_step
+    if at_event is None:
+        raise ConfigError("fork needs at_event: the seq of the event to fork at (`tether show --events`)")
+    return at_event
 
 
 def shown_status(record: RunRecord) -> str:
@@ -299,9 +317,8 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
 
     def _child_runner(self, child: DriveRun) -> Self:
         """A runner like this one (store, approver, listeners, clocks) for ``child``'s run and agent."""
-        runner = type(self)(
+        runner = self._like(
             child.agent,
-            self.store,
             approver=self.approver,
             listeners=self.listeners,
             clock=self.clock,
@@ -314,6 +331,10 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
         )
         runner._resolves_agent = False  # the child is driven with exactly its agent (limits capped by its parent)
         return runner
+
+    def _like(self, agent: Agent, **options: Unpack[RunnerOptions]) -> Self:
+        """A runner of this kind on this store, with ``options`` (and this driver's own, shared)."""
+        return type(self)(agent, self.store, **options)
 
     def _run_trace(self, forked_from: str | None = None) -> AbstractContextManager[dict[str, Any] | None]:
         """While a run is created (and driven, by ``run``): gives the trace context to store in its spec.
@@ -349,12 +370,12 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
             return (yield from flow)
 
     def _fork_flow(
-        self, run_id: str, at_step: int, *, edit: MessageEdit | None, tenant: str | None, new_run_id: str | None
+        self, run_id: str, at_event: int, *, edit: MessageEdit | None, tenant: str | None, new_run_id: str | None
     ) -> Flowing[RunState]:
         """Forking a run (see :meth:`Runner.fork`), traced while it lasts."""
         with self._run_trace(forked_from=run_id) as trace:
             flow = lifecycle.fork(
-                self._flow(), run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id, trace=trace
+                self._flow(), run_id, at_event, edit=edit, tenant=tenant, new_run_id=new_run_id, trace=trace
             )
             return (yield from flow)
 
@@ -509,23 +530,26 @@ class Runner(_RunnerBase[Store, leases.Lease]):
         self,
         run_id: str,
         *,
-        at_step: int,
+        at_event: int | None = None,
         edit: MessageEdit | None = None,
         tenant: str | None = None,
         new_run_id: str | None = None,
+        at_step: int | None = None,
     ) -> RunState:
-        """Persist a new run whose history is ``run_id``'s at step ``at_step``, without driving it.
+        """Persist a new run whose history is ``run_id``'s once event ``at_event`` was recorded, without driving it.
 
-        ``at_step`` is an event's seq (the ``#`` of ``tether show`` and the inspector's timeline);
-        the history there must end with a user turn (see :mod:`tether.core.forks`). ``edit``
-        replaces one message's text. The original is untouched; the fork's spec says
-        ``forked_from``. Drive the fork like any run.
+        ``at_event`` is an event's seq (the ``#`` of ``tether show --events`` and the inspector's
+        timeline); the history there must end with a user turn (see :mod:`tether.core.forks`).
+        ``edit`` replaces one message's text. The original is untouched; the fork's spec says
+        ``forked_from``. Drive the fork like any run. ``at_step`` is ``at_event``'s deprecated name
+        (a step is a model invocation, not an event).
 
         Raises:
-            InvalidForkPoint: no such step, a step mid-turn (naming the nearest that can be
+            InvalidForkPoint: no such event, an event mid-turn (naming the nearest that can be
                 forked), or an edit that does not apply.
         """
-        return self._complete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+        at = fork_event(at_event, at_step)
+        return self._complete(self._fork_flow(run_id, at, edit=edit, tenant=tenant, new_run_id=new_run_id))
 
     def submit(
         self,
@@ -718,26 +742,33 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         store: Store | AsyncStore | None = None,
         *,
         max_busy_runs: int | busy.BusyRuns | None = busy.SHARED,
+        freeze_heap: bool = True,
         **options: Unpack[RunnerOptions],
     ) -> None:
-        """The options are :class:`Runner`'s, but for ``max_busy_runs``, this runner's own.
+        """The options are :class:`Runner`'s, but for ``max_busy_runs`` and ``freeze_heap``, this runner's own.
 
         ``max_busy_runs``: how many runs at once may be deciding or writing a step; the rest queue,
         so the event loop stays responsive (see :mod:`tether.drivers.busy`). By default 32 per event
         loop, shared by every runner that does not say otherwise (a service making a runner per
         request is still limited); a number: this runner's own limit; a
         :class:`~tether.drivers.busy.BusyRuns`: the limit of whoever shares it; None: no limit.
+
+        ``freeze_heap``: the first runner made with it in a process collects and freezes the heap
+        (:func:`tether.freeze_startup_heap`), so the garbage collector's full passes stop traversing
+        the imported modules and SDKs: without it they stall the loop 150-400 ms each. False leaves
+        the collector alone (a host that freezes at a moment of its own choosing).
         """
         super().__init__(agent, store, **options)
         self._busy = busy.of(max_busy_runs)
+        if freeze_heap:
+            heap.freeze_once()
+
+    def _like(self, agent: Agent, **options: Unpack[RunnerOptions]) -> Self:
+        """A child's runner: one busy limit for the whole run tree; the heap was frozen, or not, by its root."""
+        return type(self)(agent, self.store, max_busy_runs=self._busy, freeze_heap=False, **options)
 
     def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
         return as_async_store(store)
-
-    def _child_runner(self, child: DriveRun) -> Self:
-        runner = super()._child_runner(child)
-        runner._busy = self._busy  # one limit for the whole run tree (the parent's place is free meanwhile)
-        return runner
 
     # Leases -------------------------------------------------------------------------------
     @asynccontextmanager
@@ -772,13 +803,15 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         self,
         run_id: str,
         *,
-        at_step: int,
+        at_event: int | None = None,
         edit: MessageEdit | None = None,
         tenant: str | None = None,
         new_run_id: str | None = None,
+        at_step: int | None = None,
     ) -> RunState:
         """See :meth:`Runner.fork`."""
-        return await self._acomplete(self._fork_flow(run_id, at_step, edit=edit, tenant=tenant, new_run_id=new_run_id))
+        at = fork_event(at_event, at_step)
+        return await self._acomplete(self._fork_flow(run_id, at, edit=edit, tenant=tenant, new_run_id=new_run_id))
 
     async def submit(
         self,

@@ -27,6 +27,11 @@ class Usage:
             self.cache_read_input_tokens + other.cache_read_input_tokens,
         )
 
+    @property
+    def total(self) -> int:
+        """Input (cache included) plus output tokens."""
+        return self.input_tokens + self.output_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
     def to_dict(self) -> dict[str, int]:
         """The four counters by their API names."""
         return {

@@ -36,7 +36,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from tether.errors import ConfigError, CorruptData, RunNotFound, StaleRun, StoreError
+from tether.errors import ConfigError, CorruptData, NoDatabase, RunNotFound, StaleRun, StoreError
 from tether.extras import require
 from tether.facts.events import Event, decode
 from tether.facts.status import WAITING_RETRY_STATUS, RunStatus, from_stored, to_stored
@@ -285,6 +285,10 @@ def _is_secret_param(name: str) -> bool:
     return re.fullmatch(_SECRET_PARAM, name, re.IGNORECASE) is not None
 
 
+_MISSING_DATABASE = re.compile(r'database "[^"]*" does not exist')
+"""What PostgreSQL says when the URL names a database it does not have (at connect: no SQLSTATE)."""
+
+
 def _check_sqlite_path(url: sa.engine.URL, *, must_exist: bool) -> None:
     """A missing directory is a configuration mistake: say so now, not at the first write.
 
@@ -303,7 +307,7 @@ def _check_sqlite_path(url: sa.engine.URL, *, must_exist: bool) -> None:
     if Path(database).is_dir():
         raise ConfigError(f"cannot use database {shown!r}: {database!r} is a directory, not a database file")
     if must_exist and not Path(database).exists():
-        raise ConfigError(
+        raise NoDatabase(
             f"there is no database at {str(Path(database).resolve())!r} ({shown!r}): nothing was created; "
             "check the URL (a run creates its database)"
         )
@@ -507,9 +511,17 @@ class _SQLBase:
             raise StoreError(f"cannot write to database ({self._where()}): {error.orig}") from error
         raise error
 
-    def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError:
-        """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``)."""
+    def _store_error(self, error: sa.exc.DBAPIError, doing: str = "database error") -> StoreError | NoDatabase:
+        """The database's error as a StoreError, saying whether it may pass (see ``StoreError.transient``).
+
+        A PostgreSQL database that is not there is a :class:`NoDatabase`, as a missing SQLite file is.
+        """
         text = scrub(str(error.orig).strip(), url_secrets(self.url))
+        if not self._sqlite and _MISSING_DATABASE.search(text):
+            return NoDatabase(
+                f"there is no database {self._where()!r}: nothing was created; check the URL "
+                "(a PostgreSQL database is made with createdb)"
+            )
         if self._sqlite and ("locked" in text or "busy" in text):
             return StoreError(
                 f"database {self._where()!r} is locked: another connection kept it busy longer "
@@ -1127,6 +1139,9 @@ def _found_by(query: RunQuery) -> list[Any]:
     if query.waiting_retry is not None:
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         where.append(due_at.is_not(None) if query.waiting_retry else due_at.is_(None))
+    if query.id_prefix is not None:  # LIKE ignores ASCII case on SQLite: the exact test follows it
+        where.append(_RUN.c.id.startswith(query.id_prefix, autoescape=True))
+        where.append(sa.func.substr(_RUN.c.id, 1, len(query.id_prefix)) == query.id_prefix)
     if query.roots_only:
         where.append(_RUN.c.spec[PARENT_KEY].as_string().is_(None))
     for key, part in (("agent", query.agent), ("model", query.model)):

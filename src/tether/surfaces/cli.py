@@ -1,12 +1,14 @@
 """The ``tether`` command line.
 
-Exit codes of ``run``/``resume``/``demo``: 0 done, 1 failed or cancelled, 2 usage error,
-3 awaiting approval, 4 waiting for a tool retry due later than ``--max-wait`` (resume it then,
-e.g. from cron with ``tether runs --due``), 5 busy (another process is driving the run: it holds
-the run's lease; ``resume --force`` takes it over), 128 + the signal when interrupted while the
-model or a tool ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from
-its last committed step; the hint says how). ``--json`` prints exactly one JSON object on stdout
-and nothing else, an interrupted run's object as it stands included.
+Exit codes (:class:`~tether.surfaces.exit_codes.ExitCode`): 0 done, 1 failed or cancelled (or
+refused), 2 usage error (nothing done; a run, call or database not there), 3 awaiting approval,
+4 waiting for a tool retry due later than ``--max-wait`` (resume it then, e.g. from cron with
+``tether runs --due``), 5 busy (another process is driving the run: it holds the run's lease;
+``resume --force`` takes it over), 128 + the signal when interrupted while the model or a tool
+ran or at the approval prompt (the run is parked first, the calls not answered left pending):
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last committed
+step; the hint says how); a reader leaving early (``| head``) is 0. ``--json`` prints exactly
+one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
+import errno
 import io
 import json
 import math
 import os
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -81,25 +82,30 @@ from tether.errors import (
     RunNotFound,
     StaleRun,
     TetherError,
+    UnknownCall,
 )
 from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
+from tether.heap import freeze_startup_heap
 from tether.models import ModelAdapter
+from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces import replaying
+from tether.surfaces.exit_codes import SIGNAL_BASE, ExitCode
+from tether.surfaces.hints import RUN_ID_HELP, command, db_option, invocation, lines
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
     from tether.policy.access import Credentials
-    from tether.surfaces.terminal import LiveView
+    from tether.surfaces.terminal import LiveView, TerminalApprover
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_AWAITING, EXIT_WAITING_RETRY = 0, 1, 2, 3, 4
-EXIT_BUSY = 5
-EXIT_SIGNAL_BASE = 128
-"""Interrupted by a signal: exit 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells do."""
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE = ExitCode.DONE, ExitCode.FAILED, ExitCode.USAGE
+EXIT_AWAITING, EXIT_WAITING_RETRY, EXIT_BUSY = ExitCode.AWAITING, ExitCode.WAITING_RETRY, ExitCode.BUSY
+"""Short names of the codes :mod:`tether.surfaces.exit_codes` defines."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {
@@ -115,46 +121,8 @@ DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
 
-@functools.cache
-def invocation() -> str:
-    """How to run this same tether from the shell it was started in, for the commands hints show.
-
-    ``tether`` when that name on PATH is this installation (an activated venv, pipx); else the
-    path it was started by (``scripts/demo`` runs ``.venv/bin/tether`` with the venv not on
-    PATH: a bare ``tether`` would be "command not found"), or this interpreter with ``-m tether``.
-    """
-    started = sys.argv[0] if sys.argv else ""
-    on_path = shutil.which("tether")
-    if on_path is not None:
-        scripts = os.path.realpath(os.path.dirname(sys.executable))
-        if os.path.dirname(os.path.realpath(on_path)) == scripts or _same_file(on_path, started):
-            return "tether"
-    if os.path.basename(started) == "__main__.py":
-        return f"{shlex.quote(sys.executable)} -m tether"
-    return shlex.quote(started) if os.path.isfile(started) else "tether"
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-RUN_ID_HELP = "the run's id (see `tether runs`)"
-
-
 def _db_url(value: str | None) -> str:
     return value or os.environ.get("TETHER_DB") or "sqlite:///tether.db"
-
-
-def _absolute_sqlite(url: str) -> str:
-    """``sqlite:///runs.db`` as ``sqlite:////here/runs.db``; any other URL as it is."""
-    scheme, separator, rest = url.partition(":///")
-    if not separator or not scheme.startswith("sqlite") or rest.startswith("/") or rest.startswith(":memory:"):
-        return url
-    path, query, options = rest.partition("?")
-    return f"{scheme}:///{Path(path).resolve()}{query}{options}" if path else url
 
 
 def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per command, read top to bottom
@@ -203,10 +171,11 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
 
     _add_cancel(with_db(commands.add_parser("cancel", help="stop a run that has not ended, from any process")))
 
-    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from a step of an earlier one"))))
+    _add_fork(_with_otel(with_db(commands.add_parser("fork", help="start a new run from an event of an earlier one"))))
 
-    show = with_db(commands.add_parser("show", help="show a run, its history and event log"))
+    show = with_db(commands.add_parser("show", help="show a run as a conversation: prompt, steps, calls, decisions"))
     show.add_argument("run_id", help=RUN_ID_HELP)
+    show.add_argument("--events", action="store_true", help="show the run's event log instead of the conversation")
     show.add_argument("--json", action="store_true", help="print one JSON object, with the messages and the event log")
 
     runs = with_db(commands.add_parser("runs", help="list runs"))
@@ -214,14 +183,16 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
         "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
     )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...], "total": N}')
+    _add_limit(runs, "runs")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
     pending = with_db(commands.add_parser("pending", help="list tool calls waiting for approval"))
-    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...]}')
+    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...], "total": N}')
     pending.add_argument("--run", dest="run_id", help="only this run's calls (and those of the child runs below it)")
     pending.add_argument("--tenant", help="only this tenant's runs")
+    _add_limit(pending, "calls")
 
     _add_audit(with_db(commands.add_parser("audit", help="every tool call: input, decision, attempts, outcome")))
 
@@ -235,8 +206,8 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument(
         "--format",
         choices=["mermaid", "dot", "svg", "png"],
-        default="mermaid",
-        help="mermaid or dot source, or svg or png rendered by Graphviz (default: %(default)s)",
+        help="mermaid or dot source, or svg or png rendered by Graphviz (default: the one -o FILE's extension "
+        "names, .mmd .dot .svg .png; else mermaid)",
     )
     diagram.add_argument("--run", metavar="RUN_ID", help="highlight this run's path (with --kind graph)")
     diagram.add_argument(
@@ -245,6 +216,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     _add_ui(_with_otel(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox"))))
     _add_worker(_with_otel(with_db(commands.add_parser("worker", help="drive queued runs (--detach) on PostgreSQL"))))
+    replaying.add_commands(commands, with_db)
     return parser
 
 
@@ -258,15 +230,46 @@ def _with_otel(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return sub
 
 
+DEFAULT_LISTED = 100
+"""How many runs ``tether runs`` lists, and calls ``tether pending``, unless ``--limit`` or ``--all``."""
+
+
+def _add_limit(listing: argparse.ArgumentParser, what: str) -> None:
+    """``--limit N`` or ``--all``: how much of a listing is shown (a cut one says so on stderr)."""
+    group = listing.add_mutually_exclusive_group()
+    group.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=DEFAULT_LISTED,
+        metavar="N",
+        help=f"list at most N {what} (default {DEFAULT_LISTED}); when there are more, stderr says how many",
+    )
+    group.add_argument("--all", action="store_true", help=f"list every {what}")
+
+
+def _say_cut(session: _Session, shown: int, total: int, which: str) -> None:
+    """On stderr, when a listing shows less than there is: ``showing the newest 100 of 1,234 runs; ...``.
+
+    ``which`` says what is listed first and what the items are: ``newest runs``.
+    """
+    if shown < total:
+        order, noun = which.rsplit(" ", 1)
+        said = f"showing the {order} {shown:,} of {total:,} {noun}; --limit N or --all for more"
+        session.err.print(Text(said))
+
+
 def _add_fork(fork: argparse.ArgumentParser) -> None:
     """``tether fork``'s arguments: where to fork, and one message to change."""
     fork.add_argument("run_id", help=RUN_ID_HELP)
     fork.add_argument(
+        "--at-event",
         "--at",
+        dest="at",
         type=int,
         required=True,
-        metavar="STEP",
-        help="the step (the seq of `tether show`) whose history the fork starts with; it must end with a user turn",
+        metavar="EVENT",
+        help="the event (its # in `tether show --events`) whose history the fork starts with; it must end with a "
+        "user turn (--at is its former name)",
     )
     fork.add_argument(
         "--edit-message",
@@ -369,6 +372,16 @@ def _add_ui(ui: argparse.ArgumentParser) -> None:
     )
 
 
+class _Console(Console):
+    """A console whose reader leaving early (``| head``) ends the command as a ``print`` does: exit 0.
+
+    rich's own answer exits 1, so ``audit | head`` and ``runs | head`` would differ.
+    """
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader left")  # see _main
+
+
 _CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
 """The commands that may start the first run of a database; the others refuse a SQLite file not there."""
 
@@ -379,8 +392,8 @@ class _Session:
     def __init__(self, args: argparse.Namespace) -> None:
         self.json = bool(getattr(args, "json", False))
         # soft_wrap: commands and ids printed for copying are never broken across lines
-        self.out = Console(soft_wrap=True)
-        self.err = Console(stderr=True, soft_wrap=True)
+        self.out = _Console(soft_wrap=True)
+        self.err = _Console(stderr=True, soft_wrap=True)
         self.db_url = _db_url(getattr(args, "db", None))
         reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
         self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
@@ -391,6 +404,8 @@ class _Session:
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.agents: list[Agent] = []
         """The agents made here: their teams' toolsets and models are closed at the end (:meth:`Agent.close`)."""
+        self.prompt: TerminalApprover | None = None
+        """The person's prompt, if one was made: a Ctrl-C there parks the run and ends the command as interrupted."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
@@ -409,7 +424,8 @@ class _Session:
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
             actor = os.environ.get("USER") or "terminal"
-            return TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            self.prompt = TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            return self.prompt
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def _decided_meanwhile(self, request: PendingApproval) -> str | None:
@@ -456,8 +472,8 @@ class _Session:
         """
         self.close()
         self.print_as_it_stands()
-        hint = f"; resume with: {invocation()} resume {self.run_id}{self._db_hint()}" if self.run_id else ""
-        self.err.print(Text(f"interrupted{hint}", style="yellow"))
+        hint = lines("interrupted; resume with:", self.command("resume", self.run_id)) if self.run_id else "interrupted"
+        self.err.print(Text(hint, style="yellow"))
 
     def print_as_it_stands(self, **extra: Any) -> None:
         """With ``--json``, the run's object as the store has it now (plus ``extra``); none if no run.
@@ -511,42 +527,27 @@ class _Session:
                 self.out.print(self._decide_hint(result))
             elif result.status == WAITING_RETRY and result.next_due_at is not None:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.next_due_at))
-                self.out.print(
-                    Text.assemble(
-                        f"A tool retry is due at {when}: resume after it with ",
-                        (f"{invocation()} resume {result.run_id}{self._db_hint()}", "bold"),
-                        " (or let ",
-                        (f"{invocation()} runs --due{self._db_hint()}", "bold"),
-                        " find it)",
-                    )
-                )
+                lead = f"A tool retry is due at {when}: resume after it with:"
+                resume = lines(lead, self.command("resume", result.run_id))
+                due = lines("or let this find it when it is due:", self.command("runs", "--due"))
+                self.out.print(Text(f"{resume}\n{due}"))
+        if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
+            return _interrupted_exit(self.prompt.interrupted)
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
-        """Commands to copy, with the first pending call's real id (and ``--db`` when needed)."""
+        """Commands to copy, one a line, with the first pending call's real id (absolute, with ``--db``)."""
         from tether.views.printable import printable  # call ids come from the model
 
         pending = [printable(p["call_id"]) for p in result.pending_approvals] or ["CALL_ID"]
-        run, db, tether = result.run_id, self._db_hint(), invocation()
-        each = f" (and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
-        return Text.assemble(
-            "Decide with ",
-            (f"{tether} approve {run} {pending[0]}{db}", "bold"),
-            " or ",
-            (f"{tether} deny {run} {pending[0]}{db}", "bold"),
-            each,
-            ", then ",
-            (f"{tether} resume {run}{db}", "bold"),
-        )
+        run = result.run_id
+        decide = lines("Decide with:", self.command("approve", run, pending[0]), self.command("deny", run, pending[0]))
+        each = f"\n(and likewise for {', '.join(pending[1:])})" if len(pending) > 1 else ""
+        return Text(f"{decide}{each}\n" + lines("then go on with:", self.command("resume", run)))
 
-    def _db_hint(self) -> str:
-        """`` --db URL`` for a follow-up command, unless it is the default; never with the password.
-
-        A relative SQLite path is made absolute, so the command can be pasted in another directory.
-        """
-        if self.db_url == "sqlite:///tether.db" and "TETHER_DB" not in os.environ:
-            return ""
-        return f" --db {shlex.quote(shown_url(_absolute_sqlite(self.db_url)))}"
+    def command(self, *words: str) -> str:
+        """``/abs/tether WORDS --db URL``: a whole command to copy, for this tether and this database."""
+        return command(self.db_url, *words)
 
 
 def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
@@ -566,7 +567,11 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
-    agent = session.agent(spec)
+    agent = session.agent(spec)  # its settings checked first: a key would not mend them
+    if not args.detach and spec["model"] != DEMO_MODEL:  # a queued run is called by its worker, with its keys
+        missing = missing_credentials(spec["model"])
+        if missing is not None:
+            raise ConfigError(missing)
     if args.detach:
         return _detach(args, session, agent)
     runner = session.runner(args, agent)
@@ -581,8 +586,8 @@ def _detach(args: argparse.Namespace, session: _Session, agent: Agent) -> int:
         print(json.dumps({"run_id": run_id, "status": "queued", "queue": args.queue}))
     else:
         print(run_id)
-        hint = f"{invocation()} show {run_id}{session._db_hint()}"
-        session.err.print(Text(f"queued for `tether worker` (queue {args.queue}); follow it with: {hint}"))
+        follow = session.command("show", run_id)
+        session.err.print(Text(lines(f"queued for `tether worker` (queue {args.queue}); follow it with:", follow)))
     return EXIT_DONE
 
 
@@ -611,6 +616,7 @@ def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
             " (SIGTERM or Ctrl-C: stop after each run's current step)"
         )
     )
+    freeze_startup_heap()  # this process is the worker's: its imports stay out of the GC's full passes
     asyncio.run(_serve(worker, session.err))
     session.err.print(Text("tether worker: stopped; unfinished runs are queued again"))
     return EXIT_DONE
@@ -693,10 +699,8 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     """Drive a run on; a child run is driven by its root (which drives it, then goes on), so name that."""
     root = _root_of(session, args.run_id)
     if root != args.run_id:
-        raise ConfigError(
-            f"run {args.run_id} is a child run (see `tether show {root}`): resume the run it belongs to, which "
-            f"drives it first: {invocation()} resume {root}{session._db_hint()}"
-        )
+        lead = f"run {args.run_id} is a child run: resume the run it belongs to, which drives it first:"
+        raise ConfigError(lines(lead, session.command("resume", root)))
     if args.detach:
         if args.force or args.approve_all or args.deny_all:
             raise ConfigError("--detach hands the run to a worker: it takes no --force, --approve-all or --deny-all")
@@ -734,7 +738,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
         if queue is not None:  # the decision queued the root, in its own transaction
             session.out.print(Text(f"queued for `tether worker` (queue {queue}): it goes on by itself"))
         else:
-            session.out.print(Text(f"continue with: {invocation()} resume {root}{session._db_hint()}"))
+            session.out.print(Text(lines("continue with:", session.command("resume", root))))
     return EXIT_DONE
 
 
@@ -762,17 +766,17 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
 
 
 def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
-    """Start a new run from a step of an earlier one (not driven: its tools are loaded by ``resume``)."""
+    """Start a new run from an event of an earlier one (not driven: its tools are loaded by ``resume``)."""
     if args.edit_message is not None and args.text is None:
         raise ConfigError("--edit-message K needs --text: the message's new text")
     edit = None if args.text is None else MessageEdit(args.edit_message, args.text)
     runner = Runner(reader_agent(), session.store, telemetry=session.telemetry)
-    fork = runner.fork(args.run_id, at_step=args.at, edit=edit)
+    fork = runner.fork(args.run_id, at_event=args.at, edit=edit)
     if session.json:
         print(json.dumps({**result_of(fork).to_dict(), "forked_from": fork.spec["forked_from"]}, ensure_ascii=False))
     else:
-        session.out.print(Text(f"forked run {args.run_id} at step {args.at}: new run {fork.id}"))
-        session.out.print(Text(f"drive it with: {invocation()} resume {fork.id}{session._db_hint()}"))
+        session.out.print(Text(f"forked run {args.run_id} at event {args.at}: new run {fork.id}"))
+        session.out.print(Text(lines("drive it with:", session.command("resume", fork.id))))
     return EXIT_DONE
 
 
@@ -807,36 +811,43 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
     if tree.handed_off_from is not None and not tree.children:  # else the tree's first line says so
         session.out.print(Text(f"agent in charge: {tree.agent} (handed off from {tree.handed_off_from})"))
     if (origin := state.spec.get("forked_from")) is not None:
-        session.out.print(Text(f"forked from run {origin.get('run_id')} at step {origin.get('step')}"))
+        session.out.print(Text(f"forked from run {origin.get('run_id')} at event {origin.get('step')}"))
     if link is not None:
         root = chain_of(state.id, state.spec)[0]
-        session.out.print(
-            Text(
-                f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); "
-                f"the whole tree: {invocation()} show {root}{session._db_hint()}"
-            )
-        )
+        of = f"child run of {link['run_id']} (its call {link['call_id']} of {link['tool']}); the whole tree:"
+        session.out.print(Text(lines(of, session.command("show", root))))
     if tree.children:
         render_tree(session.out, tree)
-    render_events(session.out, events)
+    if args.events:
+        render_events(session.out, events)
+        return EXIT_DONE
+    from tether.surfaces.story import render_conversation
+    from tether.views.conversation import conversation
+
+    render_conversation(session.out, conversation(args.run_id, events, tree.children))
     return EXIT_DONE
 
 
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    if args.due:
-        records = session.store.list_due(time.time())
-    elif args.status is not None:
-        status, waiting_retry = stored_filter(args.status)
-        records = session.store.list_runs(status=status, waiting_retry=waiting_retry)
+    store, limit = session.store, None if args.all else args.limit
+    if args.due:  # every run due is read (those waiting for a retry bound them), to count them
+        retrying = store.query_runs(RunQuery(waiting_retry=True), limit=0).total
+        due = store.list_due(time.time(), limit=max(retrying, 1))
+        records, total, which = due[:limit], len(due), "earliest due runs"
     else:
-        records = session.store.list_runs()
+        status, waiting_retry = stored_filter(args.status) if args.status is not None else (None, None)
+        query = RunQuery(status=status, waiting_retry=waiting_retry)
+        found = store.query_runs(query, limit=store.query_runs(query, limit=0).total if limit is None else limit)
+        records, total, which = found.records, found.total, "newest runs"
+    _say_cut(session, len(records), total, which)
     rows = [
         {
             "run_id": r.id,
             "status": shown_status(r),
             "parent": parent_of(r.spec),
+            "prompt": r.spec.get("prompt"),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -851,7 +862,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if record.unreadable:
             session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
-        print(json.dumps({"runs": rows}, ensure_ascii=False))
+        print(json.dumps({"runs": rows, "total": total}, ensure_ascii=False))
         return EXIT_DONE
     from tether.surfaces.terminal import render_runs
 
@@ -862,16 +873,20 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     from tether.views.pending import pending_approvals
 
-    pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
+    waiting = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)  # all, to count them
+    pending = waiting if args.all else waiting[: args.limit]
+    _say_cut(session, len(pending), len(waiting), "longest waiting calls")
     roots = {call.root for call in pending}
     queues = {root: queue for root in roots if (queue := queue_of(session.store.load_run(root).spec)) is not None}
     if session.json:
         shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
-        print(json.dumps({"pending": shown}, ensure_ascii=False, default=str))
+        print(json.dumps({"pending": shown, "total": len(waiting)}, ensure_ascii=False, default=str))
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation(), db=session._db_hint(), queues=queues)
+    render_pending(
+        session.out, pending, command=invocation(), db=db_option(session.db_url), queues=queues, total=len(waiting)
+    )
     return EXIT_DONE
 
 
@@ -915,13 +930,13 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
     from statemachine.contrib.diagram.graphviz import GraphvizError
 
     from tether.views import diagram
+    from tether.views.diagram_format import output_format
 
+    args.format = output_format(args.output, args.format, kind=args.kind)
     if args.format == "png" and not args.output and sys.stdout.isatty():
         raise ConfigError("--format png is binary: write it to a file with -o FILE (or redirect: > graph.png)")
     if args.kind == "sequence" and args.run is None:
         raise ConfigError("--kind sequence draws one run's timeline: give --run RUN_ID")
-    if args.kind == "sequence" and args.format != "mermaid":
-        raise ConfigError(f"--kind sequence is drawn in Mermaid only, not --format {args.format}: leave --format out")
     events, tools, children = None, None, []
     if args.run is not None:  # drawn from what the run recorded: its tools module is never imported
         record = session.store.load_run(args.run)
@@ -988,6 +1003,7 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
         session.out.print(Text(f"showing {scope} in {shown_url(session.db_url)}; Ctrl-C stops"), highlight=False)
         sys.stdout.flush()
 
+    freeze_startup_heap()  # this process is the inspector's: its imports stay out of the GC's full passes
     try:
         serve(app, host=args.host, port=args.port, announce=announce, tls=tls)
     except OSError as error:
@@ -1382,6 +1398,7 @@ COMMANDS = {
     "diagram": _cmd_diagram,
     "ui": _cmd_ui,
     "worker": _cmd_worker,
+    **replaying.COMMANDS,
 }
 
 
@@ -1421,11 +1438,9 @@ def _busy_message(error: RunBusy, session: _Session | None) -> str:
     """What RunBusy says, with the command that takes the run over as this tether is run (and its ``--db``)."""
     if error.lost:
         return error.situation
-    db = session._db_hint() if session is not None else ""
-    return (
-        f"{error.situation}; only if you know that process is gone, take the run over with: "
-        f"{invocation()} resume {error.run_id} --force{db}"
-    )
+    words = ("resume", error.run_id, "--force")
+    take_over = session.command(*words) if session is not None else f"{invocation()} {' '.join(words)}"
+    return lines(f"{error.situation}; only if you know that process is gone, take the run over with:", take_over)
 
 
 def _print_error(label: str, error: Exception | str) -> None:
@@ -1449,6 +1464,20 @@ def _printable_output() -> None:
 
 IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
 """Arguments naming something stored, looked up in the database."""
+RUN_ARGUMENTS = ("run_id", "run", "continue_from")
+"""Arguments naming a run: by its id, or any start of it that names one run only."""
+
+
+def _whole_run_ids(args: argparse.Namespace, session: _Session) -> None:
+    """Each run named by the start of its id, named by its whole id (``AmbiguousRunId`` if several runs share it)."""
+    from tether.stores.run_ids import resolve_run_id
+
+    for name in RUN_ARGUMENTS:
+        given = getattr(args, name, None)
+        if isinstance(given, str):
+            setattr(args, name, resolve_run_id(session.store, given))
+    if args.command == "resume":  # named when Ctrl-C stops the drive
+        session.run_id = args.run_id
 
 
 def _surrogates(text: str) -> bool:
@@ -1501,7 +1530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupted_exit(interrupt: KeyboardInterrupt) -> int:
     signum = interrupt.signum if isinstance(interrupt, _Stopped) else signal.SIGINT
-    return EXIT_SIGNAL_BASE + signum
+    return SIGNAL_BASE + signum
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -1522,9 +1551,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         _check_extras(args)
         session = _Session(args)
+        _whole_run_ids(args, session)
         return COMMANDS[args.command](args, session)
-    except (ConfigError, MissingExtra, RunNotFound, RunEnded, CorruptData, InvalidForkPoint) as error:
-        _print_error("error", error)
+    except (ConfigError, MissingExtra, RunNotFound, UnknownCall, RunEnded, CorruptData, InvalidForkPoint) as error:
+        _print_error("error", error)  # nothing was done; a run, a call or a database not there (NoDatabase) alike
         return EXIT_USAGE
     except RunBusy as error:
         if session is not None:  # run/resume --json: one object still, saying who holds the run
@@ -1550,7 +1580,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _interrupted_exit(interrupt)
     except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return EXIT_FAILED
+        return EXIT_DONE
     finally:
         if session is not None:
             session.close()

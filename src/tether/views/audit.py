@@ -68,8 +68,9 @@ class AuditEntry:
     """ok, error, denied, awaiting_approval, running, not_run, or never_decided (the run ended first)."""
     decision: dict[str, Any] | None = None
     """The last decision: ``verdict`` (allowed, approved, denied, pending, never_decided), ``by``, ``at``,
-    ``reason``; for a person's decision also ``asked_because`` and ``edited_input``, and
-    ``for_run_call`` when it was their approval of another call for the rest of the run.
+    ``reason``; for a person's decision also ``asked_because`` and ``edited_input`` (``note``: the
+    Markdown the asking rule gave them), ``for_run`` when they approved the tool for the rest of the
+    run, and ``for_run_call`` when it was their approval of another call for the rest of the run.
     ``by`` is None for a tool that needs no approval (reason ``no approval needed``). None
     when the call never reached the gate (unknown tool, invalid arguments)."""
     approvals: list[dict[str, Any]] = field(default_factory=list)
@@ -99,6 +100,16 @@ class AuditEntry:
     """The latest event about this call (what ``since`` filters on)."""
     agent: str | None = None
     """The agent whose turn asked for the call (None: an unnamed agent)."""
+
+    @property
+    def edited(self) -> bool:
+        """Whether a person changed the input before it ran (or would run)."""
+        return (self.decision or {}).get("edited_input") is not None
+
+    @property
+    def input_ran(self) -> Any:
+        """The input the tool ran with, or would run with: a person's edit, else the model's :attr:`input`."""
+        return self.decision["edited_input"] if self.decision and self.edited else self.input
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form of ``tether audit --json``."""
@@ -185,7 +196,8 @@ def _allowed(allowed: Allowed | None, at: float, covering: AuditEntry | None) ->
         return {"verdict": "allowed", "by": "policy", "at": at, "reason": "no approval required"}
     earlier = covering.decision if covering is not None else None
     if allowed.by == "approved_for_run" and covering is not None and earlier is not None:
-        return {**earlier, "reason": allowed.reason, "edited_input": None, "for_run_call": covering.call_id}
+        given = {key: value for key, value in earlier.items() if key != "for_run"}  # given on the covering call
+        return {**given, "reason": allowed.reason, "edited_input": None, "for_run_call": covering.call_id}
     return {"verdict": "allowed", "by": allowed.by, "at": at, "reason": allowed.reason}
 
 
@@ -215,6 +227,8 @@ def _ask(entry: AuditEntry, at: float, item: RequestedCall, *, escalation: bool)
     asked: dict[str, Any] = {"requested_at": at, "reason": item.reason, "escalation": escalation}
     if item.last_error is not None:  # an escalation after the retries ran out
         asked["last_error"] = item.last_error
+    if item.note:
+        asked["note"] = item.note
     entry.approvals.append(asked)
     entry.decision = {
         "verdict": "pending",
@@ -222,6 +236,7 @@ def _ask(entry: AuditEntry, at: float, item: RequestedCall, *, escalation: bool)
         "at": None,
         "reason": None,
         "asked_because": item.reason,
+        **({"note": item.note} if item.note else {}),
     }
 
 
@@ -242,6 +257,8 @@ def _decided(entry: AuditEntry, fact: ApprovalDecided, at: float) -> None:
         "reason": fact.reason,
         "asked_because": asked.get("reason", ""),
         "edited_input": fact.input,
+        **({"note": asked["note"]} if asked.get("note") else {}),
+        **({"for_run": True} if fact.approved and fact.remember_for_run else {}),
     }
     entry.status = "not_run" if fact.approved else "denied"
 
@@ -284,6 +301,42 @@ def _finished(entry: AuditEntry, fact: ToolFinished, at: float) -> None:
 def _add_duration(entry: AuditEntry, duration: float | None) -> None:
     if duration is not None:
         entry.duration = round((entry.duration or 0.0) + duration, 6)
+
+
+def decision_said(entry: AuditEntry) -> list[tuple[str, str]]:
+    """Who let the call run or refused it, and every reason given, as ``(label, text)`` lines a person reads.
+
+    ``asked`` says why a person was asked (``note``: what the asking rule told them, ``after``: the
+    error that escalated it), then one line of the verdict (``approved``, ``denied``, ``allowed``,
+    ``pending``, ``never decided``) with who and why. None of it for a call that never reached the
+    gate (an unknown tool, invalid arguments).
+    """
+    decision = entry.decision
+    if decision is None:
+        return []
+    lines: list[tuple[str, str]] = []
+    verdict, by, reason = str(decision["verdict"]), decision.get("by"), str(decision.get("reason") or "")
+    if decision.get("asked_because") is not None:
+        lines.append(("asked", str(decision["asked_because"]) or "approval required"))
+        if decision.get("note"):
+            lines.append(("note", str(decision["note"])))
+        if entry.approvals and entry.approvals[-1].get("last_error"):
+            lines.append(("after", f"the last attempt failed: {entry.approvals[-1]['last_error']}"))
+    said = {"never_decided": "never decided"}.get(verdict, verdict)
+    if verdict == "allowed":
+        text = f"by {by}: {reason}" if by else reason or "no approval needed"
+    elif verdict == "pending":
+        text = "waiting for a person"
+    else:
+        text = f"by {by}" if by else ""
+        if decision.get("for_run_call"):
+            text += f", for the run with {decision['for_run_call']}"
+        elif decision.get("for_run"):
+            text += ", for the rest of the run"
+        if reason:
+            text = f"{text}: {reason}" if text else reason
+    lines.append((said, text or "-"))
+    return lines
 
 
 def select(found: Iterable[AuditEntry], *, tool: str | None = None, since: float | None = None) -> list[AuditEntry]:
@@ -333,4 +386,4 @@ def parse_since(text: str, *, now: float) -> float:
     return parse_ago(text, now=now, option="--since")
 
 
-__all__ = ["AuditEntry", "entries", "parse_since", "query", "select"]
+__all__ = ["AuditEntry", "decision_said", "entries", "parse_since", "query", "select"]

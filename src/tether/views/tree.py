@@ -53,10 +53,7 @@ class RunNode:
     @property
     def tokens(self) -> int:
         """Input (cache included) plus output tokens."""
-        usage = self.usage
-        return (
-            usage.input_tokens + usage.output_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
-        )
+        return self.usage.total
 
     def entry(self) -> dict[str, Any]:
         """How a parent's ``--json`` names this child: ``run_id``, ``call_id``, ``agent``, ``status``."""

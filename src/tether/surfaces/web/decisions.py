@@ -322,7 +322,7 @@ class Decider:
             raise BadForm(f"the message to edit must be a number (0 the first, -1 the last), not {message!r}") from None
         runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a fork needs no tools
         edit = MessageEdit(index, text) if text.strip() else None
-        fork = runner.fork(run_id, at_step=step, tenant=tenant, edit=edit)
+        fork = runner.fork(run_id, at_event=step, tenant=tenant, edit=edit)
         self.resume(fork.id, fork.tenant)
         return fork
 
