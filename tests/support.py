@@ -312,6 +312,10 @@ def mermaid_parse_errors(where: Path, texts: Mapping[str, str], scratch: Path) -
 
 
 # The tether command in a subprocess -------------------------------------------------------
+PROCESS_WAIT = 180.0
+"""Seconds a test waits for a process at most: a busy machine slows each one tenfold, a hang still fails."""
+
+
 @dataclass(repr=False)
 class CliResult:
     """A finished ``tether`` command; its repr shows the command, exit status and output."""
@@ -357,9 +361,9 @@ def start_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) ->
 
 
 def finish_tether(process: subprocess.Popen[str]) -> CliResult:
-    """Wait (60 s at most) for a command from :func:`start_tether`."""
+    """Wait (:data:`PROCESS_WAIT` at most) for a command from :func:`start_tether`."""
     try:
-        out, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=PROCESS_WAIT)
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
@@ -551,7 +555,7 @@ class Scenario:
         return self.done
 
 
-def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_python(*args: str, timeout: float = PROCESS_WAIT) -> subprocess.CompletedProcess[str]:
     """Run ``python ARGS`` (a driver script) in :func:`clean_env`, output captured as text."""
     return subprocess.run(
         [sys.executable, *args], env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False
@@ -568,7 +572,7 @@ class Script:
     scratch: tempfile.TemporaryDirectory[str]
     """Where its stdout and stderr go."""
 
-    def finish(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def finish(self, timeout: float = PROCESS_WAIT) -> subprocess.CompletedProcess[str]:
         """Wait for its end: its exit status and output, as ``subprocess.run`` gives them."""
         self.process.join(timeout)
         if self.process.exitcode is None:
@@ -599,7 +603,7 @@ def start_script(script: Path, *args: str) -> Script:
     return Script(argv, process, scratch)
 
 
-def run_script(script: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_script(script: Path, *args: str, timeout: float = PROCESS_WAIT) -> subprocess.CompletedProcess[str]:
     """:func:`start_script`, to its end."""
     return start_script(script, *args).finish(timeout)
 

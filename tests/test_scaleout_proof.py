@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from support import PgSchema, clean_env, fake_api_env
+from support import PROCESS_WAIT, PgSchema, clean_env, fake_api_env
 from tether import Runner
 from tether.core.approvals import Approve
 from tether.drivers.loader import NoModel, agent_from_spec
@@ -33,6 +33,10 @@ from tether.testing import FakeMessagesAPI
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 RUNS, CALLS, CONCURRENCY = 60, 5, 4
+STALLED_AFTER = 10
+"""Seconds without a heartbeat before a worker is presumed dead and its runs are taken over: long
+enough that a busy machine never delays a live worker's heartbeat that much (the proof holds only
+the killed worker to have lost work), short enough that its runs are soon taken over."""
 TOOLS = textwrap.dedent(
     '''
     """Tools that log each execution (one O_APPEND write: whole lines across processes)."""
@@ -118,7 +122,7 @@ def respond(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def start_worker(cwd: Path, url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    args = ["worker", "--db", url, "--concurrency", str(CONCURRENCY), "--stalled-after", "3"]
+    args = ["worker", "--db", url, "--concurrency", str(CONCURRENCY), "--stalled-after", str(STALLED_AFTER)]
     command = [sys.executable, "-m", "tether", *args]
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -134,12 +138,22 @@ def approve_pending(store: SQLStore, spec: dict[str, Any]) -> int:
     return approved
 
 
+def stopped(worker: subprocess.Popen[bytes]) -> str:
+    """What a worker told on stderr once it has exited (killed if it is still there after a while)."""
+    try:
+        return worker.communicate(timeout=PROCESS_WAIT)[1].decode()
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        return f"still running after {PROCESS_WAIT} s: killed\n" + worker.communicate()[1].decode()
+
+
 @pytest.fixture
 def store(pg_schema: PgSchema) -> Iterator[SQLStore]:
     with contextlib.closing(SQLStore(pg_schema.url)) as opened:
         yield opened
 
 
+@pytest.mark.timeout(4 * PROCESS_WAIT)
 def test_three_workers_finish_sixty_runs_through_a_sigkill_wasting_nothing(
     store: SQLStore, pg_schema: PgSchema, tmp_path: Path
 ) -> None:
@@ -152,21 +166,21 @@ def test_three_workers_finish_sixty_runs_through_a_sigkill_wasting_nothing(
         submitter = Runner(agent_from_spec(spec, model=NoModel()), store)
         runs = {submitter.submit(f"run r{i} plan:{','.join(plan(i))}"): f"r{i}" for i in range(RUNS)}
         workers = [start_worker(tmp_path, pg_schema.url, env) for _ in range(3)]
-        killed_at, approved, deadline = None, 0, time.monotonic() + 90
+        killed_at, approved, finished = None, 0, 0
+        deadline = time.monotonic() + 2 * PROCESS_WAIT  # generous: a busy machine slows the workers manifold
         try:
-            while time.monotonic() < deadline:
+            while finished < RUNS and time.monotonic() < deadline:
                 approved += approve_pending(store, spec)
-                finished = [r for r in store.list_runs(limit=RUNS) if r.status in {"done", "failed", "cancelled"}]
-                if killed_at is None and len(finished) >= RUNS // 3:
+                finished = sum(1 for r in store.list_runs(limit=RUNS) if r.status in {"done", "failed", "cancelled"})
+                if killed_at is None and finished >= RUNS // 3:
                     workers[0].send_signal(signal.SIGKILL)
-                    killed_at = len(finished)
-                if len(finished) == RUNS:
-                    break
+                    killed_at = finished
                 time.sleep(0.2)
         finally:
-            for worker in workers[1:]:
-                worker.send_signal(signal.SIGTERM)
-            errors = [worker.communicate(timeout=30)[1].decode() for worker in workers]
+            for worker in workers:
+                if worker.poll() is None:  # all but the killed one
+                    worker.send_signal(signal.SIGTERM)
+            errors = [stopped(worker) for worker in workers]
     records = store.list_runs(limit=RUNS)
     assert killed_at is not None, errors
     assert collections.Counter(r.status for r in records) == {"done": RUNS}, errors[1:]
