@@ -21,6 +21,7 @@ import queue
 import re
 import runpy
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -189,6 +190,8 @@ def events_of(shown: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
 
 # Environment and text ---------------------------------------------------------------------
 CLEAN_ENV_PREFIXES = ("ANTHROPIC", "OPENAI", "TETHER")
+EDITOR_VARIABLES = ("VISUAL", "EDITOR")
+"""Left out too: ``e`` at a prompt would open the person's editor instead of asking for a line."""
 ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles, links)
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07"
 )
@@ -196,13 +199,24 @@ ANSI = re.compile(  # CSI sequences (colours, cursor) and OSC sequences (titles,
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child: no ANTHROPIC_* or TETHER_* settings (no API
-    key, database, model or demo workspace leaks in), rich at 200 columns, the venv first on
+    key, database, model or demo workspace leaks in), no editor, rich at 200 columns, the venv first on
     PATH (as once activated: the hints tether prints then say plain ``tether``), then ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_PREFIXES) and k not in EDITOR_VARIABLES}
     env["COLUMNS"] = "200"  # rich wraps at 80 columns without a terminal; keep messages on one line
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra)
     return env
+
+
+def default_signals() -> None:
+    """In a child, before it runs: Ctrl-C and hangups act by default, as in a user's shell.
+
+    A child inherits ignored signals, so under ``nohup`` (SIGHUP ignored) or as a background job
+    (SIGINT ignored) the signals a test sends would otherwise be lost. Pass as ``preexec_fn``:
+    it only calls ``signal.signal``, which takes no lock another thread could hold at the fork.
+    """
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def flat(text: str) -> str:
@@ -337,6 +351,7 @@ def start_tether(cwd: Path, *args: str, env: Mapping[str, str] | None = None) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,  # noqa: PLW1509 - see default_signals
     )
 
 
@@ -640,6 +655,7 @@ def spawn_tether(
         codec_errors="replace",
         timeout=timeout,
         dimensions=(50, columns),
+        preexec_fn=default_signals,  # Ctrl-C reaches it through the terminal, even under nohup
     )
     child.logfile_read = io.StringIO()
     return child

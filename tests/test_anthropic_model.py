@@ -144,13 +144,15 @@ def test_prompt_too_long_is_a_context_window_error(api: FakeMessagesAPI, model: 
     assert caught.value.retryable is False
 
 
-def test_connection_error_is_retryable() -> None:
-    adapter = AnthropicModel("claude-test", api_key="k", base_url=f"http://127.0.0.1:{closed_port()}", max_retries=0)
+def test_connection_error_is_retryable_and_names_the_url_it_tried() -> None:
+    port = closed_port()
+    adapter = AnthropicModel("claude-test", api_key="k", base_url=f"http://who:pw@127.0.0.1:{port}", max_retries=0)
 
     with pytest.raises(ModelError) as caught:
         adapter.complete(request())
 
-    assert str(caught.value).startswith("cannot reach the Anthropic API")
+    assert str(caught.value).startswith(f"cannot reach the Anthropic API at http://127.0.0.1:{port}/v1/messages: ")
+    assert "pw" not in str(caught.value)
     assert caught.value.status is None
     assert caught.value.retryable is True
     assert isinstance(caught.value.__cause__, anthropic.APIConnectionError)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import Cli, clean_env
+from support import Cli, clean_env, runs_made
 from tether import Agent, Runner
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -84,3 +84,26 @@ def test_printed_commands_name_a_relative_database_by_its_absolute_path(tmp_path
     shown = " ".join(Cli(tmp_path)("pending", "--db", "sqlite:///rel.db").stdout.split())
     assert f"approve RUN CALL --db sqlite:///{tmp_path / 'rel.db'}" in shown
     assert f"resume RUN --db sqlite:///{tmp_path / 'rel.db'}" in shown
+
+
+def test_a_model_without_its_key_is_refused_before_any_run_is_created(tmp_path: Path) -> None:
+    """A missing key used to create a run and fail it at its first step; now one line, and nothing made."""
+    (tmp_path / "script.json").write_text('[{"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}]')
+    cli = Cli(tmp_path)
+    cases = {
+        ("run", "hi", "--model", "openai:gpt-test"): "openai:gpt-test: no OpenAI credentials: set OPENAI_API_KEY",
+        ("run", "hi"): "no Anthropic credentials: set ANTHROPIC_API_KEY, or choose another model with --model",
+        ("run", "hi", "--model", "anthropic:claude-test"): "model anthropic:claude-test: no Anthropic credentials",
+    }
+    for command, message in cases.items():
+        result = cli(*command)
+        assert result.returncode == 2, result
+        assert message in result.err, result
+        assert "no run was created" in result.err
+        assert len(result.stderr.strip().splitlines()) == 1, result
+    assert runs_made(cli) == []
+
+    offline = cli("run", "hi", "--model", "scripted:script.json", "--json")  # a scripted model needs no key
+    assert offline.returncode == 0, offline
+    keyed = cli("run", "hi", "--model", "openai:gpt-test", "--detach")  # its worker calls the model, with its keys
+    assert "no OpenAI credentials" not in keyed.err

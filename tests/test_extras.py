@@ -117,6 +117,16 @@ def test_the_library_says_which_extra_to_install_as_an_import_error(
     assert (raised.value.extra, raised.value.name) == (extra, package)
 
 
+def test_the_example_service_started_without_its_extra_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runpy
+
+    missing(monkeypatch, "starlette", "tether.examples.service")
+    with pytest.raises(SystemExit) as exited:  # python -m tether.examples.service: no traceback
+        runpy.run_module("tether.examples.service", run_name="__main__")
+    feature = "the example service (tether.examples.service)"
+    assert re.fullmatch("error: " + message("service", feature, "starlette"), str(exited.value.code))
+
+
 def test_every_extra_has_a_case_here() -> None:
     assert sorted(row[0] for row in LIBRARY) == sorted(MODULES)
 

@@ -36,6 +36,7 @@ from support import (
     PG_URL,
     PgSchema,
     closed_port,
+    default_signals,
     serving_app,
     tool_use,
     tool_use_turn,
@@ -120,6 +121,7 @@ class Venv:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=default_signals,  # noqa: PLW1509 - it is stopped with Ctrl-C (SIGINT), even under nohup
         )
 
 

@@ -2,7 +2,7 @@
 
 The schemas (``tether/surfaces/schemas/COMMAND.json``, draft 2020-12) are what the reference
 publishes. Here real commands run on a scripted model — a run that parks, is decided, resumed,
-shown, listed, audited, forked, cancelled and collected; a run waiting for a tool retry; a run
+shown, listed, audited, forked, cancelled, collected and replayed; a run waiting for a tool retry; a run
 whose agent tool starts a child run that waits for a person; a run another process is driving;
 the demo; and, on PostgreSQL, a detached run driven by ``tether worker`` — and each output is
 validated against its command's schema. The schemas forbid keys they do not describe, so a key
@@ -39,7 +39,10 @@ SCHEMAS = {
 REGISTRY: Registry[Any] = Registry().with_resources(
     (schema["$id"], Resource.from_contents(schema)) for schema in SCHEMAS.values()
 )
-COMMANDS_WITH_JSON = {"run", "resume", "cancel", "fork", "show", "runs", "gc", "pending", "audit", "demo", "worker"}
+COMMANDS_WITH_JSON = {
+    *("run", "resume", "cancel", "fork", "show", "runs", "gc", "pending", "audit", "demo", "worker"),
+    "replay",
+}
 
 TOOLS = textwrap.dedent(
     '''
@@ -178,6 +181,23 @@ def test_a_run_another_process_is_driving(cli: Cli) -> None:
         store.close()
     assert busy.returncode == 5, busy
     assert set(validate("resume", busy)["busy"]) == {"holder", "expires_at", "lost"}
+
+
+def test_a_run_replayed_alone_and_among_others(cli: Cli) -> None:
+    script = model(cli.cwd, tool_use_turn(tool_use("toolu_1", "add", {"a": 1, "b": 2})))
+    run_id = cli("run", "add", "--tools", "tools:TOOLS", "--model", script, "--json").data["run_id"]
+    assert cli("run", "more", "--continue", run_id, "--model", script, "--json").returncode == 0
+
+    alone = cli("replay", run_id, "--json")
+    changed = cli("replay", run_id, "--system", "Be brief.", "--json")
+    many = cli("replay", "--from-runs", "--json")
+
+    assert (alone.returncode, changed.returncode, many.returncode) == (0, 0, 0), many
+    assert validate("replay", alone)["replay"]["calls"] == [{"tool": "add", "input": {"a": 1, "b": 2}}]
+    assert validate("replay", changed)["let_through"] == ["system prompt changed (model calls #1, #2)"]
+    summary = validate("replay", many)
+    assert (summary["agree"], summary["differ"], summary["not_replayed"]) == (1, 0, 1)
+    assert [run["verdict"] for run in summary["runs"]] == ["not replayed", "agrees"]
 
 
 def test_the_demo(cli: Cli) -> None:

@@ -356,8 +356,8 @@ def test_tether_resume_exits_5_while_another_process_drives_and_force_takes_over
     busy = run_tether(tmp_path, "resume", run_id, "--db", db)
     assert busy.returncode == 5, busy
     assert f"another process is driving run {run_id!r}: {HOST}:{os.getpid()}:live holds its lease until" in busy.err
-    take_over = f"take the run over with:\n  {TETHER} resume {run_id} --force --db {db}\n"  # a line of its own
-    assert take_over in busy.stderr
+    takeover = f"take the run over with:\n  {TETHER} resume {run_id} --force --db {db}\n"
+    assert takeover in busy.stderr  # a line of its own
     assert "drive(force=True)" not in busy.err  # the library's advice is not the command line's
     forced = run_tether(tmp_path, "resume", run_id, "--force", "--db", db, "--json")
     assert forced.returncode == 3, forced  # no terminal: parked for `tether approve`

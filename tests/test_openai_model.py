@@ -292,13 +292,15 @@ def test_arguments_nested_too_deeply_are_a_malformed_completion(
     assert caught.value.retryable
 
 
-def test_connection_error_is_retryable() -> None:
-    adapter = OpenAIModel("gpt-test", api_key="k", base_url=f"http://127.0.0.1:{closed_port()}/v1", max_retries=0)
+def test_connection_error_is_retryable_and_names_the_url_it_tried() -> None:
+    port = closed_port()
+    adapter = OpenAIModel("gpt-test", api_key="k", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
 
     with pytest.raises(ModelError) as caught:
         adapter.complete(request())
 
-    assert str(caught.value).startswith("cannot reach the OpenAI-compatible API")
+    named = f"cannot reach the OpenAI-compatible API at http://127.0.0.1:{port}/v1/chat/completions: "
+    assert str(caught.value).startswith(named)
     assert caught.value.retryable is True
     assert isinstance(caught.value.__cause__, openai.APIConnectionError)
 

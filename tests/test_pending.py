@@ -18,9 +18,10 @@ from tether.errors import ApprovalError, RunNotFound
 from tether.facts.events import Event
 from tether.models.scripted import ScriptedModel
 from tether.stores import Store
+from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
-from tether.views.pending import PendingApproval, pending_approvals
+from tether.views.pending import PendingApproval, apending_approvals, pending_approvals
 
 
 @tool(approval=True)
@@ -134,8 +135,54 @@ def test_scoped_to_a_run(store: Store, runs: dict[str, str]) -> None:
         pending_approvals(store, run_id="run_missing")
 
 
-def test_limit_caps_the_runs_read(store: Store, runs: dict[str, str]) -> None:
-    assert len({p.run_id for p in pending_approvals(store, limit=1)}) == 1
+def test_limit_caps_the_runs_read_those_waiting_longest(store: Store, runs: dict[str, str]) -> None:
+    assert keys(pending_approvals(store, limit=1)) == [(runs["acme"], "c1"), (runs["acme"], "c2")]
+    assert len(pending_approvals(store)) == 3  # no limit: every parked run is read
+
+
+async def test_from_an_async_store_alike(store: Store, runs: dict[str, str]) -> None:
+    awaitable = as_async_store(store)
+    assert keys(await apending_approvals(awaitable)) == keys(pending_approvals(store))
+    assert keys(await apending_approvals(awaitable, limit=1)) == [(runs["acme"], "c1"), (runs["acme"], "c2")]
+    assert keys(await apending_approvals(awaitable, tenant="globex")) == [(runs["globex"], "c9")]
+
+
+def test_cli_listings_are_cut_only_when_asked_and_say_so(tmp_path: Path) -> None:
+    """``runs`` and ``pending`` show 100 unless --limit or --all; a cut listing says on stderr how much
+    there is and how to see it, and the pending footer counts every call waiting."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store, clock = SQLStore(url), Clock()
+    made = [runner(store, ONE_REFUND, clock).run(f"Refund number {n}.").run_id for n in range(5)]
+    store.close()
+
+    def tether(*args: str) -> Any:
+        return run_tether(tmp_path, *args, "--db", url)
+
+    cut = tether("runs", "--limit", "2", "--json")
+    assert [row["run_id"] for row in cut.data["runs"]] == made[:2:-1][:2]  # the newest first
+    assert cut.data["total"] == 5
+    assert [row["prompt"] for row in cut.data["runs"]] == ["Refund number 4.", "Refund number 3."]
+    assert "showing the newest 2 of 5 runs; --limit N or --all for more" in cut.stderr
+    parked = tether("runs", "--status", "awaiting_approval", "--limit", "4")
+    assert "showing the newest 4 of 5 runs" in parked.stderr
+    assert "Refund number 4." in parked.stdout
+    for whole in (tether("runs", "--all", "--json"), tether("runs", "--json")):
+        assert len(whole.data["runs"]) == whole.data["total"] == 5
+        assert whole.stderr == ""
+
+    calls = tether("pending", "--limit", "2", "--json")
+    assert [call["run_id"] for call in calls.data["pending"]] == made[:2]  # the longest waiting first
+    assert calls.data["total"] == 5
+    assert "showing the longest waiting 2 of 5 calls; --limit N or --all for more" in calls.stderr
+    shown = tether("pending", "--limit", "2")
+    assert "5 call(s) waiting (2 shown). Decide with" in " ".join(shown.stdout.split())
+    every = tether("pending", "--all", "--json")
+    assert len(every.data["pending"]) == every.data["total"] == 5
+    assert every.stderr == ""
+
+    for bad in (["runs", "--limit", "0"], ["pending", "--limit", "2", "--all"]):
+        refused = tether(*bad)
+        assert refused.returncode == 2, refused
 
 
 class NoReplayStore(MemoryStore):
@@ -190,7 +237,7 @@ def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None
     listed = run_tether(tmp_path, "pending", "--json", "--db", db)
     assert listed.returncode == 0, listed.stderr
     payload = json.loads(listed.stdout)  # exactly one object
-    assert list(payload) == ["pending"]
+    assert list(payload) == ["pending", "total"]
     [call] = payload["pending"]
     assert (call["run_id"], call["call_id"], call["tool"], call["input"]) == (
         run_id,
@@ -209,7 +256,7 @@ def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None
 
     approved = run_tether(tmp_path, "approve", run_id, "toolu_demo_run", "--db", db)
     assert approved.returncode == 0, approved.stderr
-    assert json.loads(run_tether(tmp_path, "pending", "--json", "--db", db).stdout) == {"pending": []}
+    assert json.loads(run_tether(tmp_path, "pending", "--json", "--db", db).stdout) == {"pending": [], "total": 0}
     empty = run_tether(tmp_path, "pending", "--db", db)
     assert "No tool calls are waiting for approval." in empty.stdout
 

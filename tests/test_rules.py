@@ -783,6 +783,29 @@ def test_an_invalid_file_shape_fails_at_load(tmp_path: Path, body: str, suffix: 
     assert problem in str(caught.value), caught.value
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            "rules:\n  - tool: a\n   action: deny\n",
+            ":3:4: invalid YAML: expected <block end>, but found '<block mapping start>' "
+            "(while parsing a block collection begun at 2:3)",
+        ),
+        ("rules:\n\t- x\n", ":2:1: invalid YAML: found character '\\t' that cannot start any token"),
+        ("rules: [a, b\n", ":2:1: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+    ],
+    ids=["indentation", "tab", "unclosed"],
+)
+def test_a_yaml_syntax_error_is_one_line_at_file_line_column(tmp_path: Path, body: str, said: str) -> None:
+    """As compilers say it, so an editor can jump there; PyYAML's own message spans several lines."""
+    pytest.importorskip("yaml")
+    path = rule_file(tmp_path, body, ".yaml")
+    with pytest.raises(ConfigError) as caught:
+        Policy.from_file(path)
+    assert str(caught.value).startswith(f"policy file {path}{said}"), caught.value
+    assert "\n" not in str(caught.value)
+
+
 def test_a_rule_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "rules.toml"
     path.write_bytes(b'rules = [{ tool = "x", action = "deny", message = "\xff" }]\n')

@@ -104,7 +104,7 @@ def test_cancel_a_parked_run_from_elsewhere_without_its_tools_or_model(project: 
     shown = project.show(run_id)
     assert shown["status"] == "cancelled"
     assert run_finished(shown)["status"] == "cancelled"
-    assert project.tether("pending", "--json").data == {"pending": []}
+    assert project.tether("pending", "--json").data == {"pending": [], "total": 0}
 
     again = project.tether("cancel", run_id)
     assert again.returncode == 2, again

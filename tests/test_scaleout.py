@@ -474,3 +474,36 @@ def test_a_child_parked_for_a_retry_queues_its_root_at_the_due_time(store: SQLSt
     [job] = [job for job in jobs(store.url) if job["status"] == "todo"]
     assert job["queueing_lock"] == root
     assert job["scheduled_at"].timestamp() == pytest.approx(child_run.summary["next_due_at"], abs=0.01)
+
+
+def _stall_a_job(url: str, run_id: str) -> None:
+    """A drive job taken by a worker whose heartbeat stopped a minute ago (as after a SIGKILL)."""
+    with psycopg.connect(libpq_dsn(url)) as connection:
+        worker_id = connection.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) VALUES (now() - interval '60 seconds') RETURNING id"
+        ).fetchone()
+        assert worker_id is not None
+        connection.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE queueing_lock = %s",
+            (worker_id[0], run_id),
+        )
+
+
+async def test_recovery_queues_again_the_job_of_a_worker_whose_heartbeat_stopped(pg_schema: PgSchema) -> None:
+    import procrastinate
+
+    submitted = AsyncSQLStore(pg_schema.url)
+    try:
+        run_id = await AsyncRunner(agent(DONE), submitted).submit("go")
+    finally:
+        await submitted.close()
+    await asyncio.to_thread(_stall_a_job, pg_schema.url, run_id)
+    worker = workers.Worker(pg_schema.url, agent=agent(DONE), stalled_after=5)
+    worker.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=libpq_dsn(pg_schema.url)))
+    async with worker.app.open_async():
+        assert await worker.recover_stalled() == 1
+        assert await asyncio.to_thread(_waiting, pg_schema.url) == [run_id]  # todo again, for a live worker
+        await asyncio.to_thread(_stall_a_job, pg_schema.url, run_id)
+        await asyncio.to_thread(_defer_by_hand, pg_schema.url, run_id)
+        assert await worker.recover_stalled() == 1  # a job of that run already waits: the stalled one goes
+    assert await asyncio.to_thread(_waiting, pg_schema.url) == [run_id]

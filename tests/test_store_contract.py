@@ -427,6 +427,22 @@ def test_query_runs_filters_by_status_tenant_agent_model_and_creation_time(store
     assert ids(agent="100%_") == []  # LIKE's wildcards are only characters here
 
 
+def test_query_runs_finds_the_runs_whose_id_starts_so_exactly(store: Store) -> None:
+    for n, run_id in enumerate(["run_ab1", "run_ab2", "run_AB3", "run_a%4", "run_b5"]):
+        store.create_run(record(run_id, created_at=float(n)), [])
+
+    def ids(prefix: str) -> tuple[list[str], int]:
+        found = store.query_runs(RunQuery(id_prefix=prefix), limit=10)
+        return [r.id for r in found.records], found.total
+
+    assert ids("run_ab") == (["run_ab2", "run_ab1"], 2)  # case kept: not run_AB3
+    assert ids("run_AB") == (["run_AB3"], 1)
+    assert ids("run_a%") == (["run_a%4"], 1)  # LIKE's wildcards are only characters here
+    assert ids("run_ab1") == (["run_ab1"], 1)
+    assert ids("run_c") == ([], 0)
+    assert ids("") == (["run_b5", "run_a%4", "run_AB3", "run_ab2", "run_ab1"], 5)
+
+
 def test_query_runs_tells_runs_waiting_for_a_retry(store: Store) -> None:
     store.create_run(record("retrying", status="executing_tool", summary={"next_due_at": 5.0}, created_at=2.0), [])
     store.create_run(record("running", status="executing_tool", summary={}, created_at=1.0), [])

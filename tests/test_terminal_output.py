@@ -268,11 +268,13 @@ def test_the_approval_and_the_rest_of_the_run_are_safe_in_a_terminal(tmp_path: P
     assert "Done: " + SHOWN in ANSI.sub("", screen).replace("\n", "")
 
 
-def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
-    """Dates shortened as ``ls -l`` does: today's time, an older run's date; ids never cut (they are copied)."""
+def test_the_runs_table_shows_whole_ids_the_date_and_the_prompt_cut_to_the_screen() -> None:
+    """Dates as ``ls -l`` gives them (this year's day and minute, an older run's date); ids never cut (they
+    are copied); the prompt on one line, beside its run on a wide screen, under it at 80 columns."""
     now = time.time()
     parent = "run_" + "a" * 20
     child = child_run_id(parent, "toolu_review", 1)
+    asked = "Review the\npull request " + "and explain every change " * 10
     rows = [
         {"run_id": parent, "status": "awaiting_approval", "steps": 120, "tool_calls": 48, "updated_at": now},
         {
@@ -282,6 +284,7 @@ def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
             "steps": 3,
             "tool_calls": 1,
             "updated_at": now,
+            "prompt": asked,
         },
         {
             "run_id": "run_" + "c" * 20,
@@ -289,16 +292,32 @@ def test_the_runs_table_fits_80_columns_a_row_a_line_with_a_child_run() -> None:
             "steps": 7,
             "tool_calls": 2,
             "updated_at": now - 400 * 86400,
+            "prompt": "Fetch the report",
         },
     ]
-    out = io.StringIO()
-    render_runs(Console(file=out, width=80, color_system=None), rows)
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 3 + len(rows) + 1  # the header's three lines, a line per run, the bottom
-    assert max(len(line) for line in lines) <= 80
-    assert re.search(rf"awaiting_approval .* \d\d:\d\d:\d\d .* {parent} ", lines[3])
-    assert f"└ {child}" in lines[4]
-    assert re.search(r"waiting_retry .* \d{4}-\d\d-\d\d .* run_c", lines[5])
+
+    def shown(width: int) -> list[str]:
+        out = io.StringIO()
+        render_runs(Console(file=out, width=width, color_system=None, force_terminal=True), rows)
+        lines = out.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width
+        return lines
+
+    wide = shown(140)
+    assert len(wide) == 1 + len(rows)  # the header, a line per run
+    assert wide[0].split() == ["status", "steps", "tools", "updated", "run", "prompt"]
+    assert re.search(rf"awaiting_approval .* \d\d-\d\d \d\d:\d\d +{parent} +-$", wide[1])
+    assert re.search(rf"└ {child}  Review the pull request and explain every change .*…$", wide[2])
+    assert re.search(r"waiting_retry .* \d{4}-\d\d-\d\d .* run_c{20} +Fetch the report$", wide[3])
+
+    narrow = shown(80)
+    assert len(narrow) == 1 + len(rows) + 2  # the two prompts on lines of their own
+    assert parent in narrow[1]
+    assert f"└ {child}" in narrow[2]
+    assert narrow[3].startswith("    Review the pull request and explain")
+    assert narrow[3].endswith("…")
+    assert "run_" + "c" * 20 in narrow[4]
+    assert narrow[5] == "    Fetch the report"
     none = io.StringIO()
     render_runs(Console(file=none, width=80, color_system=None), [])
     assert none.getvalue() == "No runs match.\n"  # as audit and pending say it, not an empty table

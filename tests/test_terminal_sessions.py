@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ import pytest
 from support import (
     ANSI,
     DEMO_PROMPT,
+    FIBONACCI,
     TETHER,
     demo_db_url,
     events_of,
@@ -94,6 +97,10 @@ def children() -> Iterator[list[pexpect.spawn]]:
 def prompt(label: str) -> str:
     """The approval prompt of one call (a pexpect pattern); escape codes may sit in between."""
     return re.escape(label) + r"[^\n]*: approve[^\n]*> "
+
+
+STOPPED_EXIT = {"eof": 3, "ctrl-c": 130}
+"""The exit status once the person stops answering: parked (3), or parked and interrupted (128 + SIGINT)."""
 
 
 def stop_answering(child: pexpect.spawn, how: str) -> tuple[int | None, str]:
@@ -170,7 +177,7 @@ def test_no_answer_partway_through_a_batch_keeps_the_decisions_given(
     child.sendline("too chatty")
     child.expect(prompt("[3/3] delete toolu_3"))
     status, output = stop_answering(child, how)
-    assert status == 3, output
+    assert status == STOPPED_EXIT[how], output
     assert "the 2 decision(s) given are kept; 1 call(s) stay pending and the run is parked" in output
     assert panel_text(child).count("3 calls need your approval") == 1  # not asked again
     assert "1 call needs" not in output
@@ -276,6 +283,98 @@ def test_an_edit_to_other_input_runs_the_tool_with_it_and_the_result_says_so(
     assert "hello from the edit" in result["content"]
 
 
+# e in the person's editor ------------------------------------------------------------------------
+FAKE_EDITOR = """
+import json, sys
+from pathlib import Path
+
+here = Path(__file__).parent
+path = Path(sys.argv[-1])
+with (here / "seen.jsonl").open("a", encoding="utf-8") as seen:
+    seen.write(json.dumps({"argv": sys.argv[1:-1], "name": path.name, "text": path.read_text("utf-8")}) + "\\n")
+answers = json.loads((here / "answers.json").read_text("utf-8"))
+path.write_text(answers.pop(0), encoding="utf-8")
+(here / "answers.json").write_text(json.dumps(answers), encoding="utf-8")
+"""
+"""An editor that writes the next of answers.json into the file and notes what it was given."""
+
+
+def fake_editor(where: Path, *answers: str) -> tuple[str, Path]:
+    """The command of an editor that leaves each of ``answers`` in turn, and the log of what it saw."""
+    (where / "editor.py").write_text(FAKE_EDITOR, encoding="utf-8")
+    (where / "answers.json").write_text(json.dumps(list(answers)), encoding="utf-8")
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(where / 'editor.py'))} --wait", where / "seen.jsonl"
+
+
+def seen_by(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+
+
+def demo_editing(tmp_path: Path, children: list[pexpect.spawn], env: dict[str, str], hello: str) -> pexpect.spawn:
+    """The demo, its workspace holding a hello.py that prints ``hello``, once ``e`` was answered."""
+    workspace = tmp_path / "tether-demo"
+    workspace.mkdir()
+    (workspace / "hello.py").write_text(f"print({hello!r})\n", encoding="utf-8")
+    child = spawn_tether(tmp_path, "demo", env=env)
+    children.append(child)
+    child.expect(DEMO_PROMPT)
+    child.sendline("e")
+    return child
+
+
+def test_e_opens_the_editor_on_the_pretty_input_and_a_mistake_reopens_it_on_what_was_typed(
+    tmp_path: Path, children: list[pexpect.spawn]
+) -> None:
+    mistake = '{"path": "hello.py",}'
+    editor, log = fake_editor(tmp_path, mistake, '{"path": "hello.py"}')
+    env = {"EDITOR": "false", "VISUAL": editor}  # VISUAL wins
+    child = demo_editing(tmp_path, children, env, "hello from the editor")
+    child.expect(re.escape("Not valid JSON: Expecting property name enclosed in double quotes: line 1 column 21"))
+    child.expect(r"edit it again[^\n]*> ")
+    child.sendline("")
+    status, output = finish_terminal(child)
+    assert status == 0, output
+    assert "printed: hello from the editor" in output
+
+    first, second = seen_by(log)
+    assert first == {"argv": ["--wait"], "name": "input.json", "text": '{\n  "path": "fib.py"\n}\n'}
+    assert second["text"] == mistake  # nothing typed is lost
+    db = demo_db_url(tmp_path / "tether-demo")
+    [row] = run_tether(tmp_path, "runs", "--json", "--db", db).data["runs"]
+    [decided] = events_of(run_tether(tmp_path, "show", row["run_id"], "--json", "--db", db).data, "approval_decided")
+    assert decided["input"] == {"path": "hello.py"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [("", "The input was emptied"), ('{"path":"fib.py"}', "The input was not changed")],
+    ids=["emptied", "unchanged"],
+)
+def test_an_emptied_or_unchanged_file_goes_back_to_the_question(
+    tmp_path: Path, children: list[pexpect.spawn], answer: str, said: str
+) -> None:
+    editor, _ = fake_editor(tmp_path, answer)
+    child = demo_editing(tmp_path, children, {"EDITOR": editor}, "never run")
+    child.expect(re.escape(f"{said}: back to the question."))
+    child.expect(DEMO_PROMPT)
+    child.sendline("d")
+    child.expect(r"reason[^\n]*> ")
+    child.sendline("")
+    status, output = finish_terminal(child)
+    assert status == 0, output
+    assert FIBONACCI not in output
+
+
+def test_an_editor_that_fails_falls_back_to_one_line_of_json(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+    child = demo_editing(tmp_path, children, {"EDITOR": "false"}, "hello from the line")
+    child.expect(re.escape("the editor false exited with status 1: type the input on one line instead"))
+    child.expect(r"JSON[^\n]*> ")
+    child.sendline('{"path": "hello.py"}')
+    status, output = finish_terminal(child)
+    assert status == 0, output
+    assert "printed: hello from the line" in output
+
+
 @pytest.mark.parametrize(
     ("choice", "asked", "how"),
     [
@@ -294,7 +393,7 @@ def test_no_answer_at_the_reason_or_edit_prompt_leaves_the_run_parked(
     child.sendline(choice)
     child.expect(asked)
     status, output = stop_answering(child, how)
-    assert status == 3, output
+    assert status == STOPPED_EXIT[how], output
     assert "No decision: the call stays pending and the run is parked." in output
 
     db = demo_db_url(tmp_path / "tether-demo")

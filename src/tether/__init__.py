@@ -41,6 +41,7 @@ from tether.errors import (
     TetherError,
     UnknownCall,
 )
+from tether.heap import freeze_startup_heap
 from tether.policy.policies import ApprovalVerdict, Limits, RetryPolicy
 from tether.policy.rules import Policy, Rule
 from tether.tools import RetryLater, Tool, tool
@@ -79,5 +80,6 @@ __all__ = [
     "TetherError",
     "Tool",
     "UnknownCall",
+    "freeze_startup_heap",
     "tool",
 ]

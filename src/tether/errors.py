@@ -25,6 +25,7 @@ The tree::
     │   └── CorruptData          a stored value cannot be read (.run_id, .where): changed outside tether
     ├── ConfigError              bad configuration: CLI flags, tool specs, model names, policy
     │   │                        values (also a ValueError, as Python's own bad-value errors are)
+    │   ├── AmbiguousRunId       the start of an id that several runs' ids start with (.candidates)
     │   ├── NoDatabase           the database a URL names is not there (a SQLite file, a PostgreSQL database)
     │   └── ToolsetError         an MCP server or OpenAPI service gives no tools: unreachable,
     │                            invalid spec (.path), a credential's variable unset (.toolset)
@@ -82,6 +83,25 @@ class ToolsetError(ConfigError):
         super().__init__(f"{toolset}{where}: {message}")
         self.toolset = toolset
         self.path = path
+
+
+class AmbiguousRunId(ConfigError):
+    """Several runs' ids start with what was given as a run's id: which one is meant is not known.
+
+    Attributes:
+        prefix: what was given.
+        candidates: the ids of the newest runs it could name (at most a few).
+        total: how many runs' ids start with it.
+    """
+
+    def __init__(self, prefix: str, candidates: list[str], total: int) -> None:
+        more = f" and {total - len(candidates)} more" if total > len(candidates) else ""
+        super().__init__(
+            f"{prefix!r} is the start of {total} runs' ids: {', '.join(candidates)}{more}; give more of the id"
+        )
+        self.prefix = prefix
+        self.candidates = candidates
+        self.total = total
 
 
 class MissingExtra(TetherError, ImportError):

@@ -29,6 +29,7 @@ from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 from pydantic import BaseModel
 
+from tether import heap
 from tether.agent import Agent
 from tether.core import engine, lifecycle, snapshots
 from tether.core.approvals import (
@@ -316,9 +317,8 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
 
     def _child_runner(self, child: DriveRun) -> Self:
         """A runner like this one (store, approver, listeners, clocks) for ``child``'s run and agent."""
-        runner = type(self)(
+        runner = self._like(
             child.agent,
-            self.store,
             approver=self.approver,
             listeners=self.listeners,
             clock=self.clock,
@@ -331,6 +331,10 @@ class _RunnerBase(abc.ABC, Generic[S, L]):
         )
         runner._resolves_agent = False  # the child is driven with exactly its agent (limits capped by its parent)
         return runner
+
+    def _like(self, agent: Agent, **options: Unpack[RunnerOptions]) -> Self:
+        """A runner of this kind on this store, with ``options`` (and this driver's own, shared)."""
+        return type(self)(agent, self.store, **options)
 
     def _run_trace(self, forked_from: str | None = None) -> AbstractContextManager[dict[str, Any] | None]:
         """While a run is created (and driven, by ``run``): gives the trace context to store in its spec.
@@ -738,26 +742,33 @@ class AsyncRunner(_RunnerBase[AsyncStore, leases.AsyncLease]):
         store: Store | AsyncStore | None = None,
         *,
         max_busy_runs: int | busy.BusyRuns | None = busy.SHARED,
+        freeze_heap: bool = True,
         **options: Unpack[RunnerOptions],
     ) -> None:
-        """The options are :class:`Runner`'s, but for ``max_busy_runs``, this runner's own.
+        """The options are :class:`Runner`'s, but for ``max_busy_runs`` and ``freeze_heap``, this runner's own.
 
         ``max_busy_runs``: how many runs at once may be deciding or writing a step; the rest queue,
         so the event loop stays responsive (see :mod:`tether.drivers.busy`). By default 32 per event
         loop, shared by every runner that does not say otherwise (a service making a runner per
         request is still limited); a number: this runner's own limit; a
         :class:`~tether.drivers.busy.BusyRuns`: the limit of whoever shares it; None: no limit.
+
+        ``freeze_heap``: the first runner made with it in a process collects and freezes the heap
+        (:func:`tether.freeze_startup_heap`), so the garbage collector's full passes stop traversing
+        the imported modules and SDKs: without it they stall the loop 150-400 ms each. False leaves
+        the collector alone (a host that freezes at a moment of its own choosing).
         """
         super().__init__(agent, store, **options)
         self._busy = busy.of(max_busy_runs)
+        if freeze_heap:
+            heap.freeze_once()
+
+    def _like(self, agent: Agent, **options: Unpack[RunnerOptions]) -> Self:
+        """A child's runner: one busy limit for the whole run tree; the heap was frozen, or not, by its root."""
+        return type(self)(agent, self.store, max_busy_runs=self._busy, freeze_heap=False, **options)
 
     def _store_for(self, store: Store | AsyncStore) -> AsyncStore:
         return as_async_store(store)
-
-    def _child_runner(self, child: DriveRun) -> Self:
-        runner = super()._child_runner(child)
-        runner._busy = self._busy  # one limit for the whole run tree (the parent's place is free meanwhile)
-        return runner
 
     # Leases -------------------------------------------------------------------------------
     @asynccontextmanager

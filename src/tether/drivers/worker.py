@@ -225,9 +225,13 @@ class Worker:
         stalled = await manager.get_stalled_jobs(seconds_since_heartbeat=self.stalled_after)
         for job in stalled:
             try:
-                await manager.retryjob(job)
-            except procrastinate.exceptions.ConnectorException:  # a job of that run already waits: it will do
-                await manager.finishjob(job, status=procrastinate.jobs.Status.FAILED, delete_job=True)
+                await manager.retry_job(job)
+            except procrastinate.exceptions.ConnectorException:
+                # A job of that run already waits (its lock), or the job ended meanwhile: either will do.
+                with suppress(procrastinate.exceptions.ConnectorException):
+                    await manager.finish_job(job, status=procrastinate.jobs.Status.FAILED, delete_job=True)
+                log.warning("job %s (%s) of a stalled worker: already queued or gone", job.id, job.task_kwargs)
+                continue
             log.warning("job %s (%s) of a stalled worker was queued again", job.id, job.task_kwargs)
         return len(stalled)
 

@@ -68,16 +68,22 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tether.errors import MissingExtra
 from tether.extras import needs
 
-with needs("service", "the example service (tether.examples.service)"):
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.background import BackgroundTask
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
+try:
+    with needs("service", "the example service (tether.examples.service)"):
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.background import BackgroundTask
+        from starlette.exceptions import HTTPException
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response, StreamingResponse
+        from starlette.routing import Route
+except MissingExtra as missing:
+    if __name__ == "__main__":  # started as a program: the one line, no traceback
+        raise SystemExit(f"error: {missing}") from None
+    raise
 
 from tether.agent import Agent
 from tether.core.approvals import Approve, DecideLater, Decision, Deny
@@ -96,6 +102,7 @@ from tether.errors import (
     UnknownCursor,
 )
 from tether.facts.stream import StreamEvent, to_json
+from tether.heap import freeze_startup_heap
 from tether.policy.access import Credentials, bearer
 from tether.stores import AsyncStore, RunRecord, Store, open_async_store
 from tether.stores.awaitable import as_async_store
@@ -432,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (ConfigError, ImportError) as error:
         parser.error(str(error))
+    freeze_startup_heap()  # this process is the service's: its imports stay out of the GC's full passes
     try:
         uvicorn.run(app, host=args.host, port=args.port)
     finally:

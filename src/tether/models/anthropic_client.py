@@ -13,8 +13,9 @@ from contextlib import contextmanager
 
 import anthropic
 
+from tether import heap
 from tether.errors import ModelError
-from tether.models.sdk import CappedRetries, transient, translating
+from tether.models.sdk import CappedRetries, transient, translating, unreached
 from tether.redact import scrub
 
 MAX_QUOTED = 500
@@ -90,7 +91,8 @@ def translate_error(error: anthropic.AnthropicError, waits: list[float] | None =
             retry_waits=retry_waits,
         )
     if isinstance(error, anthropic.APIConnectionError):
-        return ModelError(f"cannot reach the Anthropic API: {error}", retryable=True, retry_waits=retry_waits)
+        message = f"cannot reach the Anthropic API{unreached(error)}: {error}"
+        return ModelError(message, retryable=True, retry_waits=retry_waits)
     return ModelError(f"Anthropic client error: {error}", retry_waits=retry_waits)
 
 
@@ -120,3 +122,6 @@ def _stream_error(error: anthropic.APIStatusError, retry_waits: tuple[float, ...
     retryable = status is not None and transient(status)
     message = f"Anthropic API error mid-stream ({kind}): {_api_message(error)}"
     return ModelError(message, status=status, retryable=retryable, retry_waits=retry_waits)
+
+
+heap.freeze_late_import()  # imported at a model's first call: the SDK joins a frozen heap (tether.heap)

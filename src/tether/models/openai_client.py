@@ -12,9 +12,10 @@ from contextlib import AbstractContextManager
 
 import openai
 
+from tether import heap
 from tether.errors import ModelError
 from tether.models.chat_format import SOURCE
-from tether.models.sdk import CappedRetries, transient, translating
+from tether.models.sdk import CappedRetries, transient, translating, unreached
 from tether.redact import scrub
 
 CONTEXT_ERROR_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
@@ -48,7 +49,7 @@ def translate_error(error: openai.OpenAIError, waits: list[float] | None = None)
             f"OpenAI API error {status}: {message}", status=status, retryable=transient(status), retry_waits=retry_waits
         )
     if isinstance(error, openai.APIConnectionError):
-        return ModelError(f"cannot reach {SOURCE}: {error}", retryable=True, retry_waits=retry_waits)
+        return ModelError(f"cannot reach {SOURCE}{unreached(error)}: {error}", retryable=True, retry_waits=retry_waits)
     if isinstance(error, openai.APIError):  # an error chunk mid-stream (after an HTTP 200)
         kind = error.type or error.code or "error"
         retryable = kind in ("server_error", "rate_limit_exceeded", "timeout")
@@ -76,3 +77,6 @@ def _sent_credentials(error: openai.APIError) -> list[str]:
     """The key the failed request carried (from ``api_key=`` or the environment)."""
     sent = error.request.headers.get("authorization", "").removeprefix("Bearer ")
     return [secret.strip() for secret in (sent, os.environ.get("OPENAI_API_KEY")) if secret]
+
+
+heap.freeze_late_import()  # imported at a model's first call: the SDK joins a frozen heap (tether.heap)

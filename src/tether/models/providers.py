@@ -10,6 +10,7 @@ error naming the ones it does (a model name is never sent to the wrong API).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -20,6 +21,11 @@ from tether.models import ModelAdapter
 ANTHROPIC, OPENAI, SCRIPTED = "anthropic", "openai", "scripted"
 PROVIDERS = (ANTHROPIC, OPENAI, SCRIPTED)
 """The prefixes tether knows, in the order messages list them."""
+KEY_VARIABLES = {
+    ANTHROPIC: ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+    OPENAI: ("OPENAI_API_KEY",),
+}
+"""The environment variables each provider's SDK takes its credentials from (any one will do)."""
 _PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*):(.*)$", re.DOTALL)
 
 
@@ -58,6 +64,28 @@ def normalise(spec: str) -> str:
     if provider == SCRIPTED:
         return f"{SCRIPTED}:{Path(name).resolve()}"
     return spec
+
+
+def missing_credentials(spec: str) -> str | None:
+    """What a model named ``spec`` lacks to be called from this process's environment, or None.
+
+    ``tether run`` asks before it creates a run, so a missing key is one line of advice rather
+    than a run failed at its first step. Only the variable is checked: whether the key is
+    right, the API says.
+    """
+    provider, _ = split_model(spec)
+    variables = KEY_VARIABLES.get(provider, ())
+    if not variables or any(os.environ.get(variable) for variable in variables):
+        return None
+    if provider == OPENAI:
+        return (
+            f"--model {spec}: no OpenAI credentials: set OPENAI_API_KEY (a local server that checks none "
+            "takes any value); no run was created"
+        )
+    return (
+        f"model {spec}: no Anthropic credentials: set ANTHROPIC_API_KEY, or choose another model with --model "
+        "(scripted:PATH runs offline); no run was created"
+    )
 
 
 def model_for(spec: str) -> ModelAdapter:

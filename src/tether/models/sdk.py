@@ -191,6 +191,17 @@ def translating(
             raise too_deep(source, None, error, waits) from error
 
 
+def unreached(error: Any) -> str:
+    """`` at URL``: where a request that got no answer went, so a wrong base URL shows; "" if unknown.
+
+    The query and any user or password in the URL are left out (the message is stored with the run).
+    """
+    url = getattr(getattr(error, "request", None), "url", None)
+    if url is None:
+        return ""
+    return f" at {url.scheme}://{url.netloc.decode('ascii', 'replace')}{url.path}"
+
+
 def too_deep(source: str, response_id: str | None, error: BaseException, waits: list[float]) -> ModelError:
     """A response that nests values too deeply to be read: malformed, so a later call may do better (transient)."""
     which = f"a malformed response {response_id}" if response_id else "a malformed response"

@@ -380,7 +380,23 @@ def _load_yaml(text: str, file: Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"policy file {file}: invalid YAML: {error}") from None
+        raise ConfigError(_yaml_problem(error, file)) from None
+
+
+def _yaml_problem(error: Any, file: Path) -> str:
+    """PyYAML's several-line message as one line, where editors and compilers put it: ``file:line:col: ...``.
+
+    Its marks count from 0; lines and columns here count from 1, as an editor does.
+    """
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is None or problem is None:  # not a parse error with a place (an unreadable character...)
+        return f"policy file {file}: invalid YAML: {' '.join(str(error).split())}"
+    said = f"policy file {file}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {' '.join(str(problem).split())}"
+    context, started = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context:
+        begun = f" begun at {started.line + 1}:{started.column + 1}" if started is not None else ""
+        said += f" ({' '.join(str(context).split())}{begun})"
+    return said
 
 
 def decide_call(

@@ -109,6 +109,8 @@ class RunQuery:
     """Part of, in any case (ASCII letters only, on SQLite): the run's id, its prompt, a tool it started or
     waits on (with that call's input), its error or its answer. (A run written before its row kept its
     prompt has its opening messages searched as JSON instead, keys included.)"""
+    id_prefix: str | None = None
+    """Runs whose id starts with exactly this (case kept): a run named by the start of its id."""
     roots_only: bool = False
     """Leave out child runs (their spec has a ``parent``: see :mod:`tether.core.children`)."""
     longest_waiting_first: bool = False

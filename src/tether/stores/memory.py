@@ -77,6 +77,8 @@ def _found(query: RunQuery, record: RunRecord, events: list[_StoredEvent]) -> bo
         return False
     if query.roots_only and spec.get(PARENT_KEY) is not None:
         return False
+    if query.id_prefix is not None and not record.id.startswith(query.id_prefix):
+        return False
     for key, part in (("agent", query.agent), ("model", query.model)):
         if part and part.lower() not in str(spec.get(key) or "").lower():
             return False

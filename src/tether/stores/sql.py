@@ -1139,6 +1139,9 @@ def _found_by(query: RunQuery) -> list[Any]:
     if query.waiting_retry is not None:
         due_at = _RUN.c.summary[DUE_KEY].as_float()
         where.append(due_at.is_not(None) if query.waiting_retry else due_at.is_(None))
+    if query.id_prefix is not None:  # LIKE ignores ASCII case on SQLite: the exact test follows it
+        where.append(_RUN.c.id.startswith(query.id_prefix, autoescape=True))
+        where.append(sa.func.substr(_RUN.c.id, 1, len(query.id_prefix)) == query.id_prefix)
     if query.roots_only:
         where.append(_RUN.c.spec[PARENT_KEY].as_string().is_(None))
     for key, part in (("agent", query.agent), ("model", query.model)):

@@ -6,7 +6,8 @@ refused), 2 usage error (nothing done; a run, call or database not there), 3 awa
 ``tether runs --due``), 5 busy (another process is driving the run: it holds the run's lease;
 ``resume --force`` takes it over), 128 + the signal when interrupted while the model or a tool
 ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last
-committed step; the hint says how); a reader leaving early (``| head``) is 0. ``--json`` prints
+committed step; the hint says how), or at the approval prompt (the run is parked first, the
+calls not answered left pending); a reader leaving early (``| head``) is 0. ``--json`` prints
 exactly one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
 """
 
@@ -86,10 +87,13 @@ from tether.errors import (
 from tether.extras import require
 from tether.facts.events import Event
 from tether.facts.status import ENDED, SHOWN, WAITING_RETRY, RunStatus, stored_filter, stored_status
+from tether.heap import freeze_startup_heap
 from tether.models import ModelAdapter
+from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
+from tether.surfaces import replaying
 from tether.surfaces.exit_codes import SIGNAL_BASE, ExitCode
 from tether.surfaces.hints import command, db_option, invocation, lines
 from tether.toolsets import from_record
@@ -97,7 +101,7 @@ from tether.toolsets import from_record
 if TYPE_CHECKING:
     from tether.drivers.otel import OpenTelemetry
     from tether.policy.access import Credentials
-    from tether.surfaces.terminal import LiveView
+    from tether.surfaces.terminal import LiveView, TerminalApprover
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE = ExitCode.DONE, ExitCode.FAILED, ExitCode.USAGE
 EXIT_AWAITING, EXIT_WAITING_RETRY, EXIT_BUSY = ExitCode.AWAITING, ExitCode.WAITING_RETRY, ExitCode.BUSY
@@ -117,7 +121,7 @@ DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
 
 
-RUN_ID_HELP = "the run's id (see `tether runs`)"
+RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
@@ -182,14 +186,16 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
         "--status", choices=RUN_STATUSES, metavar="STATUS", help=f"only runs in this status: {', '.join(RUN_STATUSES)}"
     )
     runs.add_argument("--due", action="store_true", help="only runs whose tool retry is due now (to resume them)")
-    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...]}')
+    runs.add_argument("--json", action="store_true", help='print one object {"runs": [...], "total": N}')
+    _add_limit(runs, "runs")
 
     _add_gc(with_db(commands.add_parser("gc", help="delete finished runs and their events")))
 
     pending = with_db(commands.add_parser("pending", help="list tool calls waiting for approval"))
-    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...]}')
+    pending.add_argument("--json", action="store_true", help='print one object {"pending": [...], "total": N}')
     pending.add_argument("--run", dest="run_id", help="only this run's calls (and those of the child runs below it)")
     pending.add_argument("--tenant", help="only this tenant's runs")
+    _add_limit(pending, "calls")
 
     _add_audit(with_db(commands.add_parser("audit", help="every tool call: input, decision, attempts, outcome")))
 
@@ -213,6 +219,7 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one block per comma
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here (a PNG needs it on a terminal)")
     _add_ui(_with_otel(with_db(commands.add_parser("ui", help="serve the web inspector and approval inbox"))))
     _add_worker(_with_otel(with_db(commands.add_parser("worker", help="drive queued runs (--detach) on PostgreSQL"))))
+    replaying.add_commands(commands, with_db)
     return parser
 
 
@@ -224,6 +231,34 @@ def _with_otel(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="trace with OpenTelemetry (tether[otel]; on too when $OTEL_TRACES_EXPORTER is set: otlp, console)",
     )
     return sub
+
+
+DEFAULT_LISTED = 100
+"""How many runs ``tether runs`` lists, and calls ``tether pending``, unless ``--limit`` or ``--all``."""
+
+
+def _add_limit(listing: argparse.ArgumentParser, what: str) -> None:
+    """``--limit N`` or ``--all``: how much of a listing is shown (a cut one says so on stderr)."""
+    group = listing.add_mutually_exclusive_group()
+    group.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=DEFAULT_LISTED,
+        metavar="N",
+        help=f"list at most N {what} (default {DEFAULT_LISTED}); when there are more, stderr says how many",
+    )
+    group.add_argument("--all", action="store_true", help=f"list every {what}")
+
+
+def _say_cut(session: _Session, shown: int, total: int, which: str) -> None:
+    """On stderr, when a listing shows less than there is: ``showing the newest 100 of 1,234 runs; ...``.
+
+    ``which`` says what is listed first and what the items are: ``newest runs``.
+    """
+    if shown < total:
+        order, noun = which.rsplit(" ", 1)
+        said = f"showing the {order} {shown:,} of {total:,} {noun}; --limit N or --all for more"
+        session.err.print(Text(said))
 
 
 def _add_fork(fork: argparse.ArgumentParser) -> None:
@@ -372,6 +407,8 @@ class _Session:
         """The run being driven, once known: named when Ctrl-C stops the command."""
         self.agents: list[Agent] = []
         """The agents made here: their teams' toolsets and models are closed at the end (:meth:`Agent.close`)."""
+        self.prompt: TerminalApprover | None = None
+        """The person's prompt, if one was made: a Ctrl-C there parks the run and ends the command as interrupted."""
 
     def agent(self, spec: dict[str, Any], *, model: ModelAdapter | None = None) -> Agent:
         """The agent ``spec`` describes; its team's toolsets and models are closed when the command ends."""
@@ -390,7 +427,8 @@ class _Session:
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
             actor = os.environ.get("USER") or "terminal"
-            return TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            self.prompt = TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
+            return self.prompt
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
 
     def _decided_meanwhile(self, request: PendingApproval) -> str | None:
@@ -496,6 +534,8 @@ class _Session:
                 resume = lines(lead, self.command("resume", result.run_id))
                 due = lines("or let this find it when it is due:", self.command("runs", "--due"))
                 self.out.print(Text(f"{resume}\n{due}"))
+        if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
+            return _interrupted_exit(self.prompt.interrupted)
         return STATUS_EXIT.get(result.status, EXIT_FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
@@ -530,7 +570,11 @@ def _cmd_run(args: argparse.Namespace, session: _Session) -> int:
     if args.price:  # a price without MODEL= is the run's model's, known only now
         prices = dict(parse_price(text, model=spec["model"]) for text in args.price)
         spec["prices"] = {**(spec.get("prices") or {}), **{model: price.to_dict() for model, price in prices.items()}}
-    agent = session.agent(spec)
+    agent = session.agent(spec)  # its settings checked first: a key would not mend them
+    if not args.detach and spec["model"] != DEMO_MODEL:  # a queued run is called by its worker, with its keys
+        missing = missing_credentials(spec["model"])
+        if missing is not None:
+            raise ConfigError(missing)
     if args.detach:
         return _detach(args, session, agent)
     runner = session.runner(args, agent)
@@ -575,6 +619,7 @@ def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
             " (SIGTERM or Ctrl-C: stop after each run's current step)"
         )
     )
+    freeze_startup_heap()  # this process is the worker's: its imports stay out of the GC's full passes
     asyncio.run(_serve(worker, session.err))
     session.err.print(Text("tether worker: stopped; unfinished runs are queued again"))
     return EXIT_DONE
@@ -789,18 +834,23 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
     if args.due and args.status is not None:
         raise ConfigError("--due lists runs waiting for a retry: it cannot be combined with --status")
-    if args.due:
-        records = session.store.list_due(time.time())
-    elif args.status is not None:
-        status, waiting_retry = stored_filter(args.status)
-        records = session.store.list_runs(status=status, waiting_retry=waiting_retry)
+    store, limit = session.store, None if args.all else args.limit
+    if args.due:  # every run due is read (those waiting for a retry bound them), to count them
+        retrying = store.query_runs(RunQuery(waiting_retry=True), limit=0).total
+        due = store.list_due(time.time(), limit=max(retrying, 1))
+        records, total, which = due[:limit], len(due), "earliest due runs"
     else:
-        records = session.store.list_runs()
+        status, waiting_retry = stored_filter(args.status) if args.status is not None else (None, None)
+        query = RunQuery(status=status, waiting_retry=waiting_retry)
+        found = store.query_runs(query, limit=store.query_runs(query, limit=0).total if limit is None else limit)
+        records, total, which = found.records, found.total, "newest runs"
+    _say_cut(session, len(records), total, which)
     rows = [
         {
             "run_id": r.id,
             "status": shown_status(r),
             "parent": parent_of(r.spec),
+            "prompt": r.spec.get("prompt"),
             "steps": r.summary.get("steps", 0),
             "tool_calls": r.summary.get("tool_calls", 0),
             "created_at": r.created_at,
@@ -815,7 +865,7 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
         if record.unreadable:
             session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
-        print(json.dumps({"runs": rows}, ensure_ascii=False))
+        print(json.dumps({"runs": rows, "total": total}, ensure_ascii=False))
         return EXIT_DONE
     from tether.surfaces.terminal import render_runs
 
@@ -826,16 +876,20 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     from tether.views.pending import pending_approvals
 
-    pending = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)
+    waiting = pending_approvals(session.store, tenant=args.tenant, run_id=args.run_id)  # all, to count them
+    pending = waiting if args.all else waiting[: args.limit]
+    _say_cut(session, len(pending), len(waiting), "longest waiting calls")
     roots = {call.root for call in pending}
     queues = {root: queue for root in roots if (queue := queue_of(session.store.load_run(root).spec)) is not None}
     if session.json:
         shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
-        print(json.dumps({"pending": shown}, ensure_ascii=False, default=str))
+        print(json.dumps({"pending": shown, "total": len(waiting)}, ensure_ascii=False, default=str))
         return EXIT_DONE
     from tether.surfaces.terminal import render_pending
 
-    render_pending(session.out, pending, command=invocation(), db=db_option(session.db_url), queues=queues)
+    render_pending(
+        session.out, pending, command=invocation(), db=db_option(session.db_url), queues=queues, total=len(waiting)
+    )
     return EXIT_DONE
 
 
@@ -952,6 +1006,7 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
         session.out.print(Text(f"showing {scope} in {shown_url(session.db_url)}; Ctrl-C stops"), highlight=False)
         sys.stdout.flush()
 
+    freeze_startup_heap()  # this process is the inspector's: its imports stay out of the GC's full passes
     try:
         serve(app, host=args.host, port=args.port, announce=announce, tls=tls)
     except OSError as error:
@@ -1346,6 +1401,7 @@ COMMANDS = {
     "diagram": _cmd_diagram,
     "ui": _cmd_ui,
     "worker": _cmd_worker,
+    **replaying.COMMANDS,
 }
 
 
@@ -1411,6 +1467,20 @@ def _printable_output() -> None:
 
 IDENTIFIERS = ("run_id", "call_id", "run", "continue_from", "tenant")
 """Arguments naming something stored, looked up in the database."""
+RUN_ARGUMENTS = ("run_id", "run", "continue_from")
+"""Arguments naming a run: by its id, or any start of it that names one run only."""
+
+
+def _whole_run_ids(args: argparse.Namespace, session: _Session) -> None:
+    """Each run named by the start of its id, named by its whole id (``AmbiguousRunId`` if several runs share it)."""
+    from tether.stores.run_ids import resolve_run_id
+
+    for name in RUN_ARGUMENTS:
+        given = getattr(args, name, None)
+        if isinstance(given, str):
+            setattr(args, name, resolve_run_id(session.store, given))
+    if args.command == "resume":  # named when Ctrl-C stops the drive
+        session.run_id = args.run_id
 
 
 def _surrogates(text: str) -> bool:
@@ -1484,6 +1554,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.db = os.environ.get("TETHER_DB") or f"sqlite:///{demo.workspace() / 'tether.db'}"
         _check_extras(args)
         session = _Session(args)
+        _whole_run_ids(args, session)
         return COMMANDS[args.command](args, session)
     except (ConfigError, MissingExtra, RunNotFound, UnknownCall, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)  # nothing was done; a run, a call or a database not there (NoDatabase) alike

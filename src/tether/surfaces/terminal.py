@@ -33,7 +33,7 @@ from tether.core.links import depth_of
 from tether.core.state import RunState
 from tether.drivers.runner import RunResult
 from tether.drivers.worker import WorkerNote
-from tether.errors import DeniedByPolicy, InvalidEditedInput
+from tether.errors import ConfigError, DeniedByPolicy, InvalidEditedInput
 from tether.facts.events import (
     ApprovalRequested,
     CacheMiss,
@@ -50,6 +50,8 @@ from tether.facts.events import (
 )
 from tether.facts.status import WAITING_RETRY, RunStatus, status_name
 from tether.facts.usage import Usage
+from tether.surfaces.editor import chosen_editor, edit_text
+from tether.surfaces.line_input import read_line
 from tether.views.audit import AuditEntry, decision_said
 from tether.views.printable import printable
 from tether.views.tree import RunNode
@@ -70,7 +72,8 @@ CHOICES = {
 }
 LEGEND = (
     "a approve · d deny (then a reason for the model) · e edit the input as JSON\n"
-    "A approve the tool for the rest of the run · full words work too"
+    "A approve the tool for the rest of the run · full words work too\n"
+    "e opens $VISUAL or $EDITOR when set, else asks for the JSON on one line"
 )
 """Printed once above the prompts, which stay short enough for 80 columns."""
 
@@ -258,6 +261,8 @@ class TerminalApprover:
         (``approved by bob``: another process decided it meanwhile, so it is not asked)."""
         self.stopped = False
         """The person ended the input (EOF or Ctrl-C): nobody is asked again by this approver."""
+        self.interrupted: KeyboardInterrupt | None = None
+        """The Ctrl-C (or SIGTERM, SIGHUP: raised alike) that stopped the answers, for the command's exit code."""
 
     def decide(self, requests: Sequence[PendingApproval]) -> Mapping[str, Decision]:
         """Show every pending call of the batch, then ask about each in turn.
@@ -274,11 +279,11 @@ class TerminalApprover:
         remembered: dict[str, str] = {}  # tool -> the call whose "A" covers its siblings in this batch
         skipped: set[str] = set()  # decided by another process before the person was asked
         title = f"{len(requests)} calls need your approval" if len(requests) > 1 else "Approval needed"
-        self.console.rule(Text(title, style="bold yellow"))
-        for request in requests:
-            self.console.print(self._panel(request), soft_wrap=False)  # see render_result
-        self.console.print(Text(LEGEND, style="dim"))
-        try:
+        try:  # a Ctrl-C while the calls are shown is one at the prompt: nothing decided, nothing lost
+            self.console.rule(Text(title, style="bold yellow"))
+            for request in requests:
+                self.console.print(self._panel(request), soft_wrap=False)  # see render_result
+            self.console.print(Text(LEGEND, style="dim"))
             for position, request in enumerate(requests, start=1):
                 tool = printable(request.tool)
                 label = f"{tool} {printable(request.call_id)}"
@@ -298,8 +303,10 @@ class TerminalApprover:
                 decision = decisions[request.call_id] = self._ask(request, label)
                 if isinstance(decision, Approve) and decision.remember_for_run:
                     remembered[request.tool] = printable(request.call_id)
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt) as stop:
             self.stopped = True
+            if isinstance(stop, KeyboardInterrupt):
+                self.interrupted = stop
             answered = set(decisions) | skipped
             waiting = sum(1 for r in requests if r.call_id not in answered and r.tool not in remembered)
             message = Text("\n" + _stopped_message(len(decisions), waiting), style="yellow")
@@ -325,14 +332,14 @@ class TerminalApprover:
     def _ask(self, request: PendingApproval, label: str) -> Decision:
         prompt = Text.assemble((label, "bold"), ": approve? [", ("a", "cyan"), "/d/e/A] > ")
         while True:
-            answer = self.console.input(prompt).strip()
+            answer = self._input(prompt).strip()
             choice = CHOICES.get(answer) or CHOICES.get(answer.lower())
             if choice == "approve":
                 return Approve(actor=self.actor)
             if choice == "always":
                 return Approve(actor=self.actor, remember_for_run=True)
             if choice == "deny":
-                reason = self.console.input("Give a reason for the model (optional) > ").strip()
+                reason = self._input(Text("Give a reason for the model (optional) > ")).strip()
                 return Deny(reason or "denied at the terminal", actor=self.actor)
             if choice == "edit":
                 edited = self._edit(request)
@@ -340,6 +347,11 @@ class TerminalApprover:
                     return Approve(input=edited, actor=self.actor)
                 continue  # an empty line: back to this question
             self.console.print(Text("Please answer a, d, e or A (or approve, deny, edit, always).", style="red"))
+
+    def _input(self, prompt: Text) -> str:
+        """The person's answer to ``prompt``; a Ctrl-C pressed at any moment it is awaited raises (see line_input)."""
+        self.console.print(prompt, end="")
+        return read_line()
 
     def _judging(self, request: PendingApproval) -> Agent:
         """The agent whose tool and rules judge an edit here: after a handoff, the one with the call's tool.
@@ -350,29 +362,72 @@ class TerminalApprover:
         return next((agent for agent in agents if request.tool in agent.tool_index), self.agent)
 
     def _edit(self, request: PendingApproval) -> dict[str, Any] | None:
-        """Asked again until the JSON is valid for the tool and no deny rule forbids it.
+        """The edited input, checked: in ``$VISUAL``/``$EDITOR`` when set, else typed on one line.
 
-        None when the person enters an empty line: they changed their mind about editing.
+        None when the person goes back to the question (they changed their mind about editing).
         """
+        editor = chosen_editor()
+        if editor is not None:
+            try:
+                return self._edit_in(editor, request)
+            except ConfigError as error:  # the editor cannot be started, or failed
+                said = f"{printable(str(error))}: type the input on one line instead"
+                self.console.print(Text(said, style="red"), soft_wrap=False)
+        return self._edit_line(request)
+
+    def _edit_in(self, editor: list[str], request: PendingApproval) -> dict[str, Any] | None:
+        """Edited in the editor, as pretty JSON; a mistake is said and the same text edited again.
+
+        Nothing typed is lost: the editor reopens on what the person left, never on the original.
+        An emptied or unchanged file goes back to the question.
+        """
+        text = printable(json.dumps(request.input, indent=2, ensure_ascii=False)) + "\n"
         while True:
-            raw = self.console.input(Text("New input as JSON (empty line: back) > ")).strip()
+            text = edit_text(text, editor)
+            if not text.strip():
+                self.console.print(Text("The input was emptied: back to the question.", style="yellow"))
+                return None
+            checked = self._checked(request, text)
+            if checked is not None:
+                if checked == request.input:
+                    self.console.print(Text("The input was not changed: back to the question.", style="yellow"))
+                    return None
+                return checked
+            again = self._input(Text("Enter: edit it again · b: back to the question > ")).strip().lower()
+            if again in ("b", "back"):
+                return None
+
+    def _edit_line(self, request: PendingApproval) -> dict[str, Any] | None:
+        """Asked again until the JSON typed is valid; None when the person enters an empty line."""
+        while True:
+            raw = self._input(Text("New input as JSON (empty line: back) > ")).strip()
             if not raw:
                 return None
-            try:
-                value = json.loads(raw)
-            except ValueError as error:
-                self.console.print(Text(f"Not valid JSON: {error}", style="red"), soft_wrap=False)
-                continue
-            if not isinstance(value, dict):
-                self.console.print(Text("The input must be a JSON object.", style="red"))
-                continue
-            try:
-                return engine.check_edit(self._judging(request), request, value)
-            except InvalidEditedInput as error:
-                problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
-                self.console.print(problems, soft_wrap=False)
-            except DeniedByPolicy as error:
-                self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
+            checked = self._checked(request, raw)
+            if checked is not None:
+                return checked
+
+    def _checked(self, request: PendingApproval, raw: str) -> dict[str, Any] | None:
+        """``raw`` as the call's new input, if valid for the tool and allowed by the rules.
+
+        Else None, the mistake said in one line.
+        """
+        try:
+            value = json.loads(raw)
+        except ValueError as error:
+            self.console.print(Text(f"Not valid JSON: {error}", style="red"), soft_wrap=False)
+            return None
+        if not isinstance(value, dict):
+            self.console.print(Text("The input must be a JSON object.", style="red"))
+            return None
+        try:
+            return engine.check_edit(self._judging(request), request, value)
+        except InvalidEditedInput as error:
+            problems = Text(f"Not valid for {printable(error.tool)}: {printable(error.problems)}", style="red")
+            self.console.print(problems, soft_wrap=False)
+        except DeniedByPolicy as error:
+            self.console.print(Text(f"Not allowed: {printable(error.reason)}", style="red"), soft_wrap=False)
+        return None
 
 
 def _stopped_message(decided: int, waiting: int) -> str:
@@ -610,8 +665,11 @@ def render_pending(
     command: str = "tether",
     db: str = "",
     queues: Mapping[str, str] | None = None,
+    total: int | None = None,
 ) -> None:
     """Calls waiting for a person, one block each, with the exact input they would approve.
+
+    ``total``: how many calls wait in all, when only some are shown (the footer counts them all).
 
     ``command`` starts the commands the footer suggests (how this tether was run, so they can be copied),
     and ``db`` ends them (`` --db URL`` unless the database is the default).
@@ -647,7 +705,9 @@ def render_pending(
                 Text.assemble(("  then   ", "dim"), f"queued for `tether worker` (queue {queue}): it goes on by itself")
             )
         console.print()
-    console.print(f"{len(pending)} call(s) waiting. Decide with:")
+    waiting = len(pending) if total is None else total
+    shown = "" if waiting == len(pending) else f" ({len(pending):,} shown)"
+    console.print(f"{waiting:,} call(s) waiting{shown}. Decide with:")
     for verb in ("approve", "deny"):
         console.print(Text(f"  {command} {verb} RUN CALL{db}", style="bold"))
     if all(call.root in queues for call in pending):
@@ -761,26 +821,52 @@ def _outcome(entry: AuditEntry, *, error_chars: int | None = None) -> Text:
     return Text(printable(outcome), style=style)
 
 
+RUNS_HEADERS = ("status", "steps", "tools", "updated", "run")
+PROMPT_BESIDE = 20
+"""The least room for a prompt beside its run; on a narrower terminal it goes on a line of its own."""
+
+
 def render_runs(console: Console, rows: Sequence[dict[str, Any]]) -> None:
-    """A table of runs; a child run listed with its parent comes right under it, marked ``└``."""
+    """Runs in columns (ids whole: they are copied into commands), each with its date and prompt.
+
+    The prompt is cut to the room left on the line, or, when too little is left (80 columns),
+    put on its own line under its run. A child run listed with its parent comes right under it,
+    marked ``└``.
+    """
     if not rows:
         console.print("No runs match.")
         return
-    table = Table("status", "steps", "tools", "updated")
-    table.columns[0].no_wrap = True
-    table.add_column("run", no_wrap=True, min_width=24)  # ids are copied into approve/resume
-    now = time.localtime()
-    for row, depth in _as_trees(rows):
-        shown = Text(("  " * (depth - 1) + "└ " if depth else "") + row["run_id"])
-        updated = _short_time(time.localtime(row["updated_at"]), now)
-        table.add_row(row["status"], str(row["steps"]), str(row["tool_calls"]), updated, shown)
-    console.print(table)
+    listed = _as_trees(rows)
+    cells = [
+        (
+            row["status"],
+            str(row["steps"]),
+            str(row["tool_calls"]),
+            _short_time(time.localtime(row["updated_at"]), time.localtime()),
+            ("  " * (depth - 1) + "└ " if depth else "") + row["run_id"],
+        )
+        for row, depth in listed
+    ]
+    widths = [max(len(header), *(len(line[n]) for line in cells)) for n, header in enumerate(RUNS_HEADERS)]
+
+    def columns(line: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+
+    room = console.width - len(columns(RUNS_HEADERS)) - 2 if console.is_terminal else 160
+    beside = room >= PROMPT_BESIDE
+    console.print(Text(columns(RUNS_HEADERS) + ("  prompt" if beside else ""), style="bold"), soft_wrap=True)
+    for line, (row, _) in zip(cells, listed, strict=True):
+        prompt = _preview(row["prompt"], room if beside else console.width - 4) if row.get("prompt") else None
+        if beside:
+            console.print(Text.assemble(columns(line), "  ", prompt or ("-", "dim")), soft_wrap=True)
+        else:
+            console.print(Text(columns(line).rstrip()), soft_wrap=True)
+            if prompt is not None:
+                console.print(Text.assemble("    ", (prompt, "dim")), soft_wrap=True)
 
 
 def _short_time(when: time.struct_time, now: time.struct_time) -> str:
-    """As ``ls -l`` does, so the runs table fits 80 columns: today's time, this year's day and minute, else the date."""
-    if when[:3] == now[:3]:
-        return time.strftime("%H:%M:%S", when)
+    """As ``ls -l`` does, so the runs table fits 80 columns: this year's day and minute, else the date."""
     if when.tm_year == now.tm_year:
         return time.strftime("%m-%d %H:%M", when)
     return time.strftime("%Y-%m-%d", when)

@@ -13,6 +13,9 @@
   ``tool_calls`` are not answered in order by ``tool`` messages, as a strict server does.
   :func:`validate_chat_request` is that check alone.
 - :class:`RecordingApprover` answers gated calls from a mapping and records what it was shown.
+- :func:`replay` turns a stored run into a test: a model answering as the run's model did (and
+  refusing, with a diff, a request that differs), tools answering with the recorded results, and
+  the recorded trajectory to compare a new run with. See :mod:`tether.testing.replaying`.
 
 Nothing here needs a test framework.
 """
@@ -25,6 +28,9 @@ from tether.core.approvals import ApprovalRequest, Approver, Decision
 from tether.models.scripted import ScriptedModel
 from tether.testing.fake_chat_completions import FakeChatCompletionsAPI, validate_chat_request
 from tether.testing.fake_messages_api import FakeMessagesAPI, validate_messages_request
+from tether.testing.recording import Recording
+from tether.testing.replay_model import ReplayMismatch
+from tether.testing.replaying import Replay, replay
 
 
 class RecordingApprover:
@@ -51,8 +57,12 @@ _: type[Approver] = RecordingApprover
 __all__ = [
     "FakeChatCompletionsAPI",
     "FakeMessagesAPI",
+    "Recording",
     "RecordingApprover",
+    "Replay",
+    "ReplayMismatch",
     "ScriptedModel",
+    "replay",
     "validate_chat_request",
     "validate_messages_request",
 ]

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from tether.core.approvals import PendingApproval
 from tether.core.links import chain_of, link_of
 from tether.facts.status import AWAITING
-from tether.stores import AsyncStore, RunRecord, Store
+from tether.stores import AsyncStore, RunQuery, RunRecord, Store
 
 
 def pending_approvals(
-    store: Store, *, tenant: str | None = None, run_id: str | None = None, limit: int = 1000
+    store: Store, *, tenant: str | None = None, run_id: str | None = None, limit: int | None = None
 ) -> list[PendingApproval]:
-    """Calls waiting for a person, oldest parked run first.
+    """Calls waiting for a person, the longest parked run's first.
 
     Args:
         store: where the runs live.
@@ -27,22 +27,34 @@ def pending_approvals(
         run_id: only this run and the child runs below it (whose calls park it too);
             :class:`~tether.errors.RunNotFound` if it is not visible to ``tenant``. A run
             that is not parked has none.
-        limit: at most this many parked runs are read.
+        limit: at most this many parked runs are read, those waiting longest; None: every one
+            (counted first), so a count of what is returned is the count of what waits.
     """
     if run_id is not None:
         record = store.load_run(run_id, tenant=tenant)
         return _pending_in([record, *(store.load_run(below, tenant=tenant) for below in _runs_below(record))])
-    return _pending_in(store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+    parked = _parked(tenant)
+    if limit is None:
+        limit = store.query_runs(parked, limit=0).total
+    return _pending_in(store.query_runs(parked, limit=limit).records)
 
 
 async def apending_approvals(
-    store: AsyncStore, *, tenant: str | None = None, run_id: str | None = None, limit: int = 1000
+    store: AsyncStore, *, tenant: str | None = None, run_id: str | None = None, limit: int | None = None
 ) -> list[PendingApproval]:
     """:func:`pending_approvals` from an :class:`~tether.stores.AsyncStore` (a service's event loop)."""
     if run_id is not None:
         record = await store.load_run(run_id, tenant=tenant)
         return _pending_in([record, *[await store.load_run(below, tenant=tenant) for below in _runs_below(record)]])
-    return _pending_in(await store.list_runs(status=AWAITING, tenant=tenant, limit=limit))
+    parked = _parked(tenant)
+    if limit is None:
+        limit = (await store.query_runs(parked, limit=0)).total
+    return _pending_in((await store.query_runs(parked, limit=limit)).records)
+
+
+def _parked(tenant: str | None) -> RunQuery:
+    """The parked runs (of ``tenant``), those waiting longest first."""
+    return RunQuery(status=AWAITING, tenant=tenant, longest_waiting_first=True)
 
 
 def _runs_below(record: RunRecord) -> list[str]:
