@@ -220,7 +220,7 @@ def report_scale(rows: list[dict[str, Any]], plan: dict[str, Any], fmt: Any, tab
                 fmt(row["lag_p99_ms"], 2),
                 fmt(row["lag_max_ms"], 1),
                 fmt(row["peak_rss_kib_per_run"], 1),
-                f"{row['gc_full_passes']} ({fmt(row['gc_full_longest_ms'], 1)})" if "gc_full_passes" in row else "-",
+                gc_passes(row, fmt),
             ]
         )
     out.append(
@@ -235,7 +235,7 @@ def report_scale(rows: list[dict[str, Any]], plan: dict[str, Any], fmt: Any, tab
                 "loop lag p99 ms",
                 "lag max ms",
                 "peak RSS KiB/run",
-                "full GC passes (longest ms)",
+                "full GC passes (longest, wall / CPU ms)",
             ],
             body,
         )
@@ -262,6 +262,13 @@ def report_scale(rows: list[dict[str, Any]], plan: dict[str, Any], fmt: Any, tab
             seen.setdefault((row["system"], row["why"]), None)
     out.extend(f"- {system}: n/a: {why}" for system, why in seen)
     return out
+
+
+def gc_passes(row: dict[str, Any], fmt: Any) -> str:
+    """The full-GC column: how many passes, and the longest one's wall and CPU milliseconds."""
+    if "gc_full_passes" not in row:
+        return "-"
+    return f"{row['gc_full_passes']} ({fmt(row['gc_full_longest_ms'], 1)} / {fmt(row['gc_full_longest_cpu_ms'], 1)})"
 
 
 def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
@@ -303,7 +310,8 @@ def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool)
     else:
         without = (
             f"; freeze_heap=False: {unfrozen['lag_p99_ms']:.1f} / {unfrozen['lag_max_ms']:.0f} ms, "
-            f"{unfrozen['gc_full_passes']} full GC passes of up to {unfrozen['gc_full_longest_ms']:.0f} ms"
+            f"{unfrozen['gc_full_passes']} full GC passes of up to {unfrozen['gc_full_longest_cpu_ms']:.0f} ms CPU "
+            f"(frozen: {frozen['gc_full_passes']}, up to {frozen['gc_full_longest_cpu_ms']:.0f} ms CPU)"
             if unfrozen
             else ""
         )

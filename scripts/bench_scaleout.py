@@ -230,7 +230,7 @@ def scaleout_targets(rows: list[dict[str, Any]], quick: bool) -> list[dict[str, 
         return [{"target": "scale-out: 0 wasted model calls", "measured": "n/a", "met": None}]
     wasted = sum(r["wasted_model_calls"] for r in ok)
     found.append({"target": "scale-out: 0 wasted model calls", "measured": str(wasted), "met": wasted == 0})
-    two = next((r for r in ok if r["p"] == 2), None)
+    two = next((r for r in ok if r["p"] == 2 and "runs_ratio" in r), None)  # no ratio when P=1 failed
     if two is not None:
         row = {
             "target": "scale-out: 2 workers >= 1.6x the runs/s of 1 (near-linear until the 2 cores saturate)",

@@ -34,7 +34,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -44,6 +44,7 @@ import pytest
 
 from tether import Agent, Runner, RunResult
 from tether.core.approvals import DecideLater
+from tether.stores import Holder
 from tether.stores.sql import SQLStore
 from tether.testing import FakeMessagesAPI, ScriptedModel
 
@@ -925,3 +926,12 @@ def assert_snapshots_fold_alike(store: Any) -> None:
             kept = Snapshot(taken.seq, taken.format, json.loads(json.dumps(taken.state)))
             resumed = snapshots.rebuild(record.id, RunLog(log.version, log.tenant, log.events[at + 1 :], kept))
             assert resumed == full, f"run {record.id}: a snapshot after event {event.seq} folds differently"
+
+
+def as_holder(pid: int) -> Holder:
+    """Process ``pid`` (of this host and PID namespace) as it would name itself in a lease (Linux only)."""
+    from tether.stores.holders import this_process
+
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    started = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22; the name, in parentheses, may hold anything
+    return replace(this_process(), pid=pid, started=started)

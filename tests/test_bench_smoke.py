@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow  # runs scripts/bench --quick
 
 ROOT = Path(__file__).resolve().parents[1]
-TETHER_ROWS = ("floor-loop", "floor-sqlite", "tether-memory", "tether-sqlite", "tether-postgres")
+TETHER_ROWS = ("floor-loop", "floor-sqlite", "floor-send", "tether-memory", "tether-sqlite", "tether-postgres")
 PEER_ROWS = ("langgraph", "langgraph-sqlite", "langgraph-sqlite-sync", "pydantic-ai")
 
 
@@ -54,7 +54,7 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
     for system in TETHER_ROWS + PEER_ROWS:
         for n in sizes:
             assert (system, n) in overhead, (system, n)
-    for system in ("floor-loop", "floor-sqlite", "tether-memory", "tether-sqlite"):
+    for system in ("floor-loop", "floor-sqlite", "floor-send", "tether-memory", "tether-sqlite"):
         for n in sizes:
             row = overhead[(system, n)]
             assert row["status"] == "ok", row
@@ -62,9 +62,21 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
             assert row["steps"] == 2 * n + 1
             assert row["ratio_a"] > 0
             assert row["ratio_b"] > 0
+            assert row["ratio_sb"] > 0  # over a bare send() plus (b)
+    floor_targets = [t for t in results["targets"] if "bare send() + durable floor (b)" in t["target"]]
+    assert len(floor_targets) == len(sizes), results["targets"]
     for system in PEER_ROWS:
         assert overhead[(system, 10)]["status"] == "unavailable"
         assert overhead[(system, 10)]["why"]
+
+    async_cost = {row["system"]: row for row in results["async_cost"]}
+    assert set(async_cost) == {"runner-sqlite", "async-sqlite-k1", "async-sqlite-k"}
+    for row in async_cost.values():
+        assert row["status"] == "ok", row
+        assert row["cpu_ms_per_step"] > 0
+        assert row["ratio_to_sync"] > 0
+    assert async_cost["async-sqlite-k"]["k"] == 16
+    assert "### 1b. An async step's CPU" in done.stdout
 
     growth = {row["system"]: row for row in results["growth"]}
     assert growth["tether-sqlite"]["status"] == "ok", growth["tether-sqlite"]
@@ -84,6 +96,11 @@ def test_quick_bench_writes_every_row(tmp_path: Path) -> None:
     assert results["meta"]["plan"]["scale_k"] == [1, 16, 64]
     assert {("tether-sqlite", k, None) for k in (1, 16, 64)} <= scale, results["scale"]
     assert ("tether-sqlite", None, 100) in scale, results["scale"]
+    assert ("tether-sqlite-unfrozen", 64, None) in scale, results["scale"]  # the same load, heap not frozen
+    for row in results["scale"]:
+        if row["status"] == "ok" and "k" in row and row["system"].startswith("tether"):
+            assert row["gc_full_passes"] >= 0, row
+            assert (row["gc_frozen_objects"] > 0) == (row["system"] != "tether-sqlite-unfrozen"), row
     for row in results["scale"]:
         if row["status"] == "ok" and "k" in row:
             assert row["steps_per_s"] > 0, row

@@ -1,33 +1,37 @@
 """Leases: a run belongs to the process holding its lease row, and to nobody else.
 
 Whoever drives a run claims its lease in the store before any model call or tool start and
-renews it while it works. Whether another driver is alive is read from that row alone,
-never from pids: a driver in another PID namespace on the same host is busy, a dead one's
-lease expires. An operator who knows a driver is gone can take the run over at once
-(``tether resume RUN --force``), and the log remembers it.
+renews it while it works. The row names the holder process (host, PID namespace, pid, start
+time): a resumer on the same host and in the same namespace takes the run over at once from
+a holder that is gone (killed), and says so; anywhere else the lease is honoured until it
+expires (a driver in another PID namespace on the same host is busy). An operator who knows
+a driver is gone can take the run over at once (``tether resume RUN --force``), and the log
+remembers it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from support import TETHER, clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
+from support import TETHER, as_holder, clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
 from tether import Agent, Approve, AsyncRunner, Runner, tool
 from tether.core.approvals import DecideLater
-from tether.drivers.loader import agent_from_spec
+from tether.drivers.loader import agent_from_spec, agent_spec
 from tether.errors import RunBusy, StaleRun
 from tether.facts import events as ev
-from tether.stores import Store
+from tether.stores import Holder, Store, holders
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import SQLStore
 from tether.testing import ScriptedModel
@@ -121,8 +125,10 @@ def test_the_async_runner_claims_the_lease_too() -> None:
     assert store.claim_run(run_id, "next:1:n", now=time.time(), ttl=1).owner == "next:1:n"  # released
 
 
-def test_pids_decide_nothing_only_the_lease_does(other_process: subprocess.Popen[bytes]) -> None:
-    """A live pid on this host is no driver without the lease; a dead one is, while it holds it."""
+def test_a_lease_that_names_no_holder_process_is_honoured_until_it_expires(
+    other_process: subprocess.Popen[bytes],
+) -> None:
+    """As an older tether wrote them: a live pid on this host is no driver without the lease; a dead one is."""
     store = MemoryStore()
     agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([])])
     run_id = started_then_died(Runner(agent, store))
@@ -136,6 +142,55 @@ def test_pids_decide_nothing_only_the_lease_does(other_process: subprocess.Popen
     # as a driver in another PID namespace looks from here: this host, a live pid of another program
     held_by(store, run_id, f"{HOST}:{other_process.pid}:ns", expires_in=-1)
     assert Runner(agent, store, approver=DecideLater()).drive(run_id).status == "awaiting_approval"
+
+
+def held_by_process(store: Store, run_id: str, holder: Holder, *, expires_in: float = 600) -> str:
+    """Make ``holder`` (a process) the run's lease holder until ``expires_in`` seconds from now; its owner id."""
+    owner = f"{HOST}:{holder.pid}:held"
+    store.claim_run(run_id, owner, now=time.time(), ttl=expires_in, force=True, holder=holder)
+    return owner
+
+
+def test_a_holder_process_gone_from_this_host_is_replaced_at_once_and_said(
+    other_process: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([])])
+    run_id = started_then_died(Runner(agent, store))
+    me = holders.this_process()
+    if me.started is None:
+        pytest.skip("this system's /proc does not say when a process started")
+    # a pid now used by a later process than the one that claimed the lease
+    owner = held_by_process(store, run_id, replace(me, pid=other_process.pid, started=me.started - 1))
+    with caplog.at_level(logging.WARNING, logger="tether.stores.leases"):
+        result = Runner(agent, store, approver=DecideLater()).drive(run_id)
+    assert result.status == "awaiting_approval"  # taken over: its call is in doubt, asked about
+    [said] = [r.getMessage() for r in caplog.records if r.name == "tether.stores.leases"]
+    assert said.startswith(f"run {run_id}: the drive that held it ({owner}, pid {other_process.pid} on this host)")
+    assert "has ended; taken over now" in said
+
+
+def test_a_live_holder_or_one_in_another_pid_namespace_is_never_replaced(
+    other_process: subprocess.Popen[bytes],
+) -> None:
+    store = MemoryStore()
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[transfer_tool([])])
+    run_id = started_then_died(Runner(agent, store))
+    me = holders.this_process()
+    assert me.pid_namespace is not None
+    other_namespace = me.pid_namespace + 1
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for holder in (
+        as_holder(other_process.pid),  # a live process on this host
+        replace(me, pid_namespace=other_namespace),  # a live pid here, but the namespace's is another process
+        replace(me, pid_namespace=other_namespace, pid=dead.pid),  # no such pid here, which says nothing there
+        replace(me, host="boot:another-host", pid=dead.pid),
+    ):
+        owner = held_by_process(store, run_id, holder)
+        with pytest.raises(RunBusy) as busy:
+            Runner(agent, store, approver=DecideLater()).drive(run_id)
+        assert busy.value.owner == owner, holder
 
 
 def test_force_takes_the_run_from_a_live_holder_and_the_log_remembers(other_process: subprocess.Popen[bytes]) -> None:
@@ -312,6 +367,65 @@ def test_a_live_driver_in_another_pid_namespace_is_never_taken_over(tmp_path: Pa
     assert (done["status"], done["output"]) == ("done", "Tea found.")
 
 
+def killed_while_driving(tmp_path: Path, db: str) -> str:
+    """``tether run`` killed (SIGKILL: no clean-up) while its tool runs; its run's id, the lease still held."""
+    (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
+    (tmp_path / "script.json").write_text(json.dumps(SLOW_SCRIPT))
+    command = ["run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db]
+    driver = start_tether(tmp_path, *command)
+    try:
+        wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")
+        assert driver.poll() is None, driver.communicate()
+    finally:
+        driver.kill()
+        driver.communicate()
+    (tmp_path / "release").touch()  # the tool, run again, returns at once
+    store = SQLStore(db)
+    try:
+        [record] = store.list_runs()
+        assert store.claim_run(record.id, "probe:1:p", now=time.time(), ttl=60).owner != "probe:1:p"  # still held
+    finally:
+        store.close()
+    return record.id
+
+
+@pytest.mark.slow
+def test_tether_resume_right_after_kill_9_takes_the_run_over_and_says_so(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = killed_while_driving(tmp_path, db)
+    resumed = run_tether(tmp_path, "resume", run_id, "--json", "--db", db)
+    assert resumed.returncode == 0, resumed
+    assert (resumed.data["status"], resumed.data["output"]) == ("done", "Tea found.")
+    assert f"notice: run {run_id}: the drive that held it (" in resumed.err
+    assert "has ended; taken over now, without waiting for its lease to expire" in resumed.err
+    assert started_log(tmp_path) == ["tea", "tea"]  # idempotent: the abandoned call ran again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", ["Runner", "AsyncRunner"])
+def test_drive_right_after_kill_9_takes_the_run_over(
+    runner: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = killed_while_driving(tmp_path, db)
+    monkeypatch.setattr(sys, "path", [*sys.path])  # loading the tools adds tmp_path: undone afterwards
+    monkeypatch.chdir(tmp_path)
+    store = SQLStore(db)
+    try:
+        agent = agent_from_spec(agent_spec(store, store.load_run(run_id)))
+        with caplog.at_level(logging.WARNING, logger="tether.stores.leases"):
+            if runner == "Runner":
+                result = Runner(agent, store).drive(run_id)
+            else:
+                result = asyncio.run(AsyncRunner(agent, store).drive(run_id))
+    finally:
+        store.close()
+        sys.modules.pop("slow_tools", None)
+    assert (result.status, result.output) == ("done", "Tea found.")
+    assert [r.name for r in caplog.records if "taken over now" in r.getMessage()] == ["tether.stores.leases"]
+    assert started_log(tmp_path) == ["tea", "tea"]
+
+
 TOOLS_MODULE = '''
 import os
 from pathlib import Path
@@ -356,8 +470,8 @@ def test_tether_resume_exits_5_while_another_process_drives_and_force_takes_over
     busy = run_tether(tmp_path, "resume", run_id, "--db", db)
     assert busy.returncode == 5, busy
     assert f"another process is driving run {run_id!r}: {HOST}:{os.getpid()}:live holds its lease until" in busy.err
-    takeover = f"take the run over with:\n  {TETHER} resume {run_id} --force --db {db}\n"
-    assert takeover in busy.stderr  # a line of its own
+    take_over = f"take the run over with:\n  {TETHER} resume {run_id} --force --db {db}\n"  # a line of its own
+    assert take_over in busy.stderr
     assert "drive(force=True)" not in busy.err  # the library's advice is not the command line's
     forced = run_tether(tmp_path, "resume", run_id, "--force", "--db", db, "--json")
     assert forced.returncode == 3, forced  # no terminal: parked for `tether approve`

@@ -23,7 +23,7 @@ from support import clean_env, libpq_dsn
 from tether import Agent, ModelError, Runner
 from tether.errors import StoreError
 from tether.facts.events import Event, RunStarted
-from tether.stores import SCHEMA_VERSION, RunRecord
+from tether.stores import SCHEMA_VERSION, Holder, RunLease, RunRecord
 from tether.stores.memory import MemoryStore
 from tether.stores.sql import MIGRATIONS, SQLStore
 from tether.testing import ScriptedModel
@@ -157,6 +157,29 @@ def test_a_database_from_a_newer_tether_is_refused_untouched(db_url: str) -> Non
         store.close()
     with raw(db_url) as connection:
         assert connection.execute("SELECT count(*) FROM tether_event").fetchall() == [(len(runs[0][1]),)]
+
+
+def test_a_version_four_lease_is_read_as_one_of_unknown_holder_and_new_ones_name_theirs(db_url: str) -> None:
+    """Schema 5 adds the holder's columns; a lease held while tether upgraded keeps its owner and expiry."""
+    current = SQLStore(db_url)
+    current.list_runs()  # the current layout, then taken back to version 4's lease table
+    current.close()
+    holder_columns = ("holder_host", "holder_pid_namespace", "holder_pid", "holder_started")
+    with raw(db_url) as connection:
+        for column in holder_columns:
+            connection.execute(f"ALTER TABLE tether_run_lease DROP COLUMN {column}")
+        connection.execute("UPDATE tether_meta SET value = '4' WHERE \"key\" = 'schema_version'")
+        connection.execute("INSERT INTO tether_run_lease VALUES ('run_1', 'old:1:a', 2000000000.0, 100.0)")
+    store = SQLStore(db_url)
+    try:
+        assert store.claim_run("run_1", "new:2:b", now=1e9, ttl=30.0) == RunLease("run_1", "old:1:a", 2e9, 100.0)
+        holder = Holder("boot:x", 1, 2, 3)
+        assert store.claim_run("run_2", "new:2:b", now=1e9, ttl=30.0, holder=holder).holder == holder
+    finally:
+        store.close()
+    with raw(db_url) as connection:
+        found = connection.execute("SELECT value FROM tether_meta WHERE \"key\" = 'schema_version'").fetchall()
+    assert found == [(str(SCHEMA_VERSION),)]
 
 
 def test_migration_steps_cover_every_version_in_order() -> None:

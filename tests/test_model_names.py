@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,8 @@ from tether.models.providers import bare_name, split_model
 from tether.models.scripted import ScriptedModel
 from tether.policy.policies import Budget, Limits
 from tether.policy.pricing import PRICES, Price, price_for
+from tether.stores.memory import MemoryStore
+from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
 
 
 @pytest.mark.parametrize(
@@ -149,3 +152,39 @@ def test_the_demo_model_without_the_demo_tools_says_what_it_needs_instead_of_cal
     assert "this run lacks run_python, write_file" in str(result.output)
     assert "ANTHROPIC_API_KEY" in str(result.output)
     assert result.tool_calls == 0
+
+
+# The adapter's own model is the run's ------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:The model 'claude-sonnet-4-5' is deprecated:DeprecationWarning")  # the SDK's
+def test_an_agent_of_a_named_claude_adapter_records_that_model_and_prices_it(api: FakeMessagesAPI) -> None:
+    """Not "default": a cost budget counts it, and traces name it (gen_ai.request.model)."""
+    api.reply_text("Hello.")
+    model = AnthropicModel("claude-sonnet-4-5", base_url=api.url, api_key="k")
+    agent = Agent(model=model, limits=Limits(budget=Budget(max_cost_usd=1.0)))  # refused if it had no price
+    assert agent.model_name == "claude-sonnet-4-5"
+    store = MemoryStore()
+    result = Runner(agent, store).run("Say hello.")
+    assert (result.status, store.load_run(result.run_id).spec["model"]) == ("done", "claude-sonnet-4-5")
+    assert result.cost_usd is not None
+    assert api.requests[0]["model"] == "claude-sonnet-4-5"
+
+
+def test_an_agent_of_a_named_openai_adapter_records_that_model(chat_api: FakeChatCompletionsAPI) -> None:
+    chat_api.reply_text("Hello.")
+    agent = Agent(model=OpenAIModel("gpt-6-sol", base_url=chat_api.url, api_key="k"))
+    store = MemoryStore()
+    result = Runner(agent, store).run("Say hello.")
+    assert (result.status, store.load_run(result.run_id).spec["model"]) == ("done", "gpt-6-sol")
+    assert result.cost_usd is not None
+
+
+def test_a_model_name_given_wins_and_an_adapter_naming_none_is_default() -> None:
+    named = AnthropicModel("claude-sonnet-4-5", api_key="k")
+    assert Agent(model=named, model_name="claude-sonnet-4-5-20250929").model_name == "claude-sonnet-4-5-20250929"
+    assert Agent(model=ScriptedModel([])).model_name == "scripted"
+
+    class Nameless:
+        def complete(self, request: Any) -> Any:
+            raise NotImplementedError
+
+    assert Agent(model=Nameless()).model_name == "default"

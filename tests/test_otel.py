@@ -114,7 +114,7 @@ def test_a_run_traces_its_drive_steps_model_calls_and_tool_calls(exporter: InMem
     assert parent_of(first_call, spans) is steps[0]
     assert first_call.attributes is not None
     assert first_call.attributes["gen_ai.operation.name"] == "chat"
-    assert first_call.attributes["gen_ai.request.model"] == "default"
+    assert first_call.attributes["gen_ai.request.model"] == "scripted"  # the adapter's own name
     assert first_call.attributes["gen_ai.provider.name"] == "ScriptedModel"
     assert first_call.attributes["gen_ai.response.finish_reasons"] == ("tool_use",)
     assert first_call.attributes["gen_ai.usage.input_tokens"] == 20

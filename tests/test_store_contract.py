@@ -19,7 +19,7 @@ import pytest
 from support import Blocking, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
-from tether.stores import RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
+from tether.stores import Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 
@@ -697,6 +697,30 @@ def test_force_takes_a_lease_another_owner_holds(store: Store) -> None:
     forced = store.claim_run("run_1", "host:2:b", now=101.0, ttl=30.0, force=True)
     assert forced == RunLease("run_1", "host:2:b", expires_at=131.0, claimed_at=101.0)
     assert store.claim_run("run_1", "host:1:a", now=102.0, ttl=30.0).owner == "host:2:b"
+
+
+def test_a_lease_keeps_its_holder_process_through_renewals(store: Store) -> None:
+    holder = Holder("boot:5e7a", 4026531836, 4242, 2**40)  # start times past 32 bits fit
+    taken = store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0, holder=holder)
+    assert taken == RunLease("run_1", "host:1:a", expires_at=130.0, claimed_at=100.0, holder=holder)
+    assert store.renew_run("run_1", "host:1:a", now=110.0, ttl=30.0) == RunLease(
+        "run_1", "host:1:a", expires_at=140.0, claimed_at=100.0, holder=holder
+    )
+    assert store.claim_run("run_1", "host:2:b", now=111.0, ttl=30.0).holder == holder  # refused: the holder's
+    elsewhere = Holder("name:other", None, 7, None)  # a system without /proc says less
+    assert store.claim_run("run_1", "host:2:b", now=111.0, ttl=30.0, force=True, holder=elsewhere).holder == elsewhere
+    assert store.claim_run("run_2", "host:3:c", now=111.0, ttl=30.0).holder is None  # unknown: none recorded
+
+
+def test_a_claim_replacing_a_dead_holder_takes_its_lease_and_no_one_elses(store: Store) -> None:
+    store.claim_run("run_1", "host:1:dead", now=100.0, ttl=30.0)
+    refused = store.claim_run("run_1", "host:2:b", now=101.0, ttl=30.0, replacing="host:9:other")
+    assert refused.owner == "host:1:dead"  # it replaces only the holder it names
+    taken = store.claim_run("run_1", "host:2:b", now=101.0, ttl=30.0, replacing="host:1:dead")
+    assert taken == RunLease("run_1", "host:2:b", expires_at=131.0, claimed_at=101.0)
+    # a second resumer that saw the same dead holder comes too late: the live one keeps the run
+    assert store.claim_run("run_1", "host:3:c", now=102.0, ttl=30.0, replacing="host:1:dead").owner == "host:2:b"
+    assert store.renew_run("run_1", "host:1:dead", now=103.0, ttl=30.0) == taken  # the dead one's renewal: lost
 
 
 def test_only_the_holder_releases_a_lease(store: Store) -> None:

@@ -36,6 +36,12 @@ DEFAULT_MAX_CONCURRENT_TOOLS = 8
 """Enough for the parallel calls a model asks for in one turn, few enough to stay polite to the services they call."""
 
 
+def _name_of(model: ModelAdapter) -> str:
+    """The model an adapter calls, as it names it (its ``name``); ``"default"`` when it names none."""
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) and name else "default"
+
+
 @dataclass(frozen=True)
 class Agent:
     """A model, a system prompt, tools and limits.
@@ -52,8 +58,10 @@ class Agent:
     limits: Limits = field(default_factory=Limits)
     prices: Mapping[str, Price] | None = None
     """Overrides and additions to :data:`tether.policy.pricing.PRICES`, by model name prefix."""
-    model_name: str = "default"
-    """Name sent as the request's ``model`` and stored with the run."""
+    model_name: str = ""
+    """The model's name, stored with the run: what prices its calls, what traces call
+    ``gen_ai.request.model``. Left out, the adapter's own ``name`` (``AnthropicModel``'s and
+    ``OpenAIModel``'s model, ``ScriptedModel``'s ``"scripted"``), else ``"default"``."""
     spec: dict[str, Any] = field(default_factory=dict)
     policy: Policy | None = None
     """Rules over this agent's tool calls (deny, ask, allow, warn); tools' own settings otherwise."""
@@ -86,6 +94,8 @@ class Agent:
     run's agents, e.g. handing back to the first): see :mod:`tether.core.handoffs`."""
 
     def __post_init__(self) -> None:
+        if not self.model_name:
+            object.__setattr__(self, "model_name", _name_of(self.model))
         if isinstance(self.max_concurrent_tools, bool) or not (
             isinstance(self.max_concurrent_tools, int) and self.max_concurrent_tools >= 1
         ):

@@ -12,8 +12,8 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +126,7 @@ class Worker:
         await asyncio.to_thread(ensure_schema, self.url)
         self.store = AsyncSQLStore(self.url, pool_size=self.concurrency + 2)  # + the leases' heartbeats
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=libpq_url(self.url)))
+        self.app.job_manager = _job_manager(procrastinate, self.app.connector)
         self._register(self.app, procrastinate)
         pause = 1.0
         try:
@@ -245,6 +246,50 @@ class Worker:
         if agent is None:
             agent = self._agents[key] = agent_from_spec(spec)
         return agent
+
+
+_GONE = "Job was not found or not in"
+"""How procrastinate's database functions refuse to finish or retry a job no longer this worker's."""
+
+
+def _job_manager(procrastinate: Any, connector: Any) -> Any:
+    """The job manager of procrastinate, except that a job gone meanwhile is one logged line.
+
+    A worker whose heartbeat came late (a busy loop) is presumed stalled: the periodic recovery
+    sends its job back to the queue (``retry_job``), and another worker may drive the run and
+    delete the job, while this one still drives it under the run's lease (so nothing runs twice).
+    When this one's drive ends, procrastinate finishes (or retries) a job that is no longer in
+    ``doing``: the database refuses, and the exception ended the job's task unretrieved ("Task
+    exception was never retrieved"). The run's outcome is in the store either way.
+    """
+
+    class JobManager(procrastinate.manager.JobManager):  # type: ignore[misc]  # procrastinate is loaded at run time
+        async def finish_job(self, job: Any, status: Any, delete_job: bool) -> None:
+            with _gone_meanwhile(procrastinate, job, "finished"):
+                await super().finish_job(job, status, delete_job)
+
+        async def retry_job(self, job: Any, *args: Any, **kwargs: Any) -> None:
+            with _gone_meanwhile(procrastinate, job, "retried"):
+                await super().retry_job(job, *args, **kwargs)
+
+    return JobManager(connector)
+
+
+@contextmanager
+def _gone_meanwhile(procrastinate: Any, job: Any, what: str) -> Iterator[None]:
+    try:
+        yield
+    except procrastinate.exceptions.ConnectorException as error:
+        if _GONE not in str(error.__cause__ or error):
+            raise
+        log.warning(
+            "job %s (%s) could not be %s here: it is no longer this worker's (a recovery queued it again "
+            "meanwhile, this worker's heartbeat having come late, or it ended elsewhere); the run's outcome "
+            "is in the store",
+            job.id,
+            job.task_kwargs,
+            what,
+        )
 
 
 _PER_RUN = frozenset({"continued_from", "conversation", "parent", DISPATCH_KEY})

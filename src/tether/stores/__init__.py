@@ -17,11 +17,12 @@ from tether.errors import ConfigError
 from tether.facts.events import Event
 from tether.facts.status import ENDED, RunStatus
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The layout tether stores runs in (tables, row and event data). A SQL database records the
 version it was migrated to (see ``tether.stores.sql.MIGRATIONS``); each run's spec records
 the one it was written under. 2: the tool-result cache; failed runs say if retryable.
-3: run leases (who drives a run). 4: snapshots of runs' folded state."""
+3: run leases (who drives a run). 4: snapshots of runs' folded state. 5: a lease names its
+holder process (:class:`Holder`)."""
 
 SNAPSHOT_EVERY = 100
 """A store keeps a snapshot of a run's folded state every this many events, the spacing doubling
@@ -76,6 +77,23 @@ class RunLog:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """The process holding a lease, as its host knows it (see :mod:`tether.stores.holders`).
+
+    On the same host and in the same PID namespace, it tells a dead holder at once: no
+    process has its pid, or the one that has it started at another time.
+    """
+
+    host: str
+    """The host's identity: ``boot:`` its Linux boot id, else ``machine:`` its machine id or ``name:`` its name."""
+    pid_namespace: int | None
+    """The inode of the process's PID namespace; None where it cannot be read (not Linux)."""
+    pid: int
+    started: int | None
+    """When the process started, in clock ticks since boot; None where it cannot be read."""
+
+
+@dataclass(frozen=True)
 class RunLease:
     """Which process drives a run, until when: the answer of :meth:`Store.claim_run`."""
 
@@ -86,6 +104,8 @@ class RunLease:
     """Unix time after which the holder, unless it renewed, is presumed gone."""
     claimed_at: float
     """Unix time this holder took the lease (renewals keep it)."""
+    holder: Holder | None = None
+    """The holder process, as it said when it claimed the lease; None if it did not (tether before schema 5)."""
 
 
 @dataclass(frozen=True)
@@ -237,13 +257,24 @@ class Store(Protocol):
         """
         ...
 
-    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """Take the lease on driving ``run_id`` until ``now + ttl``, atomically; return the lease in force.
 
         The lease is taken when nobody holds it, when the holder's expired (``expires_at <=
-        now``), when ``owner`` holds it already, or with ``force``; otherwise the holder's
-        lease comes back unchanged, and the caller, seeing another owner, leaves the run
-        alone. Whether the run exists is not checked.
+        now``), when ``owner`` holds it already, when ``replacing`` names its owner (a holder
+        found dead), or with ``force``; otherwise the holder's lease comes back unchanged, and
+        the caller, seeing another owner, leaves the run alone. ``holder`` is kept with the
+        lease (who ``owner`` is). Whether the run exists is not checked.
         """
         ...
 
@@ -353,7 +384,17 @@ class AsyncStore(Protocol):
         """See :meth:`Store.delete_runs`."""
         ...
 
-    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    async def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """See :meth:`Store.claim_run`."""
         ...
 
@@ -482,6 +523,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SNAPSHOT_EVERY",
     "AsyncStore",
+    "Holder",
     "RunLease",
     "RunLog",
     "RunQuery",

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import ParamSpec, TypeVar, cast
 
 from tether.facts.events import Event
-from tether.stores import AsyncStore, RunLease, RunLog, RunQuery, RunRecord, RunsFound, Snapshot, Store
+from tether.stores import AsyncStore, Holder, RunLease, RunLog, RunQuery, RunRecord, RunsFound, Snapshot, Store
 from tether.stores.memory import MemoryStore
 
 P = ParamSpec("P")
@@ -113,9 +113,22 @@ class AwaitableStore:
         )
         return await self._call(delete)
 
-    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    async def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """See :meth:`Store.claim_run`."""
-        return await self._call(self.store.claim_run, run_id, owner, now=now, ttl=ttl, force=force)
+        claim = functools.partial(
+            self.store.claim_run, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing
+        )
+        return await self._call(claim, run_id, owner)
 
     async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """See :meth:`Store.renew_run`."""

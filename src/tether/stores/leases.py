@@ -1,13 +1,18 @@
 """Who drives a run: a lease row in the store, claimed first and renewed while the drive lasts.
 
-Whether another process is still driving a run is read from the database alone, never
-from pids: a pid says nothing across hosts or PID namespaces (a driver in a container on
-the same host can share a hostname and reuse a pid). A drive claims the run's lease before
-any model call or tool start (:func:`hold`, or :func:`ahold` in an event loop); a heartbeat
-(a thread, or a task for :class:`AsyncLease`) renews it every third of its time to live, so a
-long tool, model call or wait keeps it; a process that dies stops renewing and its lease expires.
-Whoever holds the lease owns every call in flight: a call another owner started and never
-finished was abandoned, and the in-doubt rules resolve it.
+A drive claims the run's lease before any model call or tool start (:func:`hold`, or
+:func:`ahold` in an event loop); a heartbeat (a thread, or a task for :class:`AsyncLease`)
+renews it every third of its time to live, so a long tool, model call or wait keeps it; a
+process that dies stops renewing and its lease expires. Whoever holds the lease owns every
+call in flight: a call another owner started and never finished was abandoned, and the
+in-doubt rules resolve it.
+
+The lease names its holder process (:class:`~tether.stores.Holder`): a claim refused by a
+holder that, on this very host and in this PID namespace, is certainly gone (killed, say), or
+by a drive of this process that ended without giving the lease up (the store failed to delete
+it: a full disk), takes the run over at once, and says so (a warning on this module's logger,
+and :attr:`Lease.took_over`). Anywhere else a pid says nothing (another host, a container that
+reuses pids): the lease is honoured until it expires.
 
 A drive that finds its lease taken (an operator's ``--force``, or a renewal that came too
 late) stops before its next write (:class:`~tether.errors.RunBusy`). Owner strings are
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import os
 import socket
 import threading
@@ -27,11 +33,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 
 from tether.errors import RunBusy, StoreError
-from tether.stores import AsyncStore, RunLease, Store
+from tether.stores import AsyncStore, RunLease, Store, holders
 from tether.stores.awaitable import completed
 
 DEFAULT_TTL = 30.0
-"""Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy."""
+"""Seconds a lease lasts unless renewed: how long a killed driver keeps its runs busy (but for a
+resumer on its host and in its PID namespace, which takes them over at once)."""
+
+log = logging.getLogger(__name__)
 
 
 _HELD: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("tether_held_leases", default=frozenset())
@@ -56,6 +65,11 @@ def _marked_held(run_id: str) -> Iterator[None]:
         _HELD.reset(token)
 
 
+_DRIVING: set[str] = set()
+"""The owners of this process's drives, from before their claim to after their release: a lease
+this process holds under another owner is left over from a drive that ended without releasing it."""
+
+
 def _new_owner() -> str:
     """A new drive's owner id: this host and pid (for people to read), and a random token."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -64,11 +78,13 @@ def _new_owner() -> str:
 class _Held:
     """What a held lease knows and decides, whichever way its store is called (see :class:`Lease`)."""
 
-    def __init__(self, claimed: RunLease, ttl: float) -> None:
+    def __init__(self, claimed: RunLease, ttl: float, took_over: RunLease | None) -> None:
         self.run_id = claimed.run_id
         self.owner = claimed.owner
         self.ttl = ttl
         self.expires_at = claimed.expires_at
+        self.took_over = took_over
+        """The lease of a dead holder (on this host) this drive took over before it expired; None if none."""
         self.lost: str | None = None
         """Who took the run over (``another process`` if it has let the run go since); once set,
         this drive must write nothing more."""
@@ -98,8 +114,8 @@ class Lease(_Held):
     gives it up on the way out. :class:`AsyncLease` is the same for an event loop.
     """
 
-    def __init__(self, store: Store, claimed: RunLease, ttl: float) -> None:
-        super().__init__(claimed, ttl)
+    def __init__(self, store: Store, claimed: RunLease, ttl: float, took_over: RunLease | None = None) -> None:
+        super().__init__(claimed, ttl, took_over)
         self.store = store
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -149,8 +165,8 @@ class AsyncLease(_Held):
     heartbeat and gives the lease up before the cancellation goes on.
     """
 
-    def __init__(self, store: AsyncStore, claimed: RunLease, ttl: float) -> None:
-        super().__init__(claimed, ttl)
+    def __init__(self, store: AsyncStore, claimed: RunLease, ttl: float, took_over: RunLease | None = None) -> None:
+        super().__init__(claimed, ttl, took_over)
         self.store = store
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
@@ -205,18 +221,54 @@ def _taken(claimed: RunLease, owner: str) -> RunLease:
     return claimed
 
 
+def _dead_holder(claimed: RunLease, owner: str) -> RunLease | None:
+    """The lease that refused ``owner``'s claim, if its drive has certainly ended.
+
+    Either its process is gone (see :mod:`holders`), or it is this process and the drive is
+    not one of :data:`_DRIVING` (it ended, but could not give the lease up: a full disk).
+    """
+    holder = claimed.holder
+    if claimed.owner == owner or holder is None:
+        return None
+    ended_here = holder == holders.this_process() and claimed.owner not in _DRIVING
+    return claimed if ended_here or holders.is_gone(holder) else None
+
+
+def _took_over(claimed: RunLease, owner: str, dead: RunLease) -> RunLease | None:
+    """``dead`` once this drive's claim replaced it (say so); None if another resumer was first."""
+    if claimed.owner != owner:
+        return None
+    pid = dead.holder.pid if dead.holder is not None else "?"
+    log.warning(
+        "run %s: the drive that held it (%s, pid %s on this host) has ended; taken over now, without waiting "
+        "for its lease to expire",
+        claimed.run_id,
+        dead.owner,
+        pid,
+    )
+    return dead
+
+
 @contextmanager
 def hold(store: Store, run_id: str, *, ttl: float = DEFAULT_TTL, force: bool = False) -> Iterator[Lease]:
     """Claim the run's lease for the duration of a drive; :class:`RunBusy` if another process holds it.
 
+    A holder that is certainly gone (see :mod:`tether.stores.holders`) is replaced at once.
     ``force`` takes it even from a live holder (an operator who knows that holder is gone;
     if it is not, it stops at its next check).
     """
     _check_ttl(ttl)
-    owner = _new_owner()
-    claimed = _taken(store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
-    with Lease(store, claimed, ttl) as lease, _marked_held(run_id):
-        yield lease
+    owner, me, took_over = _new_owner(), holders.this_process(), None
+    _DRIVING.add(owner)
+    try:
+        claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
+        if (dead := _dead_holder(claimed, owner)) is not None:
+            claimed = store.claim_run(run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner)
+            took_over = _took_over(claimed, owner, dead)
+        with Lease(store, _taken(claimed, owner), ttl, took_over) as lease, _marked_held(run_id):
+            yield lease
+    finally:
+        _DRIVING.discard(owner)
 
 
 @asynccontextmanager
@@ -225,13 +277,23 @@ async def ahold(
 ) -> AsyncIterator[AsyncLease]:
     """Claim the run's lease for an async drive, as :func:`hold` does (used as ``async with``)."""
     _check_ttl(ttl)
-    owner = _new_owner()
+    owner, me, took_over = _new_owner(), holders.this_process(), None
+    _DRIVING.add(owner)
     try:
-        claimed = _taken(await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force), owner)
-    except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
-        with suppress(StoreError):
-            await store.release_run(run_id, owner)
-        raise
-    async with AsyncLease(store, claimed, ttl) as lease:
-        with _marked_held(run_id):
-            yield lease
+        try:
+            claimed = await store.claim_run(run_id, owner, now=time.time(), ttl=ttl, force=force, holder=me)
+            if (dead := _dead_holder(claimed, owner)) is not None:
+                replaced = await store.claim_run(
+                    run_id, owner, now=time.time(), ttl=ttl, holder=me, replacing=dead.owner
+                )
+                took_over, claimed = _took_over(replaced, owner, dead), replaced
+            claimed = _taken(claimed, owner)
+        except asyncio.CancelledError:  # the claim was made (an operation ends whole): give it up again
+            with suppress(StoreError):
+                await store.release_run(run_id, owner)
+            raise
+        async with AsyncLease(store, claimed, ttl, took_over) as lease:
+            with _marked_held(run_id):
+                yield lease
+    finally:
+        _DRIVING.discard(owner)

@@ -16,6 +16,7 @@ from tether.stores import (
     DUE_KEY,
     PARENT_KEY,
     SNAPSHOT_EVERY,
+    Holder,
     RunLease,
     RunLog,
     RunQuery,
@@ -142,14 +143,25 @@ class MemoryStore:
                 del self._cache[key]
         return len(expired)
 
-    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """Take or renew the run's lease, unless another owner's is live (see :meth:`Store.claim_run`)."""
         with self._lock:
             held = self._leases.get(run_id)
-            if held is not None and held.owner != owner and held.expires_at > now and not force:
+            free = held is None or held.owner in (owner, replacing) or held.expires_at <= now
+            if held is not None and not free and not force:
                 return held
             claimed_at = held.claimed_at if held is not None and held.owner == owner else now
-            lease = self._leases[run_id] = RunLease(run_id, owner, now + ttl, claimed_at)
+            lease = self._leases[run_id] = RunLease(run_id, owner, now + ttl, claimed_at, holder)
         return lease
 
     def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
@@ -157,7 +169,7 @@ class MemoryStore:
         with self._lock:
             held = self._leases.get(run_id)
             if held is not None and held.owner == owner:
-                held = self._leases[run_id] = RunLease(run_id, owner, now + ttl, held.claimed_at)
+                held = self._leases[run_id] = RunLease(run_id, owner, now + ttl, held.claimed_at, held.holder)
         return held
 
     def release_run(self, run_id: str, owner: str) -> None:

@@ -47,6 +47,7 @@ from tether.stores import (
     PARKED_STATUSES,
     SCHEMA_VERSION,
     SNAPSHOT_EVERY,
+    Holder,
     RunLease,
     RunLog,
     RunQuery,
@@ -185,6 +186,11 @@ class RunLeaseRow(SQLModel, table=True):
     owner: str = Field(max_length=300)
     expires_at: float
     claimed_at: float
+    holder_host: str | None = Field(default=None, max_length=80)
+    """The holder's :class:`~tether.stores.Holder` (schema 5; null in a lease an older tether wrote)."""
+    holder_pid_namespace: int | None = Field(default=None, sa_type=sa.BigInteger)
+    holder_pid: int | None = None
+    holder_started: int | None = Field(default=None, sa_type=sa.BigInteger)
 
 
 _LEASE = RunLeaseRow.__table__  # type: ignore[attr-defined]
@@ -194,6 +200,12 @@ IDLE_PING_AFTER = 10.0
 """Seconds a pooled connection may sit unused before its next use pings the server first: a
 dead one is then replaced unseen. A connection in steady use is never pinged (a step stays one
 round trip); one that drops mid-use fails that use with a transient StoreError."""
+
+
+READ_RETRIES = 2
+"""Times a read that found its pooled connection dropped (a server restart, an idle connection the
+network or an administrator cut) is run again on a new one. A read after a run's last commit (the
+result ``tether run`` prints) then reports what is stored, instead of failing a finished run."""
 
 
 def _ping_when_idle(engine: sa.Engine) -> None:
@@ -399,6 +411,9 @@ class _Work(Generic[T]):
     round trips of BEGIN and COMMIT (a step's commit is then one round trip)."""
     on_conflict: Callable[[sa.exc.IntegrityError], T] | None = None
     """What a constraint violation means for this write (raise the right error, or an answer)."""
+    reads_only: bool = False
+    """It writes nothing: on a connection found dropped it is run again on a new one (see
+    :data:`READ_RETRIES`). A write is not: it may have committed before the connection dropped."""
 
 
 class _SQLBase:
@@ -484,11 +499,14 @@ class _SQLBase:
                     self._set_up(raw)
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
-        try:
-            with (connect or engine.connect)() as raw:
-                return self._perform(raw, work)
-        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
-            return self._failed(work, error)
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                with (connect or engine.connect)() as raw:
+                    return self._perform(raw, work)
+            except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+                if not self._read_again(work, error, attempt):
+                    return self._failed(work, error)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _cannot_use(self, error: Exception) -> ConfigError:
         return ConfigError(f"cannot use database {self._where()!r}: {error}")
@@ -500,6 +518,11 @@ class _SQLBase:
             return work.run(raw.execution_options(isolation_level="AUTOCOMMIT"))
         with raw.begin():
             return work.run(raw)
+
+    def _read_again(self, work: _Work[T], error: Exception, attempt: int) -> bool:
+        """Whether ``work`` failed only because its connection had dropped, and may run again on a new one."""
+        dropped = isinstance(error, sa.exc.DBAPIError) and error.connection_invalidated
+        return work.reads_only and dropped and attempt < READ_RETRIES
 
     def _failed(self, work: _Work[T], error: Exception) -> T:
         """The error ``work`` raised, said as the store's contract says it (or the answer a conflict means)."""
@@ -679,9 +702,19 @@ class SQLStore(_SQLBase):
         """Runs whose retry is due at ``now``, earliest first (the status index narrows the scan)."""
         return self._run(_list_due(now, tenant, limit))
 
-    def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """Take or renew the run's lease (see :func:`_claim_run`)."""
-        return self._run(_claim_run(run_id, owner, now, ttl, force))
+        return self._run(_claim_run(run_id, owner, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing))
 
     def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """Extend ``owner``'s lease if the row names it, then read what holds."""
@@ -831,11 +864,14 @@ class AsyncSQLStore(_SQLBase):
                     await raw.run_sync(self._set_up)
             except sa.exc.DBAPIError as error:
                 raise self._store_error(error, "cannot open database") from error
-        try:
-            async with self.engine.connect() as raw:
-                return await raw.run_sync(self._perform, work)
-        except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
-            return self._failed(work, error)
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                async with self.engine.connect() as raw:
+                    return await raw.run_sync(self._perform, work)
+            except (sa.exc.StatementError, sa.exc.DBAPIError) as error:
+                if not self._read_again(work, error, attempt):
+                    return self._failed(work, error)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """See :meth:`SQLStore.create_run`."""
@@ -882,9 +918,21 @@ class AsyncSQLStore(_SQLBase):
         """See :meth:`SQLStore.list_due`."""
         return await self._run(_list_due(now, tenant, limit))
 
-    async def claim_run(self, run_id: str, owner: str, *, now: float, ttl: float, force: bool = False) -> RunLease:
+    async def claim_run(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        now: float,
+        ttl: float,
+        force: bool = False,
+        holder: Holder | None = None,
+        replacing: str | None = None,
+    ) -> RunLease:
         """See :meth:`SQLStore.claim_run`."""
-        return await self._run(_claim_run(run_id, owner, now, ttl, force))
+        return await self._run(
+            _claim_run(run_id, owner, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing)
+        )
 
     async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """See :meth:`SQLStore.renew_run`."""
@@ -977,7 +1025,7 @@ def _load_run(run_id: str, tenant: str | None) -> _Work[RunRecord]:
             raise RunNotFound(run_id)
         return _record(row, strict=True)
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _load_events(run_id: str, tenant: str | None, after: int | None, limit: int | None) -> _Work[list[Event]]:
@@ -1005,7 +1053,7 @@ def _load_events(run_id: str, tenant: str | None, after: int | None, limit: int 
             raise RunNotFound(run_id)
         return [_event(run_id, r) for r in rows if r["seq"] is not None]
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _load_log(run_id: str, tenant: str | None, snapshot_format: str | None) -> _Work[RunLog]:
@@ -1041,7 +1089,7 @@ def _load_log(run_id: str, tenant: str | None, snapshot_format: str | None) -> _
         events = [_event(run_id, r) for r in rows if r["seq"] is not None]
         return RunLog(rows[0]["version"], rows[0]["tenant"], events, snapshot)
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _save_snapshot(run_id: str, snapshot: Snapshot) -> _Work[None]:
@@ -1104,7 +1152,7 @@ def _list_runs(
         query = query.where(due_at.is_not(None) if waiting_retry else due_at.is_(None))
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
-    return _Work(functools.partial(_records, query), single=True)
+    return _Work(functools.partial(_records, query), single=True, reads_only=True)
 
 
 def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
@@ -1122,7 +1170,7 @@ def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
         total = int(connection.execute(counted).scalar_one())
         return RunsFound(_records(page, connection) if limit and offset < total else [], total)
 
-    return _Work(run)
+    return _Work(run, reads_only=True)
 
 
 def _found_by(query: RunQuery) -> list[Any]:
@@ -1189,32 +1237,35 @@ def _list_due(now: float, tenant: str | None, limit: int) -> _Work[list[RunRecor
     )
     if tenant is not None:
         query = query.where(_RUN.c.tenant == tenant)
-    return _Work(functools.partial(_records, query), single=True)
+    return _Work(functools.partial(_records, query), single=True, reads_only=True)
 
 
 def _records(query: Any, connection: sa.Connection) -> list[RunRecord]:
     return [_record(r, strict=False) for r in connection.execute(query).mappings().all()]
 
 
-def _claim_run(run_id: str, owner: str, now: float, ttl: float, force: bool) -> _Work[RunLease]:
+def _claim_run(
+    run_id: str, owner: str, *, now: float, ttl: float, force: bool, holder: Holder | None, replacing: str | None
+) -> _Work[RunLease]:
     """Take or renew the run's lease in one upsert guarded by a WHERE: one round trip when it is taken.
 
     The upsert answers the lease it wrote; when its WHERE refuses (another owner holds an
-    unexpired lease), the lease in force is read after it.
+    unexpired lease, not the dead one it replaces), the lease in force is read after it.
     """
 
     def run(connection: sa.Connection) -> RunLease:
         dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-        insert = dialect.insert(_LEASE).values(run_id=run_id, owner=owner, expires_at=now + ttl, claimed_at=now)
+        values = {"run_id": run_id, "owner": owner, "expires_at": now + ttl, "claimed_at": now, **_holder_row(holder)}
+        insert = dialect.insert(_LEASE).values(**values)
         mine = _LEASE.c.owner == insert.excluded.owner
+        free = mine | (_LEASE.c.expires_at <= now)
         claim = insert.on_conflict_do_update(
             index_elements=[_LEASE.c.run_id],
             set_={
-                "owner": insert.excluded.owner,
-                "expires_at": insert.excluded.expires_at,
+                **{name: insert.excluded[name] for name in values if name not in ("run_id", "claimed_at")},
                 "claimed_at": sa.case((mine, _LEASE.c.claimed_at), else_=insert.excluded.claimed_at),
             },
-            where=None if force else mine | (_LEASE.c.expires_at <= now),
+            where=None if force else free if replacing is None else free | (_LEASE.c.owner == replacing),
         ).returning(*_LEASE.c)
         return _written_or_held(connection, run_id, claim)
 
@@ -1266,7 +1317,7 @@ def _cache_get(key: str, now: float) -> _Work[str | None]:
         value = connection.execute(query).scalar()
         return None if value is None else codec.decode_text(str(value))
 
-    return _Work(run, single=True)
+    return _Work(run, single=True, reads_only=True)
 
 
 def _cache_put(key: str, tool: str, value: str, expires_at: float) -> _Work[None]:
@@ -1361,7 +1412,21 @@ def _to_v4(connection: sa.Connection) -> None:
     _SNAPSHOT.create(connection, checkfirst=True)
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v2), (2, _to_v3), (3, _to_v4))
+def _to_v5(connection: sa.Connection) -> None:
+    """Version 4 to 5: a lease names its holder process; leases held now keep null there (their ttl rules)."""
+    present = {column["name"] for column in sa.inspect(connection).get_columns(_LEASE.name)}
+    for column in _LEASE.c:
+        if column.name not in present:
+            kind = column.type.compile(dialect=connection.dialect)
+            connection.execute(sa.text(f"ALTER TABLE {_LEASE.name} ADD COLUMN {column.name} {kind}"))
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
+    (1, _to_v2),
+    (2, _to_v3),
+    (3, _to_v4),
+    (4, _to_v5),
+)
 """(from version, step to the next), in order. A step only adds (tables, columns, facts
 derived from the log): it never drops or rewrites what runs recorded. Plain steps rather
 than alembic: a few small additive changes, applied on first use with no extra tool."""
@@ -1469,7 +1534,20 @@ def _problem(value: Any, what: str, *, absent: bool = False) -> str | None:
 
 
 def _lease(row: Any) -> RunLease:
-    return RunLease(row["run_id"], row["owner"], row["expires_at"], row["claimed_at"])
+    holder = None
+    if row["holder_host"] is not None and row["holder_pid"] is not None:
+        holder = Holder(row["holder_host"], row["holder_pid_namespace"], row["holder_pid"], row["holder_started"])
+    return RunLease(row["run_id"], row["owner"], row["expires_at"], row["claimed_at"], holder)
+
+
+def _holder_row(holder: Holder | None) -> dict[str, Any]:
+    """The lease row's holder columns for ``holder`` (all null: unknown)."""
+    return {
+        "holder_host": holder and holder.host,
+        "holder_pid_namespace": holder and holder.pid_namespace,
+        "holder_pid": holder and holder.pid,
+        "holder_started": holder and holder.started,
+    }
 
 
 _INSERT_EVENTS = sa.insert(_EVENT)

@@ -5,10 +5,10 @@ refused), 2 usage error (nothing done; a run, call or database not there), 3 awa
 4 waiting for a tool retry due later than ``--max-wait`` (resume it then, e.g. from cron with
 ``tether runs --due``), 5 busy (another process is driving the run: it holds the run's lease;
 ``resume --force`` takes it over), 128 + the signal when interrupted while the model or a tool
-ran: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last
-committed step; the hint says how), or at the approval prompt (the run is parked first, the
-calls not answered left pending); a reader leaving early (``| head``) is 0. ``--json`` prints
-exactly one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
+ran or at the approval prompt (the run is parked first, the calls not answered left pending):
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, all handled alike (the run resumes from its last committed
+step; the hint says how); a reader leaving early (``| head``) is 0. ``--json`` prints exactly
+one JSON object on stdout and nothing else, an interrupted run's object as it stands included.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import io
 import json
+import logging
 import math
 import os
 import shlex
@@ -92,10 +93,10 @@ from tether.models import ModelAdapter
 from tether.models.providers import missing_credentials
 from tether.policy.policies import Budget
 from tether.policy.pricing import PRICE_FORM, parse_price
-from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, open_store, shown_url
+from tether.stores import PARKED_STATUSES, RunQuery, RunRecord, Store, deletable, leases, open_store, shown_url
 from tether.surfaces import replaying
 from tether.surfaces.exit_codes import SIGNAL_BASE, ExitCode
-from tether.surfaces.hints import command, db_option, invocation, lines
+from tether.surfaces.hints import RUN_ID_HELP, command, db_option, invocation, lines
 from tether.toolsets import from_record
 
 if TYPE_CHECKING:
@@ -119,9 +120,6 @@ ENDED_SHOWN = sorted(status.shown for status in ENDED)
 """The statuses ``tether gc`` may delete."""
 DEFAULT_MAX_WAIT = 30.0
 """Seconds ``run``/``resume`` sleep for a tool retry before parking the run instead (exit 4)."""
-
-
-RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
 
 
 def _db_url(value: str | None) -> str:
@@ -389,6 +387,17 @@ _CREATES_ITS_DATABASE = frozenset({"run", "demo", "worker"})
 """The commands that may start the first run of a database; the others refuse a SQLite file not there."""
 
 
+class _Notices(logging.Handler):
+    """Says on stderr what a drive notes in passing (a run taken over from a dead driver), as ``notice: ...``."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(Text.assemble(("notice:", "yellow"), " ", record.getMessage()))
+
+
 class _Session:
     """What one command invocation shares: consoles, the store, output mode."""
 
@@ -397,6 +406,8 @@ class _Session:
         # soft_wrap: commands and ids printed for copying are never broken across lines
         self.out = _Console(soft_wrap=True)
         self.err = _Console(stderr=True, soft_wrap=True)
+        self.notices = _Notices(self.err)
+        leases.log.addHandler(self.notices)
         self.db_url = _db_url(getattr(args, "db", None))
         reads_runs = args.command not in _CREATES_ITS_DATABASE and getattr(args, "run", True) is not None
         self.store: Store = open_store(self.db_url, must_exist=reads_runs)  # `diagram` alone reads no run
@@ -508,6 +519,7 @@ class _Session:
             self.agents.pop().close()
         if self.telemetry is not None:
             self.telemetry.close()  # flushes the spans
+        leases.log.removeHandler(self.notices)
         self.store.close()
 
     def finish(self, result: RunResult) -> int:

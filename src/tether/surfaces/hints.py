@@ -17,6 +17,9 @@ from pathlib import Path
 
 from tether.stores import shown_url
 
+RUN_ID_HELP = "the run's id, or its start if no other run's id starts so (see `tether runs`)"
+"""The help of every command's RUN argument: a unique start of an id is enough."""
+
 
 @functools.cache
 def invocation() -> str:
@@ -62,4 +65,4 @@ def lines(lead: str, *commands: str) -> str:
     return "\n".join([lead, *(f"  {each}" for each in commands)])
 
 
-__all__ = ["absolute_sqlite", "command", "db_option", "invocation", "lines"]
+__all__ = ["RUN_ID_HELP", "absolute_sqlite", "command", "db_option", "invocation", "lines"]

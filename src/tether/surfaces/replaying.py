@@ -20,13 +20,13 @@ from tether.errors import ConfigError
 from tether.facts.status import SHOWN, stored_filter
 from tether.stores import RunQuery, Store
 from tether.surfaces.exit_codes import ExitCode
+from tether.surfaces.hints import RUN_ID_HELP
 from tether.views.printable import printable
 from tether.views.trajectory import Trajectory
 
 if TYPE_CHECKING:  # tether.testing is imported by these commands alone: every other command starts without it
     from tether.testing.compare import Comparison
 
-RUN_ID_HELP = "the run's id (see `tether runs`)"
 UNMATCHED = ("ask", "deny")
 """``--unmatched``: :data:`tether.testing.replay_tools.UNMATCHED`, spelt again so the CLI starts without it."""
 EXIT_WRITTEN = EXIT_AGREE = ExitCode.DONE

@@ -93,6 +93,9 @@ Scripted = Reply | Dynamic | Failure | Stream | Raw
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024
+    """The listen backlog: the standard library's 5 made the kernel refuse most of 128 clients
+    connecting at once (the accept loop takes one per turn); a service-scale test opens 256."""
     fake: FakeServer
 
 
