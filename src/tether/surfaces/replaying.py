@@ -19,6 +19,7 @@ from rich.text import Text
 from tether.errors import ConfigError
 from tether.facts.status import SHOWN, stored_filter
 from tether.stores import RunQuery, Store
+from tether.surfaces.exit_codes import ExitCode
 from tether.surfaces.hints import RUN_ID_HELP
 from tether.views.printable import printable
 from tether.views.trajectory import Trajectory
@@ -28,8 +29,9 @@ if TYPE_CHECKING:  # tether.testing is imported by these commands alone: every o
 
 UNMATCHED = ("ask", "deny")
 """``--unmatched``: :data:`tether.testing.replay_tools.UNMATCHED`, spelt again so the CLI starts without it."""
-EXIT_WRITTEN = EXIT_AGREE = 0
-EXIT_DIFFER = 1
+EXIT_WRITTEN = EXIT_AGREE = ExitCode.DONE
+EXIT_DIFFER = ExitCode.FAILED
+"""A replay that differs from its recording is a failure, as a failed run is (see :class:`ExitCode`)."""
 Command = Callable[[argparse.Namespace, Any], int]
 SHOWN_CHARS = 120
 """An answer or result is cut to this many characters in a table (`tether show` has the recorded one whole)."""

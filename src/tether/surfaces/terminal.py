@@ -556,7 +556,7 @@ _MEASURES = ("content", "messages", "spec", "full_content", "usage", "cost_usd",
 
 
 def render_events(console: Console, events: Sequence[Event]) -> None:
-    """The event log, with each step's tokens, cost, model latency and tool time."""
+    """The event log, with each event's tokens, cost, model latency and tool time (a model call's, a tool's)."""
     table = _table("seq", "type", "tokens in/out/cache w/r", "cost $", "model s", "tool s", "detail", wraps="detail")
     for column in table.columns[2:6]:
         column.justify = "right"
