@@ -25,7 +25,6 @@ ALLOWED: dict[tuple[str, str | None, str], str] = {
     ("views/audit.py", "_ask", "awaiting_approval"): "a tool call's audit status, not a run's",
     ("surfaces/terminal.py", "_outcome", "awaiting_approval"): "the colour of that audit status",
     ("surfaces/story.py", None, "awaiting_approval"): "the label and colour of that audit status",
-    ("surfaces/story.py", "_outcome", "awaiting_approval"): "what that audit status means, in words",
     ("views/diagram.py", None, "failed"): "the kind of a sequence diagram arrow (a call that failed)",
     ("models/shape.py", None, "thinking"): "a Messages API content block type",
     ("models/anthropic.py", "_settings_params", "thinking"): "the Messages API's thinking option",
