@@ -92,6 +92,7 @@ def start_runs(store: SQLStore) -> tuple[str, str]:
     return done.run_id, parked.run_id
 
 
+@pytest.mark.slow  # processes bound by file permissions
 @pytest.mark.parametrize(
     ("directory_writable", "live_writer"),
     [(False, False), (True, False), (False, True)],

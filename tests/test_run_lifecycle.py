@@ -156,6 +156,7 @@ def test_a_run_that_failed_transiently_can_be_cancelled(db_url: str, tmp_path: P
         store.close()
 
 
+@pytest.mark.slow  # a process signalled or cancelled while it works
 def test_cancel_while_another_process_runs_a_tool(project: Project) -> None:
     """The cancel wins at once; the driver finds the run cancelled when its tool returns and stops."""
     driver = project.start_run("waits.json", "--json")
@@ -175,6 +176,7 @@ def test_cancel_while_another_process_runs_a_tool(project: Project) -> None:
 
 
 # Signals -----------------------------------------------------------------------------------
+@pytest.mark.slow  # a process signalled or cancelled while it works
 @pytest.mark.parametrize(
     ("signum", "json_output"),
     [(signal.SIGINT, True), (signal.SIGTERM, True), (signal.SIGHUP, False)],
@@ -208,6 +210,7 @@ def test_a_signal_while_a_tool_runs_leaves_the_run_resumable(
     assert project.effects() == ["waiting for go", "waiting for go", "wait_for go"]
 
 
+@pytest.mark.slow  # a process signalled or cancelled while it works
 def test_a_run_started_under_nohup_keeps_ignoring_sighup(project: Project) -> None:
     """An ignored SIGHUP (``nohup tether run ...``) stays ignored: the run goes on to the end."""
     args = ["run", "go", "--tools", "mytools:TOOLS", "--model", "scripted:waits.json", "--json", "--db", project.db]

@@ -295,6 +295,7 @@ def test_run_detach_prints_the_queued_run_id(pg_schema: PgSchema, capsys: pytest
     assert _waiting(pg_schema.url) == [shown["run_id"]]
 
 
+@pytest.mark.slow  # a worker process
 def test_worker_json_prints_a_line_per_note_on_stdout_and_its_banners_on_stderr(
     pg_schema: PgSchema, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

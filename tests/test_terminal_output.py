@@ -187,6 +187,7 @@ def parked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Workspace, str, Cl
     return ws, run_id, started
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 def test_a_piped_run_prints_model_and_tool_text_safely(parked: tuple[Workspace, str, CliResult]) -> None:
     _, _, started = parked
     assert_safe(started.stdout)
@@ -196,6 +197,7 @@ def test_a_piped_run_prints_model_and_tool_text_safely(parked: tuple[Workspace, 
     assert "awaitingApproval" not in started.stdout
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 def test_an_error_quoting_a_name_prints_it_safely(tmp_path: Path) -> None:
     [failed] = finish_all(Workspace(tmp_path).start("run", "Hi.", "--model", "scripted:bad\x1b[2J.json"))
     assert failed.returncode == 2, failed
@@ -204,6 +206,7 @@ def test_an_error_quoting_a_name_prints_it_safely(tmp_path: Path) -> None:
     assert "bad\\u001b[2J.json" in failed.stderr
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 def test_pending_shows_the_exact_input_as_pretty_json(parked: tuple[Workspace, str, CliResult]) -> None:
     ws, run_id, _ = parked
     exact = json.dumps({"path": SPACED, "why": NASTY}, indent=2, ensure_ascii=False)
@@ -217,6 +220,7 @@ def test_pending_shows_the_exact_input_as_pretty_json(parked: tuple[Workspace, s
         assert f"{run_id}  {printable(DEL_ID)}  delete" in ANSI.sub("", output)
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 def test_show_and_audit_piped_keep_every_value_whole(parked: tuple[Workspace, str, CliResult]) -> None:
     ws, run_id, _ = parked
     audit, show = finish_all(ws.start("audit"), ws.start("show", run_id))
@@ -232,6 +236,7 @@ def test_show_and_audit_piped_keep_every_value_whole(parked: tuple[Workspace, st
     assert f"{run_id} toolu_del" in audit.stdout
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 @pytest.mark.parametrize("columns", [80, 160])
 @pytest.mark.parametrize("command", ["audit", "show", "show --events"])
 def test_show_and_audit_fit_the_terminal(parked: tuple[Workspace, str, CliResult], command: str, columns: int) -> None:
@@ -252,6 +257,7 @@ def test_show_and_audit_fit_the_terminal(parked: tuple[Workspace, str, CliResult
     assert "executingTool" not in text
 
 
+@pytest.mark.slow  # processes on a pipe or a pseudo-terminal
 def test_the_approval_and_the_rest_of_the_run_are_safe_in_a_terminal(tmp_path: Path) -> None:
     ws = Workspace(tmp_path)
     run_id, _ = ws.park()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tether import Agent, Runner, tool
 from tether.models.anthropic import AnthropicModel
 from tether.testing import FakeMessagesAPI, validate_messages_request
@@ -52,6 +54,7 @@ def test_the_fake_api_refuses_what_the_real_api_refuses() -> None:
     assert "tool_use` ids were found without `tool_result` blocks" in error
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_tether_testing_needs_no_test_framework() -> None:
     code = "import sys, tether.testing; sys.exit('pytest' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

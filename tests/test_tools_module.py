@@ -84,6 +84,7 @@ def with_db(tmp_path: Path, *args: str) -> list[str]:
     return [*args, "--db", f"sqlite:///{tmp_path / 'runs.db'}"]
 
 
+@pytest.mark.slow  # processes importing the run's modules anew
 def test_modules_beside_the_tools_module_never_shadow_others(tmp_path: Path) -> None:
     cli, project, run_id = parked_run(tmp_path, policy=True)
     for name in SHADOWS:
@@ -99,6 +100,7 @@ def test_modules_beside_the_tools_module_never_shadow_others(tmp_path: Path) -> 
     assert imported(project) == []
 
 
+@pytest.mark.slow  # processes importing the run's modules anew
 def test_a_tools_module_named_like_another_module_is_still_the_runs_own(tmp_path: Path) -> None:
     """The module is loaded from the run's directory by its file, whatever module it is named like.
 

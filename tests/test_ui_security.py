@@ -485,6 +485,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
         yield server
 
 
+@pytest.mark.slow  # a real `tether ui` process
 def test_an_endless_chunked_sign_in_is_refused_without_the_server_holding_it(served: UiServer) -> None:
     before = peak_memory(served.process.pid)
     sent = 64 * 1024 * 1024  # 8,000 times the sign-in form's limit
@@ -507,6 +508,7 @@ def test_an_endless_chunked_sign_in_is_refused_without_the_server_holding_it(ser
     assert peak_memory(served.process.pid) - before < sent // 4  # (the bytes were never held)
 
 
+@pytest.mark.slow  # a real `tether ui` process
 def test_a_declared_oversize_body_is_refused_unread(served: UiServer) -> None:
     with socket.create_connection(("127.0.0.1", served.port), timeout=30) as connection:
         connection.sendall(
@@ -516,6 +518,7 @@ def test_a_declared_oversize_body_is_refused_unread(served: UiServer) -> None:
         assert connection.recv(65536).startswith(b"HTTP/1.1 413 ")
 
 
+@pytest.mark.slow  # a real `tether ui` process
 def test_signing_out_ends_the_streams_the_session_opened(served: UiServer) -> None:
     assert served.token is not None
     with httpx.Client(base_url=served.base, timeout=30, follow_redirects=True) as browser:
@@ -532,6 +535,7 @@ def test_signing_out_ends_the_streams_the_session_opened(served: UiServer) -> No
         assert browser.get("/live").status_code == 401
 
 
+@pytest.mark.slow  # a real `tether ui` process
 def test_the_real_server_refuses_another_host_name(served: UiServer) -> None:
     with socket.create_connection(("127.0.0.1", served.port), timeout=30) as connection:
         connection.sendall(b"GET / HTTP/1.1\r\nHost: rebound.attacker.example:80\r\nConnection: close\r\n\r\n")
@@ -542,6 +546,7 @@ def test_the_real_server_refuses_another_host_name(served: UiServer) -> None:
     assert b"not to 'rebound.attacker.example'" in answer
 
 
+@pytest.mark.slow  # a real `tether ui` process
 def test_over_tls_with_named_tokens(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     tokens = tmp_path / "tokens.toml"
