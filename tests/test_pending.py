@@ -194,6 +194,18 @@ class NoReplayStore(MemoryStore):
         raise AssertionError("pending_approvals replayed an event log")
 
 
+def test_a_call_waits_since_it_was_asked_whatever_was_decided_beside_it(store: Store, runs: dict[str, str]) -> None:
+    [c1, c2, _] = pending_approvals(store)
+    later = Clock()
+    later.now += 3600.0  # an hour on: a decision moves the row's updated_at, not when c2 was asked
+    decided_after = later.now
+    runner(store, TWO_REFUNDS, later).decide(runs["acme"], c1.call_id, Approve(actor="alice"))
+    assert keys(pending_approvals(store)) == [(runs["acme"], "c2"), (runs["globex"], "c9")]  # acme still first
+    [still] = pending_approvals(store, run_id=runs["acme"])
+    assert (still.call_id, still.waiting_since) == ("c2", c2.waiting_since)
+    assert store.load_run(runs["acme"]).updated_at > decided_after
+
+
 def test_listing_reads_rows_only() -> None:
     store = NoReplayStore()
     agent = Agent(model=ScriptedModel(ONE_REFUND), tools=[refund, lookup])
