@@ -5,6 +5,8 @@ from any process (another store on the same database), and ``tether pending`` on
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,18 @@ class NoReplayStore(MemoryStore):
         raise AssertionError("pending_approvals replayed an event log")
 
 
+def test_a_call_waits_since_it_was_asked_whatever_was_decided_beside_it(store: Store, runs: dict[str, str]) -> None:
+    [c1, c2, _] = pending_approvals(store)
+    later = Clock()
+    later.now += 3600.0  # an hour on: a decision moves the row's updated_at, not when c2 was asked
+    decided_after = later.now
+    runner(store, TWO_REFUNDS, later).decide(runs["acme"], c1.call_id, Approve(actor="alice"))
+    assert keys(pending_approvals(store)) == [(runs["acme"], "c2"), (runs["globex"], "c9")]  # acme still first
+    [still] = pending_approvals(store, run_id=runs["acme"])
+    assert (still.call_id, still.waiting_since) == ("c2", c2.waiting_since)
+    assert store.load_run(runs["acme"]).updated_at > decided_after
+
+
 def test_listing_reads_rows_only() -> None:
     store = NoReplayStore()
     agent = Agent(model=ScriptedModel(ONE_REFUND), tools=[refund, lookup])
@@ -259,6 +273,22 @@ def test_cli_pending_lists_then_empties_after_a_decision(tmp_path: Path) -> None
     assert json.loads(run_tether(tmp_path, "pending", "--json", "--db", db).stdout) == {"pending": [], "total": 0}
     empty = run_tether(tmp_path, "pending", "--db", db)
     assert "No tool calls are waiting for approval." in empty.stdout
+
+
+@pytest.mark.parametrize("user", [None, "alice"], ids=["no USER", "USER"])
+def test_a_cli_decision_names_who_made_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str | None) -> None:
+    for name in ("USER", "LOGNAME", "LNAME", "USERNAME"):  # as in a container or a cron job
+        monkeypatch.delenv(name, raising=False)
+    if user is not None:
+        monkeypatch.setenv("USER", user)
+    db = f"sqlite:///{tmp_path / 'tether.db'}"
+    parked = run_tether(tmp_path, "demo", "--workspace", str(tmp_path / "ws"), "--db", db, "--json")
+    run_id = json.loads(parked.stdout)["run_id"]
+
+    assert run_tether(tmp_path, "deny", run_id, "toolu_demo_run", "--db", db).returncode == 0
+    entries = json.loads(run_tether(tmp_path, "audit", "--json", "--db", db).stdout)["entries"]
+    [entry] = [entry for entry in entries if entry["call_id"] == "toolu_demo_run"]
+    assert entry["decision"]["by"] == (user or pwd.getpwuid(os.getuid()).pw_name)  # not "cli"
 
 
 def test_the_pending_footer_names_the_command_this_tether_was_started_by() -> None:

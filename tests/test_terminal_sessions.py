@@ -334,6 +334,7 @@ def test_e_opens_the_editor_on_the_pretty_input_and_a_mistake_reopens_it_on_what
     child.sendline("")
     status, output = finish_terminal(child)
     assert status == 0, output
+    assert 'Approving the edited input: { "path": "hello.py" }' in output  # saved in the editor, then shown
     assert "printed: hello from the editor" in output
 
     first, second = seen_by(log)

@@ -425,7 +425,8 @@ def test_an_edit_within_the_rules_runs_with_the_edited_input(app: Any, store: SQ
     }
     assert results["toolu_refund"].endswith("edited the input before running the tool.)\nrefunded 15.0 on INV-7")
     page = browser.get(f"/runs/{run.run_id}").text
-    assert "Input as edited by a person" in page
+    edited_at, asked_at = page.index("Input as edited by a person (what ran)"), page.index("Input the model asked for")
+    assert edited_at < asked_at  # what ran first, as `tether audit` shows it
 
 
 def test_approve_with_an_edited_input_in_the_form_is_refused_not_run_as_shown(

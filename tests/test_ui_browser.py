@@ -294,7 +294,7 @@ def test_a_live_refresh_never_undoes_what_a_person_typed_in_a_decision(lively: L
     expect(card_of(page, lively.spares[0])).to_have_count(0)
     page.goto(f"{lively.base}runs/{lively.edited}")
     call = page.locator("#call-toolu_refund")
-    expect(call).to_contain_text("Input as edited by a person")
+    expect(call).to_contain_text("Input as edited by a person (what ran)")
     expect(call.get_by_test_id("edited-input")).to_contain_text(re.compile(r"amount\s*5\b"))  # not the 20 asked for
     expect(call).to_contain_text("approved by alice")
 

@@ -201,6 +201,8 @@ def record_of(state: RunState) -> RunRecord:
     summary.pop("status")
     summary["cost_usd"] = result.cost_usd
     summary["retryable"] = state.status == RunStatus.failed and state.can_retry  # kept by `tether gc`
+    if state.status == AWAITING:  # since the calls were asked: a decision on one of them moves updated_at
+        summary["waiting_since"] = state.awaiting_since
     return RunRecord(
         id=state.id,
         status=state.status or INITIAL.value,

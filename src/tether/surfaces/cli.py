@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import dataclasses
 import errno
+import getpass
 import io
 import json
 import logging
@@ -437,7 +438,7 @@ class _Session:
 
             # with --json, stdout holds the one JSON object: the person is asked on stderr
             console = self.err if self.json else self.out
-            actor = os.environ.get("USER") or "terminal"
+            actor = person() or "terminal"
             self.prompt = TerminalApprover(console, agent, actor=actor, still_waiting=self._decided_meanwhile)
             return self.prompt
         return DecideLater()  # parked for `tether approve`: calls in doubt after a crash are asked too
@@ -729,6 +730,17 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
     return session.finish(runner.drive(args.run_id, max_wait=args.max_wait, force=args.force))
 
 
+def person() -> str | None:
+    """Who is at this terminal: ``$USER``, else the system's login name for this uid.
+
+    A container, cron or ``docker exec`` sets no ``$USER``; "cli" would say nothing of who decided.
+    """
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):  # a uid with no account (a container's arbitrary uid)
+        return None
+
+
 def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     """Approve (with the run's tools, to validate an edit) or deny (with none: the module may be gone).
 
@@ -738,7 +750,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
     root = _root_of(session, args.run_id)
     agent = _agent_for(session, root, model=NoModel()) if args.command == "approve" else reader_agent()
     runner = Runner(agent, session.store, telemetry=session.telemetry)
-    actor = args.by or os.environ.get("USER") or "cli"
+    actor = args.by or person() or "cli"
     if args.command == "approve":
         edited = None if args.input is None else edited_input(args.input, what="--input")
         approval = Approve(input=edited, actor=actor, remember_for_run=args.for_run)
@@ -1073,7 +1085,7 @@ def _add_decision(decide: argparse.ArgumentParser) -> None:
     decide.add_argument(
         "--fingerprint", help="refuse unless the call's arguments are those shown (see `tether pending`)"
     )
-    decide.add_argument("--by", default=None, help="who decided (default $USER)")
+    decide.add_argument("--by", default=None, help="who decided (default $USER, else your login name)")
 
 
 def _add_max_wait(sub: argparse.ArgumentParser) -> None:

@@ -392,6 +392,9 @@ class TerminalApprover:
                 if checked == request.input:
                     self.console.print(Text("The input was not changed: back to the question.", style="yellow"))
                     return None
+                # what was saved in the editor is gone from the screen: say what is approved
+                shown = printable(json.dumps(checked, indent=2, ensure_ascii=False))
+                self.console.print(Text.assemble(("Approving the edited input:\n", "bold"), shown), soft_wrap=True)
                 return checked
             again = self._input(Text("Enter: edit it again · b: back to the question > ")).strip().lower()
             if again in ("b", "back"):
