@@ -125,10 +125,9 @@ class AwaitableStore:
         replacing: str | None = None,
     ) -> RunLease:
         """See :meth:`Store.claim_run`."""
-        claim = functools.partial(
-            self.store.claim_run, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing
+        return await self._call(
+            self.store.claim_run, run_id, owner, now=now, ttl=ttl, force=force, holder=holder, replacing=replacing
         )
-        return await self._call(claim, run_id, owner)
 
     async def renew_run(self, run_id: str, owner: str, *, now: float, ttl: float) -> RunLease | None:
         """See :meth:`Store.renew_run`."""
