@@ -108,6 +108,54 @@ def test_locked_database_is_a_store_error_and_the_run_keeps_its_version(sqlite_s
     assert sqlite_store.load_run("run_1").version == 3
 
 
+def test_a_pinned_thread_writes_on_one_connection_that_survives_failed_writes(
+    sqlite_store: SQLStore, db_path: Path
+) -> None:
+    pool: Any = sqlite_store.engine.pool  # a QueuePool
+    with sqlite_store.pinned(), sqlite_store.pinned():  # nested: the outer one's connection
+        sqlite_store.create_run(record(1), [event(0)])
+        sqlite_store.append(record(2), 1, [event(1)])
+        assert pool.checkedout() == 1  # kept between operations, not returned to the pool
+        with pytest.raises(StaleRun):
+            sqlite_store.append(record(3), 1, [event(2)])
+        with raw_sqlite(db_path) as locker:
+            locker.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(StoreError, match="is locked"):
+                sqlite_store.append(record(3), 2, [event(2)])
+            locker.execute("ROLLBACK")
+        sqlite_store.append(record(3, status="done"), 2, [event(2), event(3)])
+        with raw_sqlite(db_path) as reader:  # committed before the block ends, seen by another connection
+            assert reader.execute("SELECT version, status FROM tether_run").fetchone() == (3, "done")
+        assert pool.checkedout() == 1
+    assert pool.checkedout() == 0
+    assert [e.seq for e in sqlite_store.load_events("run_1")] == [0, 1, 2, 3]
+
+
+def test_no_more_threads_keep_a_connection_than_the_pool_holds(sqlite_store: SQLStore) -> None:
+    sqlite_store.create_run(record(1), [event(0)])
+    pool: Any = sqlite_store.engine.pool  # a QueuePool
+    threads_in, done = threading.Barrier(8), threading.Event()
+    seen: list[int] = []
+
+    def drive() -> None:
+        with sqlite_store.pinned():
+            sqlite_store.load_run("run_1")
+            threads_in.wait(timeout=30)
+            done.wait(timeout=30)
+
+    threads = [threading.Thread(target=drive) for _ in range(7)]
+    for thread in threads:
+        thread.start()
+    threads_in.wait(timeout=30)
+    seen.append(pool.checkedout())
+    assert sqlite_store.load_run("run_1").version == 1  # the pool still serves a thread that keeps none
+    done.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert seen == [pool.size()]  # five kept; the other two gave theirs back
+    assert pool.checkedout() == 0
+
+
 def test_locked_database_on_first_use_is_a_store_error(db_path: Path) -> None:
     with raw_sqlite(db_path) as locker:
         locker.execute("PRAGMA journal_mode=WAL")

@@ -500,7 +500,11 @@ class Runner(_RunnerBase[Store, leases.Lease]):
 
         Raises :class:`~tether.errors.RunBusy` if another process holds it, unless ``force``.
         """
-        with leases.hold(self.store, run_id, ttl=self.lease_ttl, force=force) as lease:
+        pinned = getattr(self.store, "pinned", None)  # SQLStore: the drive's operations share one connection
+        with (
+            pinned() if pinned is not None else nullcontext(),
+            leases.hold(self.store, run_id, ttl=self.lease_ttl, force=force) as lease,
+        ):
             self._held[run_id] = lease
             try:
                 yield lease
