@@ -732,6 +732,16 @@ def test_only_the_holder_releases_a_lease(store: Store) -> None:
     store.release_run("run_2", "host:3:c")  # a run nobody holds: nothing to do
 
 
+def test_a_lease_is_read_as_stored_without_being_claimed(store: Store) -> None:
+    assert store.lease_of("run_1") is None
+    held = store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    assert store.lease_of("run_1") == held
+    assert store.lease_of("run_2") is None
+    assert store.claim_run("run_1", "host:2:b", now=200.0, ttl=30.0).owner == "host:2:b"  # a's had expired
+    store.release_run("run_1", "host:2:b")
+    assert store.lease_of("run_1") is None
+
+
 def test_each_run_has_its_own_lease(store: Store) -> None:
     store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
     assert store.claim_run("run_2", "host:2:b", now=100.0, ttl=30.0).owner == "host:2:b"

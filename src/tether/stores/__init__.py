@@ -291,6 +291,13 @@ class Store(Protocol):
         """Give up the lease on ``run_id`` if ``owner`` still holds it; otherwise do nothing."""
         ...
 
+    def lease_of(self, run_id: str) -> RunLease | None:
+        """The run's lease as stored (an expired one too), without claiming it; None when nobody holds it.
+
+        What a page reads to tell whether someone drives the run now.
+        """
+        ...
+
     def cache_get(self, key: str, now: float) -> str | None:
         """The tool result cached under ``key``, or None if absent or expired at Unix time ``now``."""
         ...
@@ -404,6 +411,10 @@ class AsyncStore(Protocol):
 
     async def release_run(self, run_id: str, owner: str) -> None:
         """See :meth:`Store.release_run`."""
+        ...
+
+    async def lease_of(self, run_id: str) -> RunLease | None:
+        """See :meth:`Store.lease_of`."""
         ...
 
     async def cache_get(self, key: str, now: float) -> str | None:

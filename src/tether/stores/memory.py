@@ -179,6 +179,11 @@ class MemoryStore:
             if held is not None and held.owner == owner:
                 del self._leases[run_id]
 
+    def lease_of(self, run_id: str) -> RunLease | None:
+        """The run's lease, if any (see :meth:`Store.lease_of`)."""
+        with self._lock:
+            return self._leases.get(run_id)
+
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run."""
         stored = _StoredRun(
