@@ -19,7 +19,7 @@ import pytest
 from support import Blocking, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
-from tether.stores import Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
+from tether.stores import WAITING_KEY, Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 
@@ -394,6 +394,22 @@ def test_query_runs_pages_newest_first_and_counts_them_all(store: Store) -> None
     for bad in ({"limit": -1}, {"offset": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             store.query_runs(RunQuery(), **bad)
+
+
+def test_longest_waiting_first_orders_parked_runs_by_when_their_calls_were_asked(store: Store) -> None:
+    parked = {  # run: (asked at, last changed at); run_b's partner call was just decided
+        "run_a": (10.0, 30.0),
+        "run_b": (5.0, 50.0),
+        "run_c": (20.0, 20.0),
+    }
+    for run_id, (asked, changed) in parked.items():
+        summary = {"steps": 1, "pending_approvals": [], WAITING_KEY: asked}
+        store.create_run(record(run_id, status="awaiting_approval", summary=summary, updated_at=changed), events(0))
+    store.create_run(record("run_old", status="awaiting_approval", updated_at=7.0), events(0))  # kept no asked time
+    query = RunQuery(status="awaiting_approval", longest_waiting_first=True)
+    assert [r.id for r in store.query_runs(query, limit=2).records] == ["run_b", "run_old"]  # asked 5, changed 7
+    assert [r.id for r in store.query_runs(query, limit=4).records] == ["run_b", "run_old", "run_a", "run_c"]
+    assert [r.id for r in store.query_runs(query, limit=2, offset=2).records] == ["run_a", "run_c"]
 
 
 def test_query_runs_filters_by_status_tenant_agent_model_and_creation_time(store: Store) -> None:

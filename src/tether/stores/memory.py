@@ -26,6 +26,7 @@ from tether.stores import (
     check_deletable,
     check_limit,
     deletable,
+    waiting_since,
 )
 
 
@@ -347,7 +348,7 @@ class MemoryStore:
             rows = [(r.load(), list(self._events.get(r.record.id, {}).values())) for r in self._rows.values()]
         found = [record for record, events in rows if _found(query, record, events)]
         if query.longest_waiting_first:
-            found.sort(key=lambda r: (r.updated_at, r.id))
+            found.sort(key=lambda r: (waiting_since(r), r.id))
         else:
             found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return RunsFound(found[offset : offset + limit], len(found))

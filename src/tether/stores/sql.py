@@ -47,6 +47,7 @@ from tether.stores import (
     PARKED_STATUSES,
     SCHEMA_VERSION,
     SNAPSHOT_EVERY,
+    WAITING_KEY,
     Holder,
     RunLease,
     RunLog,
@@ -1169,7 +1170,8 @@ def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
     where = _found_by(query)
     counted = sa.select(sa.func.count()).select_from(_RUN).where(*where)
     if query.longest_waiting_first:
-        order = (_RUN.c.updated_at.asc(), _RUN.c.id.asc())
+        since = sa.func.coalesce(_RUN.c.summary[WAITING_KEY].as_float(), _RUN.c.updated_at)  # see waiting_since
+        order = (since.asc(), _RUN.c.id.asc())
     else:
         order = (_RUN.c.created_at.desc(), _RUN.c.id.desc())
     page = sa.select(_RUN).where(*where).order_by(*order).limit(limit).offset(offset)
