@@ -318,6 +318,9 @@ def test_show_json_has_history_and_events_oldest_first(base: Base) -> None:
     assert events[-1]["type"] == "run_finished"
     assert events[-1]["status"] == "done"
     assert len(events_of(data, "model_responded")) == 3
+    # the scripted replies name no model: each answer records the model the run used
+    [model] = {event["model"] for event in events_of(data, "model_responded")}
+    assert re.fullmatch(r"scripted:\S*main\.json", model), model
     assert len(events_of(data, "retry_scheduled")) == 1
     assert [e["call_id"] for e in events_of(data, "tool_started")].count("toolu_flaky") == 2
 
@@ -332,6 +335,7 @@ def test_show_human(base: Base) -> None:
     assert "step 3" in text  # the conversation
     logged = base.cli("show", run_id, "--events")
     assert "run_finished" in flat(logged.stdout)  # the event log
+    assert re.search(r"model\W+scripted:", flat(logged.stdout)), logged  # the model that answered, not null
 
 
 def test_max_steps_fails_the_run(base: Base) -> None:

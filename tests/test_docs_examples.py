@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from support import PgSchema, graphviz_missing, need_tool
+from support import PgSchema, graphviz_missing, need_tool, run_tether
 from tether.models.anthropic import AnthropicModel
 from tether.models.openai import OpenAIModel
 from tether.testing import FakeChatCompletionsAPI, FakeMessagesAPI
@@ -249,3 +249,42 @@ def test_every_python_line_of_the_docs_fits_the_page() -> None:
         if len(line) > CODE_WIDTH and not line.lstrip().startswith("#>")  # what it prints is what it prints
     ]
     assert too_wide == []
+
+
+def test_the_tutorial_runs_offline_without_an_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer without a key follows every step: ``model.py``'s stand-in answers, Claude is never asked."""
+    page = ROOT / "docs" / "tutorial.md"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    venv = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join([venv, os.environ["PATH"]]))
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "TETHER_DB"):
+        monkeypatch.delenv(name, raising=False)
+    namespace: dict[str, Any] = {"__name__": "docs_tutorial_offline"}
+    with FakeMessagesAPI() as claude:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)  # a request sent anyway would be seen here
+        try:
+            for block in blocks_of(page):
+                if block.title:
+                    (tmp_path / block.title).write_text(block.code, encoding="utf-8")
+                if block.is_python:
+                    run_block(block, page, namespace)  # each prints what the page says
+        finally:
+            namespace.clear()
+            gc.collect()
+        assert claude.requests == []
+    db = f"sqlite:///{tmp_path / 'tutorial.db'}"
+    parked = run_tether(
+        tmp_path,
+        "run",
+        "Delete notes.txt.",
+        "--tools",
+        "files:TOOLS",
+        "--db",
+        db,
+        "--model",
+        "scripted:delete-notes.json",
+        "--json",
+    )  # the command line's step
+    assert parked.data["status"] == "awaiting_approval", parked
+    assert parked.data["pending_approvals"][0]["input"] == {"name": "notes.txt"}

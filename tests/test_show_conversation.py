@@ -254,3 +254,50 @@ def test_the_conversation_is_a_fold_of_the_log_with_what_tether_did_between_step
     assert handed == Aside("handed off from triage to fixer")
     assert isinstance(second, Turn)
     assert (second.step, second.text, second.agent, second.discarded) == (2, "Fixed.", "fixer", None)
+
+
+def test_an_abandoned_call_is_told_where_it_happened_before_it_was_asked_again(tmp_path: Path) -> None:
+    """A call whose driver died, forced over, asked about again and run: abandoned, asked, approved, result."""
+    from support import tool_use_turn
+    from tether import Agent, Approve, Runner, tool
+    from tether.core.approvals import DecideLater
+    from tether.stores.sql import SQLStore
+    from tether.testing import ScriptedModel
+    from tether.views.conversation import Turn, conversation
+
+    ran: list[int] = []
+
+    @tool
+    def transfer(amount: int) -> str:
+        """Move money (not idempotent)."""
+        ran.append(amount)
+        if len(ran) == 1:
+            raise KeyboardInterrupt("the process dies here")  # only Ctrl-C escapes a tool, as SIGKILL would
+        return f"moved {amount}"
+
+    script = [
+        tool_use_turn(tool_use("toolu_1", "transfer", {"amount": 5})),
+        {"content": [{"type": "text", "text": "Moved."}], "stop_reason": "end_turn"},
+    ]
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = SQLStore(url)
+    runner = Runner(Agent(model=ScriptedModel(script), tools=[transfer]), store, approver=DecideLater())
+    run_id = runner.create("Move 5.").id
+    with pytest.raises(KeyboardInterrupt):
+        runner.drive(run_id)
+    assert runner.drive(run_id, force=True).status == "awaiting_approval"  # the call is in doubt
+    runner.decide(run_id, "toolu_1", Approve(actor="ops"))
+    assert runner.drive(run_id).status == "done"
+
+    told = conversation(run_id, store.load_events(run_id))
+    assert all(isinstance(beat, Turn) for beat in told.beats)  # not an aside after the call's result
+    shown = run_tether(tmp_path, "show", run_id, "--db", url)
+    assert shown.returncode == 0, shown
+    lines = [line.strip() for line in shown.stdout.splitlines()]
+    said = [
+        next((i for i, line in enumerate(lines) if line.startswith(w)), -1)
+        for w in ("abandoned", "asked", "approved", "result")
+    ]
+    assert -1 not in said, lines
+    assert said == sorted(said), lines
+    assert "forced: the operator says its driver is gone" in lines[said[0]]

@@ -19,7 +19,7 @@ import pytest
 from support import Blocking, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
-from tether.stores import Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
+from tether.stores import WAITING_KEY, Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
 from tether.stores.awaitable import as_async_store
 from tether.stores.memory import MemoryStore
 
@@ -396,6 +396,22 @@ def test_query_runs_pages_newest_first_and_counts_them_all(store: Store) -> None
             store.query_runs(RunQuery(), **bad)
 
 
+def test_longest_waiting_first_orders_parked_runs_by_when_their_calls_were_asked(store: Store) -> None:
+    parked = {  # run: (asked at, last changed at); run_b's partner call was just decided
+        "run_a": (10.0, 30.0),
+        "run_b": (5.0, 50.0),
+        "run_c": (20.0, 20.0),
+    }
+    for run_id, (asked, changed) in parked.items():
+        summary = {"steps": 1, "pending_approvals": [], WAITING_KEY: asked}
+        store.create_run(record(run_id, status="awaiting_approval", summary=summary, updated_at=changed), events(0))
+    store.create_run(record("run_old", status="awaiting_approval", updated_at=7.0), events(0))  # kept no asked time
+    query = RunQuery(status="awaiting_approval", longest_waiting_first=True)
+    assert [r.id for r in store.query_runs(query, limit=2).records] == ["run_b", "run_old"]  # asked 5, changed 7
+    assert [r.id for r in store.query_runs(query, limit=4).records] == ["run_b", "run_old", "run_a", "run_c"]
+    assert [r.id for r in store.query_runs(query, limit=2, offset=2).records] == ["run_a", "run_c"]
+
+
 def test_query_runs_filters_by_status_tenant_agent_model_and_creation_time(store: Store) -> None:
     made = [
         ("run_1", "a", "done", 100.0, {"agent": "Researcher", "model": "claude-sonnet-4-5"}),
@@ -730,6 +746,16 @@ def test_only_the_holder_releases_a_lease(store: Store) -> None:
     store.release_run("run_1", "host:1:a")
     assert store.claim_run("run_1", "host:3:c", now=101.0, ttl=30.0).owner == "host:3:c"
     store.release_run("run_2", "host:3:c")  # a run nobody holds: nothing to do
+
+
+def test_a_lease_is_read_as_stored_without_being_claimed(store: Store) -> None:
+    assert store.lease_of("run_1") is None
+    held = store.claim_run("run_1", "host:1:a", now=100.0, ttl=30.0)
+    assert store.lease_of("run_1") == held
+    assert store.lease_of("run_2") is None
+    assert store.claim_run("run_1", "host:2:b", now=200.0, ttl=30.0).owner == "host:2:b"  # a's had expired
+    store.release_run("run_1", "host:2:b")
+    assert store.lease_of("run_1") is None
 
 
 def test_each_run_has_its_own_lease(store: Store) -> None:

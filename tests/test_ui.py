@@ -13,6 +13,7 @@ import html
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tether.core.approvals import DecideLater
 from tether.errors import ConfigError
 from tether.facts.events import ApprovalDecided, ToolFinished
 from tether.policy.access import Credentials
-from tether.stores import RunRecord
+from tether.stores import RunRecord, holders
 from tether.stores.sql import SQLStore
 from tether.surfaces.web import live, pages
 from tether.surfaces.web.app import create_app
@@ -531,6 +532,27 @@ def test_cancel_and_fork_need_a_yes_and_say_what_they_will_do(app: Any, store: S
 
 
 @ON_BOTH
+def test_resume_is_offered_only_while_no_live_process_drives_the_run(app: Any, store: SQLStore) -> None:
+    run_id = Runner(Agent(model=ScriptedModel([])), store).create("Say hi.").id  # thinking, driven by nobody
+    browser = client(app)
+
+    def offered() -> bool:
+        return 'data-testid="control-resume"' in browser.get(f"/runs/{run_id}").text
+
+    assert offered()
+    me = holders.this_process()
+    store.claim_run(run_id, "retry:1", now=time.time(), ttl=60, holder=me)  # a retry under way, in a live process
+    assert not offered()
+    store.claim_run(run_id, "retry:1", now=time.time() - 120, ttl=60, holder=me)  # its lease ran out
+    assert offered()
+    gone = replace(me, started=(me.started or 0) + 1)  # this pid, started at another time: that process is gone
+    store.claim_run(run_id, "dead:1", now=time.time(), ttl=60, force=True, holder=gone)
+    assert offered()
+    store.release_run(run_id, "dead:1")
+    assert store.lease_of(run_id) is None
+    assert offered()
+
+
 def test_a_decision_is_bound_to_what_was_shown_and_made_once(app: Any, store: SQLStore, project: Project) -> None:
     run = project.park(store)
     browser = client(app)

@@ -7,6 +7,7 @@ types, clicks, answers the page's questions, and then checks what the run did.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from tether.stores import RunQuery, RunRecord
 from tether.stores.sql import SQLStore
 from tether.surfaces.web.decisions import UNCONFIRMED_EDIT
 from tether.testing import ScriptedModel
-from ui_runs import REFUND, Project, delegating, looking_up, shipping, two_calls
+from ui_runs import REFUND, SHIPMENT, Project, delegating, looking_up, shipping, two_calls
 from ui_servers import ui_server
 
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reviewed]:
     store = SQLStore(url)
     try:
         parked = [project.park(store, prompt=f"Refund INV-7, case {n}.").run_id for n in range(4)]
-        shipments = [shipper.park(store, prompt=f"Ship order A-1, case {n}.").run_id for n in range(3)]
+        shipments = [shipper.park(store, prompt=f"Ship order A-1, case {n}.").run_id for n in range(4)]
         pairs = [pair.park(store, prompt=f"Refund INV-7 and ship A-1 again, case {n}.").run_id for n in range(3)]
         parent = delegator.park(store, prompt="Have the clerk refund the duplicate charge.").run_id
         hostile_run = hostile.park(store, prompt="Ship it.").run_id
@@ -283,6 +284,25 @@ def test_the_raw_json_sets_the_fields_aside(reviewed: Reviewed, context: Any) ->
     page.get_by_role("button", name="Approve the edited input").click()
     expect(page.get_by_test_id("run-status")).to_have_text("done")
     assert reviewed.result(run, "toolu_ship").endswith("shipped A-2 by ups: 4 box(es), express True, note None")
+
+
+def test_the_confirmation_shows_a_text_of_several_lines_as_its_lines(reviewed: Reviewed, context: Any) -> None:
+    from playwright.sync_api import expect
+
+    run = reviewed.shipments[3]
+    page = signed_in(reviewed, context, f"runs/{run}")
+    page.get_by_text("Edit the input").click()
+    page.get_by_text("Raw JSON").click()
+    edited = {**SHIPMENT, "note": "Leave it at the door.\nRing twice."}
+    page.locator("textarea[name=input]").fill(json.dumps(edited))
+    page.get_by_role("button", name="Approve", exact=True).click()
+    detail = page.get_by_role("dialog").locator(".confirm-detail")
+    expect(detail).to_be_visible()
+    changed = detail.inner_text().split("\n\n")[0]  # what changed; the whole input (JSON) follows
+    assert changed == "note:\n  was: (not given)\n  now:\n    Leave it at the door.\n    Ring twice.", changed
+    page.get_by_role("dialog").get_by_role("button", name="Approve the edited input").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("done")
+    assert reviewed.result(run, "toolu_ship").endswith("note 'Leave it at the door.\\nRing twice.'")
 
 
 # What a card says ------------------------------------------------------------------------------

@@ -561,7 +561,7 @@ def _response_step(
         response.stop_reason,
         response.usage,
         cost,
-        response.model,
+        response.model or agent.model_name,  # an adapter that names no model (scripted) answered as itself
         response.id,
         round(latency, 6),
         list(response.retry_waits) or None,  # the API asked to wait this long first

@@ -88,7 +88,7 @@ from tether.models import (
     Usage,
 )
 from tether.policy import rules
-from tether.stores import AsyncStore, RunRecord, Snapshot, Store, leases
+from tether.stores import WAITING_KEY, AsyncStore, RunRecord, Snapshot, Store, leases
 from tether.stores.awaitable import as_async_store, is_async_store
 from tether.stores.memory import MemoryStore
 from tether.tools.output import typed_result
@@ -202,7 +202,7 @@ def record_of(state: RunState) -> RunRecord:
     summary["cost_usd"] = result.cost_usd
     summary["retryable"] = state.status == RunStatus.failed and state.can_retry  # kept by `tether gc`
     if state.status == AWAITING:  # since the calls were asked: a decision on one of them moves updated_at
-        summary["waiting_since"] = state.awaiting_since
+        summary[WAITING_KEY] = state.awaiting_since
     return RunRecord(
         id=state.id,
         status=state.status or INITIAL.value,

@@ -134,7 +134,8 @@ class RunQuery:
     roots_only: bool = False
     """Leave out child runs (their spec has a ``parent``: see :mod:`tether.core.children`)."""
     longest_waiting_first: bool = False
-    """Order by the time each run last changed, oldest first (an inbox), instead of newest created first."""
+    """Order by when each parked run's calls were asked (:func:`waiting_since`), oldest first (an inbox),
+    instead of newest created first."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,13 @@ class Store(Protocol):
         """Give up the lease on ``run_id`` if ``owner`` still holds it; otherwise do nothing."""
         ...
 
+    def lease_of(self, run_id: str) -> RunLease | None:
+        """The run's lease as stored (an expired one too), without claiming it; None when nobody holds it.
+
+        What a page reads to tell whether someone drives the run now.
+        """
+        ...
+
     def cache_get(self, key: str, now: float) -> str | None:
         """The tool result cached under ``key``, or None if absent or expired at Unix time ``now``."""
         ...
@@ -406,6 +414,10 @@ class AsyncStore(Protocol):
         """See :meth:`Store.release_run`."""
         ...
 
+    async def lease_of(self, run_id: str) -> RunLease | None:
+        """See :meth:`Store.lease_of`."""
+        ...
+
     async def cache_get(self, key: str, now: float) -> str | None:
         """See :meth:`Store.cache_get`."""
         ...
@@ -427,8 +439,20 @@ PARKED_STATUSES: frozenset[RunStatus] = frozenset(RunStatus) - ENDED
 """Runs that have not ended; ``delete_runs(include_parked=True)`` may delete them once old."""
 DUE_KEY = "next_due_at"
 """The summary key holding a parked run's retry due time."""
+WAITING_KEY = "waiting_since"
+"""The summary key holding when a parked run's calls were asked (see :func:`waiting_since`)."""
 PARENT_KEY = "parent"
 """The spec key of a child run's link to its parent (see :mod:`tether.core.children`); a root run has none."""
+
+
+def waiting_since(record: RunRecord) -> float:
+    """Since when a parked run's calls wait: when they were asked, not when the row last changed.
+
+    A decision on one call of a batch moves ``updated_at``; a row written before the summary kept
+    :data:`WAITING_KEY` waits since ``updated_at``.
+    """
+    since = record.summary.get(WAITING_KEY)
+    return float(since) if isinstance(since, int | float) and not isinstance(since, bool) else record.updated_at
 
 
 def deletable(
@@ -522,6 +546,7 @@ __all__ = [
     "PARKED_STATUSES",
     "SCHEMA_VERSION",
     "SNAPSHOT_EVERY",
+    "WAITING_KEY",
     "AsyncStore",
     "Holder",
     "RunLease",
@@ -537,4 +562,5 @@ __all__ = [
     "open_async_store",
     "open_store",
     "shown_url",
+    "waiting_since",
 ]

@@ -137,6 +137,10 @@ class AwaitableStore:
         """See :meth:`Store.release_run`."""
         return await self._call(self.store.release_run, run_id, owner)
 
+    async def lease_of(self, run_id: str) -> RunLease | None:
+        """See :meth:`Store.lease_of`."""
+        return await self._call(self.store.lease_of, run_id)
+
     async def cache_get(self, key: str, now: float) -> str | None:
         """See :meth:`Store.cache_get`."""
         return await self._call(self.store.cache_get, key, now)

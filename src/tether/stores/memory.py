@@ -26,6 +26,7 @@ from tether.stores import (
     check_deletable,
     check_limit,
     deletable,
+    waiting_since,
 )
 
 
@@ -178,6 +179,11 @@ class MemoryStore:
             held = self._leases.get(run_id)
             if held is not None and held.owner == owner:
                 del self._leases[run_id]
+
+    def lease_of(self, run_id: str) -> RunLease | None:
+        """The run's lease, if any (see :meth:`Store.lease_of`)."""
+        with self._lock:
+            return self._leases.get(run_id)
 
     def create_run(self, record: RunRecord, events: Sequence[Event]) -> None:
         """Insert a new run."""
@@ -342,7 +348,7 @@ class MemoryStore:
             rows = [(r.load(), list(self._events.get(r.record.id, {}).values())) for r in self._rows.values()]
         found = [record for record, events in rows if _found(query, record, events)]
         if query.longest_waiting_first:
-            found.sort(key=lambda r: (r.updated_at, r.id))
+            found.sort(key=lambda r: (waiting_since(r), r.id))
         else:
             found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return RunsFound(found[offset : offset + limit], len(found))

@@ -47,6 +47,7 @@ from tether.stores import (
     PARKED_STATUSES,
     SCHEMA_VERSION,
     SNAPSHOT_EVERY,
+    WAITING_KEY,
     Holder,
     RunLease,
     RunLog,
@@ -772,6 +773,10 @@ class SQLStore(_SQLBase):
         """Delete the run's lease if ``owner`` holds it."""
         return self._run(_release_run(run_id, owner))
 
+    def lease_of(self, run_id: str) -> RunLease | None:
+        """The run's lease row, if any."""
+        return self._run(_lease_of(run_id))
+
     def cache_get(self, key: str, now: float) -> str | None:
         """The cached value, if present and not expired at ``now``."""
         return self._run(_cache_get(key, now))
@@ -989,6 +994,10 @@ class AsyncSQLStore(_SQLBase):
     async def release_run(self, run_id: str, owner: str) -> None:
         """See :meth:`SQLStore.release_run`."""
         return await self._run(_release_run(run_id, owner))
+
+    async def lease_of(self, run_id: str) -> RunLease | None:
+        """See :meth:`SQLStore.lease_of`."""
+        return await self._run(_lease_of(run_id))
 
     async def cache_get(self, key: str, now: float) -> str | None:
         """See :meth:`SQLStore.cache_get`."""
@@ -1209,7 +1218,8 @@ def _query_runs(query: RunQuery, limit: int, offset: int) -> _Work[RunsFound]:
     where = _found_by(query)
     counted = sa.select(sa.func.count()).select_from(_RUN).where(*where)
     if query.longest_waiting_first:
-        order = (_RUN.c.updated_at.asc(), _RUN.c.id.asc())
+        since = sa.func.coalesce(_RUN.c.summary[WAITING_KEY].as_float(), _RUN.c.updated_at)  # see waiting_since
+        order = (since.asc(), _RUN.c.id.asc())
     else:
         order = (_RUN.c.created_at.desc(), _RUN.c.id.desc())
     page = sa.select(_RUN).where(*where).order_by(*order).limit(limit).offset(offset)
@@ -1349,6 +1359,10 @@ def _written_or_held(connection: sa.Connection, run_id: str, write: Any) -> RunL
 def _held(connection: sa.Connection, run_id: str) -> RunLease | None:
     row = connection.execute(sa.select(_LEASE).where(_LEASE.c.run_id == run_id)).mappings().first()
     return None if row is None else _lease(row)
+
+
+def _lease_of(run_id: str) -> _Work[RunLease | None]:
+    return _Work(functools.partial(_held, run_id=run_id), single=True, reads_only=True)
 
 
 def _release_run(run_id: str, owner: str) -> _Work[None]:

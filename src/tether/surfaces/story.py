@@ -79,8 +79,12 @@ def _call(console: Console, call: Call) -> None:
     fields: list[tuple[str, Text]] = [("input", record_value(console, entry.input_ran))]
     if entry.edited:
         fields.append(("original", record_value(console, entry.input)))
+    at = (entry.decision or {}).get("at")
+    gone = [(a.at, ("abandoned", Text(printable(f"by {a.by}: {a.reason}"), style="yellow"))) for a in call.abandoned]
+    fields += [line for when, line in gone if at is None or at >= when]  # before the decision made after it
     for said, text in decision_said(entry):
         fields.append((said, Text(printable(text), style=_DECISION_STYLES.get(said, ""))))
+    fields += [line for when, line in gone if at is not None and at < when]  # after the one it interrupted
     fields += [("retry", Text(printable(f"attempt {r['attempt']} failed: {r['error']}"))) for r in entry.retries]
     fields += [("warning", Text(printable(warning), style="yellow")) for warning in entry.warnings]
     if entry.status not in _SAID_BY_THE_DECISION:

@@ -3,7 +3,8 @@
 A reviewer reads a run as it went, not as the log recorded it: the system prompt and the prompt,
 then each step (one model invocation) with the model's text and the calls it asked for, each
 with the input that ran (and the model's own when a person edited it), who let it run or refused
-it and why, what came back, and the child runs an agent tool started for it. Between steps, what
+it and why, what came back, and the child runs an agent tool started for it (and an operator's
+taking it over from its driver, told with the call, where it happened). Between steps, what
 tether itself did: a handoff, a warning, a budget's last call, a compaction.
 
 Nothing new is recorded for it: :func:`conversation` folds one run's events (pure), reusing the
@@ -33,6 +34,15 @@ from tether.views.tree import RunNode
 
 
 @dataclass(frozen=True)
+class Abandonment:
+    """A started call declared abandoned by its driver: from then on it was in doubt."""
+
+    at: float
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Call:
     """One tool call the model asked for, as it went."""
 
@@ -40,6 +50,8 @@ class Call:
     """Its input, decision, attempts and outcome (see :class:`~tether.views.audit.AuditEntry`)."""
     children: tuple[RunNode, ...] = ()
     """The child runs an agent tool started to serve it (one per attempt)."""
+    abandoned: tuple[Abandonment, ...] = ()
+    """Each time an operator took the run over while the call ran (``tether resume --force``)."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +99,18 @@ class Conversation:
 
 def conversation(run_id: str, events: Sequence[Event], children: Sequence[RunNode] = ()) -> Conversation:
     """The run ``events`` record, with the child runs (of its tree) placed under the calls they serve; pure."""
-    calls = {entry.call_id: entry for entry in entries(run_id, events)}
     served: dict[str, list[RunNode]] = {}
     for child in children:
         if child.call_id is not None:
             served.setdefault(child.call_id, []).append(child)
+    abandoned: dict[str, list[Abandonment]] = {}
+    for event in events:  # told with its call: it happened before the call was asked about again
+        if isinstance(event.fact, CallAbandoned):
+            abandoned.setdefault(event.fact.call_id, []).append(Abandonment(event.at, event.fact.by, event.fact.reason))
+    calls = {
+        entry.call_id: Call(entry, tuple(served.get(entry.call_id, ())), tuple(abandoned.get(entry.call_id, ())))
+        for entry in entries(run_id, events)
+    }
     prompt: str | None = None
     system: str | None = None
     earlier, step = 0, 0
@@ -106,7 +125,7 @@ def conversation(run_id: str, events: Sequence[Event], children: Sequence[RunNod
                     prompt, earlier = _text(messages[asked[-1]]), asked[-1]
             case ModelResponded() as answer:
                 step += 1
-                beats.append(_turn(answer, step, agent, calls, served))
+                beats.append(_turn(answer, step, agent, calls))
             case HandedOff(from_agent=from_agent, to_agent=to_agent):
                 agent = to_agent
                 beats.append(Aside(f"handed off from {from_agent or 'the first agent'} to {to_agent}"))
@@ -119,20 +138,16 @@ def conversation(run_id: str, events: Sequence[Event], children: Sequence[RunNod
                 beats.append(Aside(f"budget {limit} reached ({used:g} of {allowed:g}): asked for a final answer", True))
             case ResultDemanded(attempt=attempt):
                 beats.append(Aside(f"asked the model for its final result (attempt {attempt})"))
-            case CallAbandoned(call_id=call_id, by=by, reason=reason):
-                beats.append(Aside(f"call {call_id} abandoned by {by}: {reason}", warning=True))
             case ContextExceeded(error=error):
                 beats.append(Aside(f"the history no longer fits the model's context: {error}", warning=True))
     return Conversation(run_id, prompt, system, earlier, tuple(beats))
 
 
-def _turn(
-    answer: ModelResponded, step: int, agent: str | None, calls: dict[str, AuditEntry], served: dict[str, list[RunNode]]
-) -> Turn:
+def _turn(answer: ModelResponded, step: int, agent: str | None, calls: dict[str, Call]) -> Turn:
     """One model invocation: its text, and the calls it asked for (none if the answer was not kept)."""
     uses = [block["id"] for block in answer.content if block.get("type") == "tool_use" and "id" in block]
     kept = not answer.discarded
-    shown = tuple(Call(calls[i], tuple(served.get(i, ()))) for i in uses if kept and i in calls)
+    shown = tuple(calls[i] for i in uses if kept and i in calls)
     why = None if kept else f"not kept (stop reason {answer.stop_reason}): the model was asked again"
     text = _text({"content": answer.content})
     return Turn(step, text, shown, agent, why, answer.usage.total, answer.cost_usd, answer.latency)
@@ -147,4 +162,4 @@ def _text(message: dict[str, Any]) -> str:
     return "\n\n".join(text for text in texts if text)
 
 
-__all__ = ["Aside", "Call", "Conversation", "Turn", "conversation"]
+__all__ = ["Abandonment", "Aside", "Call", "Conversation", "Turn", "conversation"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tether.core.approvals import PendingApproval
 from tether.core.links import chain_of, link_of
 from tether.facts.status import AWAITING
-from tether.stores import AsyncStore, RunQuery, RunRecord, Store
+from tether.stores import AsyncStore, RunQuery, RunRecord, Store, waiting_since
 
 
 def pending_approvals(
@@ -66,22 +66,16 @@ def _runs_below(record: RunRecord) -> list[str]:
 def _pending_in(records: Sequence[RunRecord]) -> list[PendingApproval]:
     """The calls waiting in these rows, oldest parked run first."""
     found: list[PendingApproval] = []
-    for record in sorted(records, key=lambda r: (_waiting_since(r), r.id)):
+    for record in sorted(records, key=lambda r: (waiting_since(r), r.id)):
         if record.status == AWAITING:
             found.extend(_of(record))
     return found
 
 
-def _waiting_since(record: RunRecord) -> float:
-    """Since when the row's calls wait: when they were asked (a decision beside them moves ``updated_at``)."""
-    since = record.summary.get("waiting_since")
-    return float(since) if isinstance(since, (int, float)) else record.updated_at
-
-
 def _of(record: RunRecord) -> list[PendingApproval]:
     """The row's own undecided calls (a parent's row also names its children's: those are listed from their rows)."""
     chain = tuple(chain_of(record.id, record.spec)) if link_of(record.spec) is not None else ()
-    since = _waiting_since(record)
+    since = waiting_since(record)
     return [
         PendingApproval.from_item(item, run_id=record.id, tenant=record.tenant, waiting_since=since, chain=chain)
         for item in record.summary.get("pending_approvals") or []

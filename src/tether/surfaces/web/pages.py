@@ -42,7 +42,7 @@ from tether.facts.events import (
 from tether.facts.history import text_of
 from tether.facts.status import AWAITING, ENDED, SHOWN, RunStatus, status_name, stored_filter
 from tether.facts.usage import Usage
-from tether.stores import DUE_KEY, RunQuery, RunRecord, Store
+from tether.stores import DUE_KEY, RunQuery, RunRecord, Store, holders
 from tether.views import audit
 from tether.views.pending import pending_approvals
 from tether.views.tree import started_by
@@ -305,7 +305,7 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
     ended = state.status in ENDED
     retryable = state.status == RunStatus.failed and state.can_retry
     controls = [
-        *(["resume"] if not ended and state.status != AWAITING else []),
+        *(["resume"] if not ended and state.status != AWAITING and not driven(store, run_id) else []),
         *(["retry"] if retryable else []),
         *(["cancel"] if not ended or retryable else []),
     ]
@@ -324,6 +324,14 @@ def run_page(store: Store, run_id: str, viewer_tenant: str | None) -> RunPage:
         due_at=result.next_due_at,
         moves=sum(isinstance(event.fact, Transition) for event in log.events),
     )
+
+
+def driven(store: Store, run_id: str) -> bool:
+    """Whether a process drives the run now (a retry under way): its lease is live and its holder not gone."""
+    lease = store.lease_of(run_id)
+    if lease is None or lease.expires_at <= time.time():
+        return False
+    return lease.holder is None or not holders.is_gone(lease.holder)
 
 
 def timeline(events: list[Event]) -> list[Step]:

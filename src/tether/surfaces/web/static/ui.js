@@ -237,8 +237,15 @@
     return now !== null && now === canonical(field.defaultValue) ? null : field.value;
   }
 
+  function shown(value) {
+    // A value as JSON, but a text of several lines as its lines, indented (not one line of \n escapes).
+    if (typeof value !== "string" || !value.includes("\n")) return " " + JSON.stringify(value);
+    return "\n    " + value.split("\n").join("\n    ");
+  }
+
   function changes(before, after) {
-    // What changed, key by key ("amount: 20 → 5"), when both are JSON objects.
+    // What changed, key by key ("amount: 20 → 5"; a text of several lines: was, then now, each its lines),
+    // when both are JSON objects.
     let old, now;
     try {
       old = JSON.parse(before);
@@ -251,9 +258,10 @@
     return keys
       .filter((key) => canonical(JSON.stringify(old[key])) !== canonical(JSON.stringify(now[key])))
       .map((key) => {
-        const was = key in old ? JSON.stringify(old[key]) : "(not given)";
-        const is = key in now ? JSON.stringify(now[key]) : "(left out)";
-        return key + ": " + was + " → " + is;
+        const was = key in old ? shown(old[key]) : " (not given)";
+        const is = key in now ? shown(now[key]) : " (left out)";
+        if (!was.includes("\n") && !is.includes("\n")) return key + ":" + was + " →" + is;
+        return key + ":\n  was:" + was + "\n  now:" + is;
       });
   }
 
