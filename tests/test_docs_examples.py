@@ -195,6 +195,15 @@ def recording(init: Callable[..., None], made: list[Any]) -> Callable[..., None]
     return init_and_record
 
 
+def forget_modules_of(directory: Path) -> None:
+    """Drop the modules imported from ``directory`` (a page's ``report.py``...): a later page that
+    writes a module of the same name in its own directory must import its own, not this one."""
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is not None and Path(file).is_relative_to(directory):
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize("page", pages_with_code(), ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_python_block_of_the_page_runs(
     page: Path,
@@ -230,6 +239,7 @@ def test_every_python_block_of_the_page_runs(
             run_block(block, page, namespace)
     finally:
         namespace.clear()  # its functions hold it in a cycle: only the collector frees it
+        forget_modules_of(scratch)
         gc.collect()
     assert claude.pending == 0, f"{page.name}: {claude.pending} scripted Claude turn(s) never asked for"
     assert openai.pending == 0, f"{page.name}: {openai.pending} scripted OpenAI turn(s) never asked for"
@@ -271,6 +281,7 @@ def test_the_tutorial_runs_offline_without_an_api_key(tmp_path: Path, monkeypatc
                     run_block(block, page, namespace)  # each prints what the page says
         finally:
             namespace.clear()
+            forget_modules_of(tmp_path)
             gc.collect()
         assert claude.requests == []
     db = f"sqlite:///{tmp_path / 'tutorial.db'}"
