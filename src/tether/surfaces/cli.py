@@ -105,15 +105,12 @@ if TYPE_CHECKING:
     from tether.policy.access import Credentials
     from tether.surfaces.terminal import LiveView, TerminalApprover
 
-EXIT_DONE, EXIT_FAILED, EXIT_USAGE = ExitCode.DONE, ExitCode.FAILED, ExitCode.USAGE
-EXIT_AWAITING, EXIT_WAITING_RETRY, EXIT_BUSY = ExitCode.AWAITING, ExitCode.WAITING_RETRY, ExitCode.BUSY
-"""Short names of the codes :mod:`tether.surfaces.exit_codes` defines."""
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 """Handled like Ctrl-C: the run stays resumable from its last committed step."""
 STATUS_EXIT = {
-    RunStatus.done.shown: EXIT_DONE,
-    RunStatus.awaiting_approval.shown: EXIT_AWAITING,
-    WAITING_RETRY: EXIT_WAITING_RETRY,
+    RunStatus.done.shown: ExitCode.DONE,
+    RunStatus.awaiting_approval.shown: ExitCode.AWAITING,
+    WAITING_RETRY: ExitCode.WAITING_RETRY,
 }
 RUN_STATUSES = SHOWN
 """Every status ``tether runs`` shows (snake_case, as on every CLI surface)."""
@@ -549,7 +546,7 @@ class _Session:
                 self.out.print(Text(f"{resume}\n{due}"))
         if self.prompt is not None and self.prompt.interrupted is not None:  # parked, the calls pending
             return _interrupted_exit(self.prompt.interrupted)
-        return STATUS_EXIT.get(result.status, EXIT_FAILED)
+        return STATUS_EXIT.get(result.status, ExitCode.FAILED)
 
     def _decide_hint(self, result: RunResult) -> Text:
         """Commands to copy, one a line, with the first pending call's real id (absolute, with ``--db``)."""
@@ -604,7 +601,7 @@ def _detach(args: argparse.Namespace, session: _Session, agent: Agent) -> int:
         print(run_id)
         follow = session.command("show", run_id)
         session.err.print(Text(lines(f"queued for `tether worker` (queue {args.queue}); follow it with:", follow)))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
@@ -635,7 +632,7 @@ def _cmd_worker(args: argparse.Namespace, session: _Session) -> int:
     freeze_startup_heap()  # this process is the worker's: its imports stay out of the GC's full passes
     asyncio.run(_serve(worker, session.err))
     session.err.print(Text("tether worker: stopped; unfinished runs are queued again"))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 async def _serve(worker: Worker, err: Console) -> None:
@@ -725,7 +722,7 @@ def _cmd_resume(args: argparse.Namespace, session: _Session) -> int:
             print(json.dumps({"run_id": args.run_id, "status": "queued", "already": not queued}))
         else:
             session.out.print(Text(f"run {args.run_id} {'queued again' if queued else 'was queued already'}"))
-        return EXIT_DONE
+        return ExitCode.DONE
     runner = session.runner(args, _agent_for(session, args.run_id))
     return session.finish(runner.drive(args.run_id, max_wait=args.max_wait, force=args.force))
 
@@ -766,7 +763,7 @@ def _cmd_decide(args: argparse.Namespace, session: _Session) -> int:
             session.out.print(Text(f"queued for `tether worker` (queue {queue}): it goes on by itself"))
         else:
             session.out.print(Text(lines("continue with:", session.command("resume", root))))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _add_cancel(cancel: argparse.ArgumentParser) -> None:
@@ -789,7 +786,7 @@ def _cmd_cancel(args: argparse.Namespace, session: _Session) -> int:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
         session.out.print(Text(f"cancelled run {args.run_id} (it was {before})"))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
@@ -804,7 +801,7 @@ def _cmd_fork(args: argparse.Namespace, session: _Session) -> int:
     else:
         session.out.print(Text(f"forked run {args.run_id} at event {args.at}: new run {fork.id}"))
         session.out.print(Text(lines("drive it with:", session.command("resume", fork.id))))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
@@ -831,7 +828,7 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
         payload["messages"] = state.messages
         payload["events"] = [event.to_dict() for event in events]
         print(json.dumps(payload, ensure_ascii=False, default=str))
-        return EXIT_DONE
+        return ExitCode.DONE
     from tether.surfaces.terminal import render_events, render_result, render_tree
 
     render_result(session.out, result)
@@ -847,12 +844,12 @@ def _cmd_show(args: argparse.Namespace, session: _Session) -> int:
         render_tree(session.out, tree)
     if args.events:
         render_events(session.out, events)
-        return EXIT_DONE
+        return ExitCode.DONE
     from tether.surfaces.story import render_conversation
     from tether.views.conversation import conversation
 
     render_conversation(session.out, conversation(args.run_id, events, tree.children))
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
@@ -890,11 +887,11 @@ def _cmd_runs(args: argparse.Namespace, session: _Session) -> int:
             session.err.print(Text.assemble(("warning:", "yellow"), f" run {record.id}: {record.unreadable}"))
     if session.json:
         print(json.dumps({"runs": rows, "total": total}, ensure_ascii=False))
-        return EXIT_DONE
+        return ExitCode.DONE
     from tether.surfaces.terminal import render_runs
 
     render_runs(session.out, rows)
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
@@ -908,13 +905,13 @@ def _cmd_pending(args: argparse.Namespace, session: _Session) -> int:
     if session.json:
         shown = [{**p.to_dict(), "queue": queues.get(p.root)} for p in pending]
         print(json.dumps({"pending": shown, "total": len(waiting)}, ensure_ascii=False, default=str))
-        return EXIT_DONE
+        return ExitCode.DONE
     from tether.surfaces.terminal import render_pending
 
     render_pending(
         session.out, pending, command=invocation(), db=db_option(session.db_url), queues=queues, total=len(waiting)
     )
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_audit(args: argparse.Namespace, session: _Session) -> int:
@@ -924,11 +921,11 @@ def _cmd_audit(args: argparse.Namespace, session: _Session) -> int:
     found = audit.query(session.store, run_id=args.run, tool=args.tool, since=since)
     if session.json:
         print(json.dumps({"entries": [e.to_dict() for e in found]}, ensure_ascii=False, default=str))
-        return EXIT_DONE
+        return ExitCode.DONE
     from tether.surfaces.terminal import render_audit
 
     render_audit(session.out, found)
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_demo(args: argparse.Namespace, session: _Session) -> int:
@@ -984,7 +981,7 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
             output = diagram.graphviz(diagram.render_dot(drawn), args.format)
         except GraphvizError as error:
             session.err.print(f"[red]error:[/] {escape(str(error))}")
-            return EXIT_FAILED
+            return ExitCode.FAILED
     if args.output:
         try:
             text = output.encode(errors="backslashreplace") if isinstance(output, str) else output  # as on stdout
@@ -997,7 +994,7 @@ def _cmd_diagram(args: argparse.Namespace, session: _Session) -> int:
         sys.stdout.buffer.flush()
     else:
         sys.stdout.write(output)
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
@@ -1036,7 +1033,7 @@ def _cmd_ui(args: argparse.Namespace, session: _Session) -> int:
     except OSError as error:
         where = address(args.host, args.port, tls=tls is not None)
         raise ConfigError(f"cannot listen on {where}: {error.strerror or error}") from None
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _ui_credentials(args: argparse.Namespace) -> tuple[Credentials, str | None]:
@@ -1367,7 +1364,7 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
             return _gc_dry_run(session, doomed, what, report)
         if doomed and not _confirm(session, f"delete {len(doomed)} {what}?"):
             session.err.print("nothing deleted")
-            return EXIT_FAILED
+            return ExitCode.FAILED
     deleted = session.store.delete_runs(
         finished_before=cutoff, statuses=statuses, include_retryable=retryable, include_parked=parked
     )
@@ -1377,7 +1374,7 @@ def _cmd_gc(args: argparse.Namespace, session: _Session) -> int:
     else:
         session.out.print(Text(f"deleted {deleted} {what}"))
         session.out.print(f"deleted {expired} expired tool-cache entr{'y' if expired == 1 else 'ies'}")
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _cutoff_text(cutoff: float, older_than: str) -> str:
@@ -1391,13 +1388,13 @@ def _gc_dry_run(session: _Session, doomed: list[RunRecord], what: str, report: d
     if session.json:
         runs = [{"run_id": r.id, "status": shown_status(r), "updated_at": r.updated_at} for r in doomed]
         print(json.dumps({"dry_run": True, "deleted": 0, **report, "runs": runs}))
-        return EXIT_DONE
+        return ExitCode.DONE
     session.out.print(Text(f"would delete {len(doomed)} {what}{':' if doomed else ''}"))
     for record in doomed:
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.updated_at))
         session.out.print(Text(f"  {record.id}  {shown_status(record)}  {updated}"))
     session.out.print("and any expired tool-cache entries")
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _confirm(session: _Session, question: str) -> bool:
@@ -1582,24 +1579,24 @@ def _main(argv: Sequence[str] | None) -> int:
         return COMMANDS[args.command](args, session)
     except (ConfigError, MissingExtra, RunNotFound, UnknownCall, RunEnded, CorruptData, InvalidForkPoint) as error:
         _print_error("error", error)  # nothing was done; a run, a call or a database not there (NoDatabase) alike
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except RunBusy as error:
         if session is not None:  # run/resume --json: one object still, saying who holds the run
             holder = {"holder": error.owner, "expires_at": error.expires_at, "lost": error.lost}
             session.print_as_it_stands(busy=holder)
         _print_error("busy", _busy_message(error, session))
-        return EXIT_BUSY
+        return ExitCode.BUSY
     except StaleRun as error:  # a drive another process's write stopped (a cancel): the run as it stands
         if session is not None:
             session.print_as_it_stands()
         _print_error("refused", error)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except ApprovalError as error:
         _print_error("refused", error)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except TetherError as error:
         _print_error("error", error)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except KeyboardInterrupt as interrupt:  # the last committed step stands; an unfinished tool call is in doubt
         if session is not None:
             with suppress(OSError):  # the terminal may be gone (SIGHUP)
@@ -1607,7 +1604,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _interrupted_exit(interrupt)
     except BrokenPipeError:  # the reader (`| head`) left: the run's state is committed, only output was cut
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return EXIT_DONE
+        return ExitCode.DONE
     finally:
         if session is not None:
             session.close()
