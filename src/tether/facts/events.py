@@ -13,6 +13,7 @@ and databases written before this vocabulary load unchanged.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, dataclass_transform
 
@@ -724,8 +725,16 @@ _KINDS: dict[str, type[Fact]] = {
 }
 EVENT_TYPES = frozenset(_KINDS)
 """Every kind a stored event may have."""
-_ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {kind: pydantic.TypeAdapter(cls) for kind, cls in _KINDS.items()}
-"""The one reader of stored payloads: a kind's JSON to its dataclass, checked field by field."""
+
+
+@functools.cache
+def _adapter(kind: str) -> pydantic.TypeAdapter[Any]:
+    """The one reader of a kind's stored payloads (its JSON to its dataclass, checked field by field).
+
+    Built on the kind's first read, not at import: building all of them took about a sixth of
+    ``import tether``, which every command pays, most of them reading a few kinds or none.
+    """
+    return pydantic.TypeAdapter(_KINDS[kind])
 
 
 @_frozen
@@ -762,11 +771,10 @@ def decode(run_id: str, seq: int, kind: str, data: Json, at: float) -> Event:
     Raises:
         CorruptData: naming the run and the event's seq.
     """
-    adapter = _ADAPTERS.get(kind)
-    if adapter is None:
+    if kind not in _KINDS:
         raise CorruptData(run_id, f"its stored event {seq} has an unknown type {kind!r}")
     try:
-        fact = adapter.validate_python(data)
+        fact = _adapter(kind).validate_python(data)
     except pydantic.ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in error.errors())
         raise CorruptData(run_id, f"its stored event {seq} is not a valid {kind} event ({problems})") from None

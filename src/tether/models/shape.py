@@ -28,9 +28,13 @@ _CLASS_NAME = re.compile(r" or instance of \w+")
 
 
 class _Shape(BaseModel):
-    """Fields tether reads are checked strictly (no ``"5"`` for 5); any other field passes."""
+    """Fields tether reads are checked strictly (no ``"5"`` for 5); any other field passes.
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    Validators are built at the first response checked, not at import (``defer_build``): every
+    command imports this module, and only those that call a model need them.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
 
 
 Count = Annotated[int, Field(ge=0)] | None
