@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: TID251 - the async store
 
 from support import PgSchema, libpq_dsn, tool_use
 from tether import Agent, AsyncRunner, Runner, tool
+from tether.core import flow
 from tether.core.flow import STORE_RETRY_WAITS
 from tether.errors import StoreError
 from tether.models import ModelRequest
@@ -197,9 +198,10 @@ def test_a_result_written_while_postgres_drops_the_connection_is_saved_once(
     ],
 )
 def test_a_result_that_cannot_be_saved_says_what_happened(
-    tmp_path: Path, watch: RetryWatch, locked_by: str, said: list[str]
+    tmp_path: Path, watch: RetryWatch, locked_by: str, said: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lock that outlasts every retry: the error says what ran and what a resume will do."""
+    monkeypatch.setattr(flow, "STORE_RETRY_WAITS", tuple(0.01 for _ in STORE_RETRY_WAITS))  # as many, not as long
     path = tmp_path / "runs.db"
     locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
