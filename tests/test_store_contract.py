@@ -2,9 +2,9 @@
 
 The async stores (AsyncSQLStore on SQLite and PostgreSQL, and a sync store made awaitable) run
 the same tests, each call awaited to its end (support.Blocking). PostgreSQL comes from
-TETHER_TEST_PG_URL (default: the local test server); each test gets its own schema (the
-pg_schema fixture, conftest.py), dropped afterwards, so concurrent test runs never see each
-other's rows.
+TETHER_TEST_PG_URL (default: the local test server), in a schema of the module's own (the
+shared_pg_schema fixture below), emptied before each test and dropped at the end, so concurrent
+test runs never see each other's rows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from support import Blocking, opened_store
+from support import PG_URL, Blocking, PgSchema, fresh_pg_schema, libpq_dsn, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import WAITING_KEY, Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
@@ -43,9 +43,36 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         yield memory
         memory.close()
         return
-    url = f"sqlite:///{tmp_path / 'tether.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema").url
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'tether.db'}"
+    else:
+        schema: PgSchema = request.getfixturevalue("shared_pg_schema")
+        empty_tables(schema)
+        url = schema.url
     with opened_store(kind or "sync", url) as opened:
         yield opened
+
+
+@pytest.fixture(scope="module")
+def shared_pg_schema(pg_url: str) -> Iterator[PgSchema]:
+    """The module's one PostgreSQL schema: its tables are made by the first test and emptied before each.
+
+    A schema and its tables made for each of the ~100 PostgreSQL tests cost more than the tests.
+    """
+    with fresh_pg_schema(pg_url) as schema:
+        yield schema
+
+
+def empty_tables(schema: PgSchema) -> None:
+    """Every row of the schema's tables gone, but the store's own (the schema version it checks)."""
+    import psycopg
+
+    with psycopg.connect(libpq_dsn(PG_URL), autocommit=True, connect_timeout=3) as connection:
+        tables = connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename <> 'tether_meta'", (schema.name,)
+        ).fetchall()
+        if tables:
+            connection.execute(f"TRUNCATE {', '.join(f'{schema.name}.{name}' for (name,) in tables)}")
 
 
 # Helpers ------------------------------------------------------------------------------
