@@ -198,7 +198,6 @@ _LEASE = RunLeaseRow.__table__  # type: ignore[attr-defined]
 
 # Statements a run's drive runs once each (its creation, its lease), built once: SQLAlchemy builds a
 # statement and its cache key in Python on every call otherwise, more CPU than SQLite's execution.
-_LEASE_COLUMNS = tuple(column.name for column in _LEASE.c)
 _INSERT_RUN = sa.insert(_RUN)
 _LEASE_OF = sa.select(_LEASE).where(_LEASE.c.run_id == sa.bindparam("b_run_id"))
 _RELEASE_LEASE = sa.delete(_LEASE).where(
@@ -1171,23 +1170,33 @@ def _save_snapshot(run_id: str, snapshot: Snapshot) -> _Work[None]:
     """Upsert the run's snapshot; an older one (lower seq, same format) never replaces a newer one."""
 
     def run(connection: sa.Connection) -> None:
-        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-        insert = dialect.insert(_SNAPSHOT).values(
-            run_id=run_id, seq=snapshot.seq, format=snapshot.format, state=_packed(snapshot.state)
-        )
-        newer = (_SNAPSHOT.c.seq <= insert.excluded.seq) | (_SNAPSHOT.c.format != insert.excluded.format)
-        connection.execute(
-            insert.on_conflict_do_update(
-                index_elements=[_SNAPSHOT.c.run_id],
-                set_={"seq": insert.excluded.seq, "format": insert.excluded.format, "state": insert.excluded.state},
-                where=newer,
-            )
-        )
+        values = {"run_id": run_id, "seq": snapshot.seq, "format": snapshot.format, "state": _packed(snapshot.state)}
+        connection.execute(_snapshot_upsert(connection.dialect.name), values)
 
     def gone(error: sa.exc.IntegrityError) -> None:
         """The run was deleted meanwhile (its foreign key): nothing to keep."""
 
     return _Work(run, single=True, on_conflict=gone)
+
+
+@functools.cache
+def _snapshot_upsert(dialect_name: str) -> Any:
+    """The upsert of :func:`_save_snapshot`, built once per dialect (building it was a third of a snapshot's write)."""
+    insert = _bound_insert(dialect_name, _SNAPSHOT)
+    newer = (_SNAPSHOT.c.seq <= insert.excluded.seq) | (_SNAPSHOT.c.format != insert.excluded.format)
+    return insert.on_conflict_do_update(
+        index_elements=[_SNAPSHOT.c.run_id],
+        set_={"seq": insert.excluded.seq, "format": insert.excluded.format, "state": insert.excluded.state},
+        where=newer,
+    )
+
+
+def _bound_insert(dialect_name: str, table: sa.Table) -> Any:
+    """The dialect's INSERT of a whole row of ``table``, each value bound at execution by its column's name."""
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    return dialect.insert(table).values(
+        {column.name: sa.bindparam(column.name, type_=column.type) for column in table.c}
+    )
 
 
 PACK_ABOVE = 4096
@@ -1345,17 +1354,14 @@ def _claim_statement(dialect_name: str, kind: str) -> Any:
     Its values are bound at execution (``now`` and ``replacing`` too): building it per claim was
     most of a claim's CPU (about a tenth of a 10-call run's).
     """
-    dialect = postgresql if dialect_name == "postgresql" else sqlite
-    insert = dialect.insert(_LEASE).values(
-        {name: sa.bindparam(name, type_=_LEASE.c[name].type) for name in _LEASE_COLUMNS}
-    )
+    insert = _bound_insert(dialect_name, _LEASE)
     mine = _LEASE.c.owner == insert.excluded.owner
     free = mine | (_LEASE.c.expires_at <= sa.bindparam("now", type_=sa.Float))
     where = {"any": None, "free": free, "free or replacing": free | (_LEASE.c.owner == sa.bindparam("replacing"))}
     return insert.on_conflict_do_update(
         index_elements=[_LEASE.c.run_id],
         set_={
-            **{name: insert.excluded[name] for name in _LEASE_COLUMNS if name not in ("run_id", "claimed_at")},
+            **{c.name: insert.excluded[c.name] for c in _LEASE.c if c.name not in ("run_id", "claimed_at")},
             "claimed_at": sa.case((mine, _LEASE.c.claimed_at), else_=insert.excluded.claimed_at),
         },
         where=where[kind],
