@@ -1670,6 +1670,8 @@ class _Compiled:
 
 _SQLITE_STEP_ROW = _Compiled.of(_STEP_UPDATE)
 _SQLITE_STEP_EVENTS = _Compiled.of(_INSERT_EVENTS, ("run_id", "seq", "type", "data", "at"))
+if _SQLITE_STEP_EVENTS.params != (("run_id", False), ("seq", False), ("type", False), ("data", True), ("at", False)):
+    raise AssertionError(f"_sqlite_step binds an event's values in another order: {_SQLITE_STEP_EVENTS.params}")
 
 
 def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: str, events: Sequence[Event]) -> int:
@@ -1688,7 +1690,9 @@ def _sqlite_step(connection: sa.Connection, values: Mapping[str, Any], run_id: s
         cursor.execute(text, params)
         if cursor.rowcount != 1 or not events:
             return int(cursor.rowcount)
-        text, params = _SQLITE_STEP_EVENTS.text, [_SQLITE_STEP_EVENTS.bind(row) for row in _event_rows(run_id, events)]
+        # Each event's values in the statement's order (checked above), with no row dict to bind by name.
+        params = [(run_id, e.seq, e.type, _dump_json(_stored_data(e)), e.at) for e in events]
+        text = _SQLITE_STEP_EVENTS.text
         cursor.executemany(text, params)
         return 1
     except dbapi.Error as error:
