@@ -75,7 +75,7 @@ def spent(
     tool_calls: int = 0,
 ) -> dict[str, float]:
     """What the run (and its conversation) spent, by Budget field, plus what is not folded yet."""
-    total = state.usage + (usage or Usage())
+    total = state.usage if usage is None else state.usage + usage
     spent_cost = state.cost_usd + cost
     prior = state.spec.get("conversation") or {}
     inputs = total.input_tokens + total.cache_creation_input_tokens + total.cache_read_input_tokens
@@ -101,16 +101,20 @@ def spent(
 
 
 def readings(agent: Agent, state: RunState, *, now: float, **pending: Any) -> list[Reading]:
-    """Every limit the agent sets, with what is spent (plus ``pending`` spending, see :func:`spent`)."""
-    values = spent(state, now=now, **pending)
+    """Every limit the agent sets, with what is spent (plus ``pending`` spending, see :func:`spent`).
+
+    Without a budget only the hard caps are read: what they count is summed here, not all of
+    :func:`spent` (this runs on every step).
+    """
     found = []
     budget = agent.limits.budget
     if budget is not None:
+        values = spent(state, now=now, **pending)
         found = [Reading(name, float(values[name]), float(allowed)) for name, allowed in budget.limits().items()]
     max_steps = state.spec.get("max_steps", agent.limits.max_steps)
     for name, used, allowed in (
-        ("max_steps", values["max_model_calls"], max_steps),
-        ("max_tool_calls", values["max_tool_calls"], agent.limits.max_tool_calls),
+        ("max_steps", state.steps + pending.get("model_calls", 0), max_steps),
+        ("max_tool_calls", state.tool_calls + pending.get("tool_calls", 0), agent.limits.max_tool_calls),
     ):
         if allowed is not None:
             found.append(Reading(name, float(used), float(allowed), hard=True))
@@ -125,6 +129,8 @@ def reached(
     ``pending``: spending not folded into ``state`` yet (see :func:`spent`), such as the
     attempts of concurrent calls still running.
     """
+    if agent.limits.budget is None:  # only a budget is reached here: the hard caps fail the run elsewhere
+        return None
     return next(
         (
             r
