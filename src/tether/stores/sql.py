@@ -14,7 +14,6 @@ operation with a transient :class:`~tether.errors.StoreError`, which a drive tri
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import json
@@ -24,7 +23,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +58,7 @@ from tether.stores import (
     codec,
 )
 from tether.stores.awaitable import completed
+from tether.stores.one_thread import OneThread
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -860,8 +859,8 @@ class AsyncSQLStore(_SQLBase):
             drivers={"postgresql": "psycopg"},
             extra="async",
         )
-        self._sqlite_thread: ThreadPoolExecutor | None = None
-        """SQLite only: the one thread every operation runs on (made on first use, ended by close)."""
+        self._sqlite_thread = OneThread("tether-sqlite")
+        """SQLite only: the one thread every operation runs on (started on first use, ended by close)."""
         self._held: sa.Connection | None = None
         """SQLite only: that thread's connection, kept between operations (no pool checkout per step)."""
         if self._sqlite:
@@ -886,20 +885,12 @@ class AsyncSQLStore(_SQLBase):
         if not isinstance(self.engine, sa.Engine):
             await self.engine.dispose()
             return
-        thread, self._sqlite_thread = self._sqlite_thread, None
-        if thread is None:
-            self.engine.dispose()
-            return
-        await asyncio.get_running_loop().run_in_executor(thread, self._let_go)  # after the work queued there
-        thread.shutdown(wait=False)
+        await self._sqlite_thread.call(self._let_go)  # after the work queued there
+        self._sqlite_thread.stop()
 
     async def _run(self, work: _Work[T]) -> T:
         if isinstance(self.engine, sa.Engine):  # SQLite: whole, on the store's thread
-            if self._sqlite_thread is None:
-                self._sqlite_thread = ThreadPoolExecutor(1, thread_name_prefix="tether-sqlite")
-            ran = asyncio.get_running_loop().run_in_executor(
-                self._sqlite_thread, functools.partial(self._run_on, self.engine, work, self._held_connection)
-            )
+            ran = self._sqlite_thread.call(functools.partial(self._run_on, self.engine, work, self._held_connection))
             return await completed(ran)  # see AsyncStore: begun, an operation runs to its end
         return await completed(self._started(work))
 
