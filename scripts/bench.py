@@ -4,7 +4,7 @@ Run it through the wrapper, which also manages the peer venv:
 
   scripts/bench                    full run (installs the peers into .bench-venv/ first)
   scripts/bench --quick            N=10,100, 3 repeats, small sections (CI: ~1 min)
-  scripts/bench --smoke            the least that writes every row and target (tests: ~N s)
+  scripts/bench --smoke            every row and target at the least sizes (the tests: ~15 s CPU)
   scripts/bench --no-peers         skip LangGraph / Pydantic AI
   scripts/bench --setup-peers      only create .bench-venv/ with the pinned peers
   scripts/bench --json-out PATH    where the JSON goes (default: bench-results.json)

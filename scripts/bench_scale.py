@@ -98,7 +98,8 @@ async def run_scale(
 ) -> list[dict[str, Any]]:
     """Every K on one AsyncSQLStore, then the parked-run memory (in this worker process; none if ``parked`` is 0).
 
-    Both SDKs are imported first (import_sdks); the runner freezes the heap (its default) unless ``system`` is UNFROZEN.
+    Both SDKs are imported first (not with --smoke); the runner freezes the heap (its default)
+    unless ``system`` is UNFROZEN.
     """
     import_sdks(mode)
     from tether import AsyncRunner
