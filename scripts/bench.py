@@ -3,7 +3,8 @@
 Run it through the wrapper, which also manages the peer venv:
 
   scripts/bench                    full run (installs the peers into .bench-venv/ first)
-  scripts/bench --quick            N=10,100, 3 repeats, small sections (CI smoke: < 1 min)
+  scripts/bench --quick            N=10,100, 3 repeats, small sections (CI: ~1 min)
+  scripts/bench --smoke            every row and target at the least sizes (the tests: ~15 s CPU)
   scripts/bench --no-peers         skip LangGraph / Pydantic AI
   scripts/bench --setup-peers      only create .bench-venv/ with the pinned peers
   scripts/bench --json-out PATH    where the JSON goes (default: bench-results.json)
@@ -48,6 +49,7 @@ from bench_async import worker as async_cost_worker  # noqa: E402
 from bench_common import (  # noqa: E402 - the path above makes the sibling importable
     PROMPT,
     SQLITE_PRAGMAS,
+    by_mode,
     describe_error,
     echo,
     emit,
@@ -92,26 +94,26 @@ def log(message: str) -> None:
 
 # Configuration ---------------------------------------------------------------------------------
 class Plan:
-    """What a run measures: --quick keeps everything small."""
+    """What a run measures: --quick keeps everything small, --smoke smaller still (every row, no figure)."""
 
-    def __init__(self, quick: bool) -> None:
-        self.quick = quick
-        self.sizes = [10, 100] if quick else [10, 100, 1000]
-        self.repeats = {10: 3, 100: 3} if quick else {10: 15, 100: 7, 1000: 5}
-        self.growth_calls = 100 if quick else 1000
-        self.growth_early, self.growth_late = 10, (100 if quick else 1000)
-        self.resume_sizes = [100] if quick else [100, 1000]
-        self.memory_sizes = [100, 1000] if quick else [1000, 10000]
-        self.resume_repeats = 3 if quick else 7
-        self.concurrency_k = [1, 4] if quick else [1, 4, 16, 64]
-        self.concurrency_calls = 10 if quick else 25
-        self.concurrency_repeats = 1 if quick else 3
-        self.processes_p = [1, 2] if quick else [1, 2, 4, 8]
-        self.process_runs = 3 if quick else 6
-        self.scale_k = scale_ks(quick)
-        self.scale_calls = 10
-        self.scale_repeats = 1 if quick else 3
-        self.scale_parked = 100 if quick else 1000
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sizes = by_mode(mode, [10, 100, 1000], [10, 100], [5])
+        self.repeats = by_mode(mode, {10: 15, 100: 7, 1000: 5}, {10: 3, 100: 3}, {5: 1})
+        self.growth_calls = by_mode(mode, 1000, 100, 10)
+        self.growth_early, self.growth_late = by_mode(mode, (10, 1000), (10, 100), (1, 11))
+        self.resume_sizes = by_mode(mode, [100, 1000], [100], [10])
+        self.memory_sizes = by_mode(mode, [1000, 10000], [100, 1000], [5, 10])
+        self.resume_repeats = by_mode(mode, 7, 3, 1)
+        self.concurrency_k = by_mode(mode, [1, 4, 16, 64], [1, 4], [2])
+        self.concurrency_calls = by_mode(mode, 25, 10, 2)
+        self.concurrency_repeats = by_mode(mode, 3, 1, 1)
+        self.processes_p = by_mode(mode, [1, 2, 4, 8], [1, 2], [2])
+        self.process_runs = by_mode(mode, 6, 3, 1)
+        self.scale_k = scale_ks(mode)
+        self.scale_calls = by_mode(mode, 10, 10, 2)
+        self.scale_repeats = by_mode(mode, 3, 1, 1)
+        self.scale_parked = by_mode(mode, 1000, 100, 4)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -1116,7 +1118,7 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0915 - one table after a
     if "scale" in results:
         out.extend(report_scale(results["scale"], meta["plan"], fmt, table))
     if "scaleout" in results:
-        out.extend(report_scaleout(results["scaleout"], meta["mode"] == "quick", fmt, table))
+        out.extend(report_scaleout(results["scaleout"], meta["mode"], fmt, table))
     if results.get("targets"):
         out.append("\n### Targets\n")
         out.append(
@@ -1148,7 +1150,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
     plan = results["meta"]["plan"]
     over = {(r["system"], r["n"]): r for r in results.get("overhead", []) if r["status"] == "ok"}
-    too_small = "quick" if results["meta"]["mode"] == "quick" else f"below {TARGET_STEPS} steps"
+    too_small = results["meta"]["mode"] if results["meta"]["mode"] != "full" else f"below {TARGET_STEPS} steps"
 
     def add(target: str, measured: str, met: bool | None, *, steps: int | None = None) -> None:
         """Record a verdict; one measured on fewer than TARGET_STEPS ``steps`` is shown, not judged."""
@@ -1206,7 +1208,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     f"driver memory flat in N: peak N={big} <= 1.2x N={small} ({measure}, history {history})",
                     f"{high:.2f} / {low:.2f} MiB = {ratio:.2f}x",
                     ratio <= 1.2,
-                    steps=0 if results["meta"]["mode"] == "quick" else steps_of(big),
+                    steps=steps_of(big) if results["meta"]["mode"] == "full" else 0,
                 )
     growth = next(
         (r for r in results.get("growth", []) if r["system"] == "tether-sqlite" and r["status"] == "ok"), None
@@ -1235,19 +1237,28 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row["resume_ms"] <= 10,
                 steps=row["history_steps"],
             )
-    return found + section_targets(results)
+    return shown_only_in_smoke(found + section_targets(results), results["meta"]["mode"])
+
+
+def shown_only_in_smoke(found: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """The targets, none judged in a smoke run (its figures mean nothing: it shows that each is written)."""
+    if mode == "smoke":
+        for row in found:
+            if row["met"] is not None:
+                row.update(met=None, not_judged=mode)
+    return found
 
 
 def section_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets the section modules judge (async step cost, service scale, scale-out)."""
     found = []
-    quick = results["meta"]["mode"] == "quick"
+    mode = results["meta"]["mode"]
     if "async_cost" in results:
         found.extend(async_cost_targets(results["async_cost"]))
     if "scale" in results:
-        found.extend(scale_targets(results["scale"], results["meta"]["plan"], quick))
+        found.extend(scale_targets(results["scale"], results["meta"]["plan"], mode))
     if "scaleout" in results:
-        found.extend(scaleout_targets(results["scaleout"], quick))
+        found.extend(scaleout_targets(results["scaleout"], mode))
     return found
 
 
@@ -1268,7 +1279,8 @@ def check_postgres(base_url: str) -> str | None:
 
 def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in order
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes and repeats (CI smoke, < 1 minute)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and repeats (CI, about a minute)")
+    parser.add_argument("--smoke", action="store_true", help="the least that writes every row (tests; no figure)")
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and Pydantic AI")
     parser.add_argument("--json-out", type=Path, default=ROOT / "bench-results.json")
     parser.add_argument("--pg-url", default=os.environ.get("TETHER_BENCH_PG_URL", DEFAULT_PG))
@@ -1286,6 +1298,7 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     parser.add_argument("--late", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
 
     if args.worker == "growth":
         try:
@@ -1304,19 +1317,23 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     if args.worker == "scale":
         ks = [int(k) for k in args.sizes.split(",")]
         try:
-            emit(scale_worker(args.system, args.pg_url, ks, calls=args.calls, repeats=args.repeats, parked=args.runs))
+            emit(
+                scale_worker(
+                    args.system, args.pg_url, ks, calls=args.calls, repeats=args.repeats, parked=args.runs, mode=mode
+                )
+            )
         except Exception as error:  # noqa: BLE001
             traceback.print_exc()
             emit([unavailable(describe_error(error), system=args.system, k=k) for k in ks])
         return 0
     if args.worker == "async-cost":
-        emit(async_cost_worker(args.dir, args.quick))
+        emit(async_cost_worker(args.dir, mode))
         return 0
     if args.worker == "pg-proc":
         worker_pg_proc(args.pg_url, args.runs, args.calls)
         return 0
 
-    plan = Plan(args.quick)
+    plan = Plan(mode)
     if args.sizes:
         plan.sizes = [int(s) for s in args.sizes.split(",")]
     for n in plan.sizes:
@@ -1334,7 +1351,7 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
     results: dict[str, Any] = {
         "meta": {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "mode": "quick" if args.quick else "full",
+            "mode": mode,
             "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "plan": plan.to_dict(),
             "machine": machine(None if pg_error else args.pg_url, peers),
@@ -1353,7 +1370,7 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
                 results["overhead"] = section_overhead(plan, workdir, pg_url, pg_why, peers)
             if "async" in sections:
                 log("async step cost")
-                results["async_cost"] = section_async_cost(args.quick, workdir, run_worker)
+                results["async_cost"] = section_async_cost(mode, workdir, run_worker)
             if "growth" in sections:
                 results["growth"] = section_growth(plan, workdir, peers)
             if "memory" in sections:
@@ -1365,7 +1382,7 @@ def main() -> int:  # noqa: PLR0915 - argument handling, then the sections in or
             if "scale" in sections:
                 results["scale"] = section_scale(plan, workdir, pg_url, pg_why, peers=peers, run_worker=run_worker)
             if "scaleout" in sections:
-                results["scaleout"] = section_scaleout(args.quick, args.pg_url, pg_error, log)
+                results["scaleout"] = section_scaleout(mode, args.pg_url, pg_error, log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["meta"]["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import PROMPT, describe_error, steps_of, unavailable
+from bench_common import PROMPT, by_mode, describe_error, mode_flag, steps_of, unavailable
 
 CALLS = 10
 """Tool calls per run (21 steps)."""
@@ -31,20 +31,20 @@ SYSTEMS = {
 }
 
 
-def plan_of(quick: bool) -> dict[str, int]:
+def plan_of(mode: str) -> dict[str, int]:
     """K, the repeats, and the sequential runs per repeat."""
-    return {"k": 16 if quick else 64, "repeats": 3 if quick else 7, "runs": 8 if quick else 24}
+    return {"k": by_mode(mode, 64, 16, 2), "repeats": by_mode(mode, 7, 3, 1), "runs": by_mode(mode, 24, 8, 1)}
 
 
-def measure(workdir: Path, quick: bool) -> list[dict[str, Any]]:
+def measure(workdir: Path, mode: str) -> list[dict[str, Any]]:
     """Every row of the section (in this process: call it from a worker)."""
     from bench import open_async_sql_store, open_sql_store, tether_agent, tether_run
     from bench_scale import import_sdks, slow_agent
 
     from tether import AsyncRunner, Runner
 
-    import_sdks()
-    plan = plan_of(quick)
+    import_sdks(mode)
+    plan = plan_of(mode)
     k, steps = plan["k"], steps_of(CALLS)
     store = open_sql_store(f"sqlite:///{workdir / 'sync-cost.db'}")
     runner = Runner(tether_agent(CALLS), store)
@@ -99,17 +99,17 @@ def per_step(runs: Any) -> float:
     return (time.process_time() - started) / count
 
 
-def section_async_cost(quick: bool, workdir: Path, run_worker: Any) -> list[dict[str, Any]]:
+def section_async_cost(mode: str, workdir: Path, run_worker: Any) -> list[dict[str, Any]]:
     """The section, from a worker process of its own."""
     command = [sys.executable, str(Path(__file__).with_name("bench.py")), "--worker", "async-cost"]
-    command += ["--dir", str(workdir)] + (["--quick"] if quick else [])
+    command += ["--dir", str(workdir), *mode_flag(mode)]
     found = run_worker(command, timeout=1200, system="async-sqlite-k")
     return found if isinstance(found, list) else [found]
 
 
-def worker(workdir: Path, quick: bool) -> list[dict[str, Any]]:
+def worker(workdir: Path, mode: str) -> list[dict[str, Any]]:
     try:
-        return measure(workdir, quick)
+        return measure(workdir, mode)
     except Exception as error:  # noqa: BLE001 - a failure is a row
         return [unavailable(describe_error(error), system=name) for name in SYSTEMS]
 

@@ -17,11 +17,27 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PROMPT = "Call the echo tool until you are done."
 SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 """tether's SQLite settings (stores/sql.py); every SQLite row of the bench uses them."""
+
+
+def by_mode(mode: str, full: T, quick: T, smoke: T) -> T:
+    """A plan's value for the run's mode: ``full``, ``quick`` (small; CI) or ``smoke``.
+
+    ``smoke`` is the least that still runs every section's code and writes every row and
+    target (tests/test_bench_smoke.py): its figures mean nothing.
+    """
+    return {"full": full, "quick": quick, "smoke": smoke}[mode]
+
+
+def mode_flag(mode: str) -> list[str]:
+    """The option that gives a worker process the run's mode (none for a full run)."""
+    return [] if mode == "full" else [f"--{mode}"]
 
 
 def reply(index: int, calls: int, *, gate: bool = False) -> dict[str, Any]:

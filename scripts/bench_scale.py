@@ -21,9 +21,11 @@ from bench_common import (
     MODEL_DELAY,
     PROMPT,
     TOOL_DELAY,
+    by_mode,
     describe_error,
     echo,
     gate,
+    mode_flag,
     parked_memory,
     reply,
     scale_point,
@@ -44,7 +46,7 @@ LABELS = {
 }
 SAME_STORE = {"tether-sqlite": "langgraph-sqlite", "tether-postgres": "langgraph-postgres"}
 TARGET_K = 256
-"""The throughput target is judged at this K (the largest K below it in quick mode is shown, not judged)."""
+"""The throughput target is judged at this K (with --quick or --smoke, the largest K is shown, not judged)."""
 
 
 def slow_agent(calls: int, *, gate_tool: bool = False) -> Any:
@@ -80,20 +82,26 @@ def slow_agent(calls: int, *, gate_tool: bool = False) -> Any:
     return Agent(model=model, tools=tools, limits=Limits(max_steps=calls + 5))
 
 
-def import_sdks() -> None:
-    """Both vendor SDKs, imported as a service that calls them has: ~170,000 more objects on the heap."""
+def import_sdks(mode: str) -> None:
+    """Both vendor SDKs, imported as a service that calls them has: ~170,000 more objects on the heap.
+
+    Not with --smoke: its figures mean nothing, and the imports take 1.5 s of CPU in each worker.
+    """
+    if mode == "smoke":
+        return
     import anthropic  # noqa: F401, TID251 - the host service imports it, for the objects it leaves
     import openai  # noqa: F401, TID251
 
 
 async def run_scale(
-    system: str, url: str, ks: list[int], *, calls: int, repeats: int, parked: int
+    system: str, url: str, ks: list[int], *, calls: int, repeats: int, parked: int, mode: str
 ) -> list[dict[str, Any]]:
     """Every K on one AsyncSQLStore, then the parked-run memory (in this worker process; none if ``parked`` is 0).
 
-    Both SDKs are imported first; the runner freezes the heap (its default) unless ``system`` is UNFROZEN.
+    Both SDKs are imported first (not with --smoke); the runner freezes the heap (its default)
+    unless ``system`` is UNFROZEN.
     """
-    import_sdks()
+    import_sdks(mode)
     from tether import AsyncRunner
     from tether.stores.sql import AsyncSQLStore, SQLStore
 
@@ -143,13 +151,15 @@ async def park_runs(system: str, store: Any, parked: int) -> dict[str, Any]:
         for start in range(0, count, 64):
             await asyncio.gather(*(park_one() for _ in range(min(64, count - start))))
 
-    await park(64)  # warm-up: statement caches, the pool
+    await park(min(64, parked))  # warm-up: statement caches, the pool
     print(f"[scale] {system} parking {parked} runs", file=sys.stderr, flush=True)
     return await parked_memory(system, parked, lambda: park(parked))
 
 
-def worker(system: str, url: str, ks: list[int], *, calls: int, repeats: int, parked: int) -> list[dict[str, Any]]:
-    return asyncio.run(run_scale(system, url, ks, calls=calls, repeats=repeats, parked=parked))
+def worker(
+    system: str, url: str, ks: list[int], *, calls: int, repeats: int, parked: int, mode: str
+) -> list[dict[str, Any]]:
+    return asyncio.run(run_scale(system, url, ks, calls=calls, repeats=repeats, parked=parked, mode=mode))
 
 
 def section_scale(
@@ -188,6 +198,7 @@ def section_scale(
             str(plan.scale_repeats),
             "--runs",
             str(parked),
+            *mode_flag(plan.mode),
         ]
         found = run_worker(command, timeout=1800, system=system, k=None)
         rows.extend(found if isinstance(found, list) else [found])
@@ -271,12 +282,12 @@ def gc_passes(row: dict[str, Any], fmt: Any) -> str:
     return f"{row['gc_full_passes']} ({fmt(row['gc_full_longest_ms'], 1)} / {fmt(row['gc_full_longest_cpu_ms'], 1)})"
 
 
-def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
+def scale_targets(rows: list[dict[str, Any]], plan: dict[str, Any], mode: str) -> list[dict[str, Any]]:
     """The section's targets, as ratios from this run (never timed assertions)."""
     found: list[dict[str, Any]] = []
     ok = {(r["system"], r.get("k")): r for r in rows if r["status"] == "ok" and r.get("k") is not None}
     judged_k = TARGET_K if TARGET_K in plan["scale_k"] else max(plan["scale_k"])
-    not_judged = "quick" if quick else None  # too few K and repeats to judge
+    not_judged = None if mode == "full" else mode  # too few K and repeats to judge
 
     def add(target: str, measured: str, met: bool | None) -> None:
         row: dict[str, Any] = {"target": target, "measured": measured, "met": met}
@@ -346,5 +357,5 @@ def why_not(rows: list[dict[str, Any]], system: str, k: int) -> str:
     return next((r["why"] for r in reasons if r.get("k") == k), reasons[0]["why"] if reasons else "not measured")
 
 
-def scale_ks(quick: bool) -> list[int]:
-    return [1, 16, 64] if quick else [1, 16, 64, 256, 1024]
+def scale_ks(mode: str) -> list[int]:
+    return by_mode(mode, [1, 16, 64, 256, 1024], [1, 16, 64], [2])

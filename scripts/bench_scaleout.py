@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from bench_common import MODEL_DELAY, describe_error, reply, unavailable
+from bench_common import MODEL_DELAY, by_mode, describe_error, reply, unavailable
 
 CALLS, CONCURRENCY = 3, 16
 HERE = Path(__file__).resolve()
 
 
-def scaleout_plan(quick: bool) -> dict[str, Any]:
-    return {"p": [1, 2] if quick else [1, 2, 4], "runs": 20 if quick else 200, "calls": CALLS}
+def scaleout_plan(mode: str) -> dict[str, Any]:
+    return {"p": by_mode(mode, [1, 2, 4], [1, 2], [1, 2]), "runs": by_mode(mode, 200, 20, 4), "calls": CALLS}
 
 
 def bench_agent() -> Any:
@@ -162,8 +162,8 @@ def measure(base_url: str, p: int, runs: int) -> dict[str, Any]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def section_scaleout(quick: bool, base_url: str, pg_error: str | None, log: Any) -> list[dict[str, Any]]:
-    plan = scaleout_plan(quick)
+def section_scaleout(mode: str, base_url: str, pg_error: str | None, log: Any) -> list[dict[str, Any]]:
+    plan = scaleout_plan(mode)
     rows = []
     for p in plan["p"]:
         if pg_error:
@@ -182,8 +182,8 @@ def section_scaleout(quick: bool, base_url: str, pg_error: str | None, log: Any)
     return rows
 
 
-def report_scaleout(rows: list[dict[str, Any]], quick: bool, fmt: Any, table: Any) -> list[str]:
-    plan = scaleout_plan(quick)
+def report_scaleout(rows: list[dict[str, Any]], mode: str, fmt: Any, table: Any) -> list[str]:
+    plan = scaleout_plan(mode)
     out = [
         f"\n### 6. Scale-out (P `tether worker` processes, {CONCURRENCY} runs each, one PostgreSQL; "
         f"{plan['runs']} runs of {CALLS} tool calls; model {MODEL_DELAY * 1000:.0f} ms)\n"
@@ -223,7 +223,7 @@ def report_scaleout(rows: list[dict[str, Any]], quick: bool, fmt: Any, table: An
     return out
 
 
-def scaleout_targets(rows: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
+def scaleout_targets(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     ok = [r for r in rows if r["status"] == "ok"]
     found: list[dict[str, Any]] = []
     if not ok:
@@ -237,8 +237,8 @@ def scaleout_targets(rows: list[dict[str, Any]], quick: bool) -> list[dict[str, 
             "measured": f"{two['runs_ratio']:.2f}x",
             "met": two["runs_ratio"] >= 1.6,
         }
-        if quick:
-            row.update(met=None, not_judged="quick")
+        if mode != "full":
+            row.update(met=None, not_judged=mode)
         found.append(row)
     return found
 
