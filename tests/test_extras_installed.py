@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ class Venv:
 
     path: Path
     extra: str | None
+    missing: dict[str, str | None] = field(default_factory=dict)
+    """For each extra, tether.extras.require()'s message if one of its modules is not here, else None."""
 
     @property
     def python(self) -> str:
@@ -162,24 +164,24 @@ class Bytecode:
 
     def take(self, venv: Venv) -> None:
         """Link into ``venv`` the bytecode other venvs compiled for its modules."""
+        stored = set(os.listdir(self.store))
         for folder, _, files in os.walk(venv.site_packages):
             for name in files:
-                if name.endswith(".py"):
-                    source = Path(folder, name)
-                    _link(self.store / self._key(source), source.parent / "__pycache__" / (source.stem + self.SUFFIX))
+                if name.endswith(".py") and (key := self._key(Path(folder, name))) in stored:
+                    _link(self.store / key, Path(folder, "__pycache__", name.removesuffix(".py") + self.SUFFIX))
 
     def give(self, venv: Venv) -> None:
         """Link into the store the bytecode ``venv`` compiled, for the next venvs."""
         for cache in venv.site_packages.rglob("__pycache__"):
             for compiled in cache.glob(f"*{self.SUFFIX}"):
                 source = cache.parent / (compiled.name.removesuffix(self.SUFFIX) + ".py")
-                if source.exists():
+                if compiled.stat().st_nlink == 1 and source.exists():  # compiled here, not taken
                     _link(compiled, self.store / self._key(source))
 
 
 def _link(existing: Path, new: Path) -> None:
-    """A hard link ``new`` to ``existing``; nothing if ``existing`` is missing or ``new`` is there already."""
-    if existing.exists() and not new.exists():
+    """A hard link ``new`` to ``existing``, unless ``new`` is there already."""
+    if not new.exists():
         new.parent.mkdir(exist_ok=True)
         with contextlib.suppress(FileExistsError):  # another xdist worker linked it, or Python wrote it, just now
             new.hardlink_to(existing)
@@ -213,9 +215,11 @@ def venvs(wheel: Path, bytecode: Bytecode, tmp_path_factory: pytest.TempPathFact
             done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=venv.env())
             assert done.returncode == 0, done.stderr
         bytecode.take(venv)
-        where = venv.run(path, "python", "-c", "import tether; print(tether.__file__)")
-        assert where.returncode == 0, where.stderr
-        assert Path(where.stdout.strip()).is_relative_to(path)  # the wheel's tether, not this source tree
+        checked = venv.run(path, "python", "-c", INSTALLED_CHECK)
+        assert checked.returncode == 0, checked.stderr
+        found = json.loads(checked.stdout)
+        assert Path(found["tether"]).is_relative_to(path)  # the wheel's tether, not this source tree
+        venv.missing = found["missing"]
         made[extra] = venv
         return venv
 
@@ -236,11 +240,30 @@ def installed(venvs: Installed, bytecode: Bytecode) -> Iterator[Installed]:
         bytecode.give(venv)
 
 
+INSTALLED_CHECK = textwrap.dedent(
+    """
+    import json, tether
+    from tether.extras import MODULES, require
+
+    missing = {}
+    for extra in MODULES:
+        try:
+            require(extra, "this check")
+        except ImportError as error:
+            missing[extra] = str(error)
+        else:
+            missing[extra] = None
+    print(json.dumps({"tether": tether.__file__, "missing": missing}))
+    """
+)
+"""Run in each venv once it is made (one process: each costs tether's import): where tether is, and
+what :func:`tether.extras.require` says of each extra."""
+
+
 def has_every_module_of(venv: Venv, *extras: str) -> None:
     """tether.extras.require() finds every module ``extras`` bring: the extra installs what tether says it does."""
-    check = f"from tether.extras import require\nfor extra in {list(extras)!r}:\n    require(extra, 'this check')"
-    done = venv.run(venv.path, "python", "-c", check)
-    assert done.returncode == 0, done.stderr
+    said = {extra: venv.missing[extra] for extra in extras}
+    assert not any(said.values()), said
 
 
 def scripted(where: Path, *turns: dict[str, Any]) -> str:
