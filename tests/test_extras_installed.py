@@ -65,7 +65,11 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tether's wheel, built once for the session (the first xdist worker builds it, the others wait)."""
+    """tether's wheel, built once for the session (the first xdist worker builds it, the others wait).
+
+    Its dependencies are then resolved once, online, so uv's cache holds PyPI's index as it is now
+    and each venv installs offline (as a fresh resolution would, without asking PyPI again per package).
+    """
     shared = shared_dir(tmp_path_factory)
     out = shared / "wheel"
     with (shared / "wheel.lock").open("w") as lock:
@@ -74,8 +78,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             build = [sys.executable, "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(out), str(ROOT)]
             done = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
             assert done.returncode == 0, done.stdout + done.stderr
+            [built] = out.glob("tether-*.whl")
+            resolve = ("pip", "compile", "--quiet", "--python", sys.executable, "-o", os.devnull, "-")
+            done = uv(*resolve, stdin=f"tether[all] @ {built.as_uri()}")
+            assert done.returncode == 0, done.stderr
     [built] = out.glob("tether-*.whl")
     return built
+
+
+def uv(*args: str, env: Mapping[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``uv ARGS``, to its end."""
+    return subprocess.run(
+        [str(UV), *args], input=stdin, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 @dataclass
@@ -208,12 +223,13 @@ def venvs(wheel: Path, bytecode: Bytecode, tmp_path_factory: pytest.TempPathFact
         path = tmp_path_factory.mktemp(f"venv-{extra or 'base'}")
         venv = Venv(path, extra)
         requirement = f"{wheel}[{extra}]" if extra else str(wheel)
-        for command in (
-            [str(UV), "venv", "--quiet", "--python", sys.executable, str(path)],
-            [str(UV), "pip", "install", "--quiet", "--python", venv.python, requirement],
-        ):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=venv.env())
-            assert done.returncode == 0, done.stderr
+        done = uv("venv", "--quiet", "--python", sys.executable, str(path), env=venv.env())
+        assert done.returncode == 0, done.stderr
+        install = ("pip", "install", "--quiet", "--python", venv.python, requirement)
+        done = uv(*install, "--offline", env=venv.env())
+        if done.returncode != 0:  # a package the session's resolution did not download: from PyPI, then
+            done = uv(*install, env=venv.env())
+        assert done.returncode == 0, done.stderr
         bytecode.take(venv)
         checked = venv.run(path, "python", "-c", INSTALLED_CHECK)
         assert checked.returncode == 0, checked.stderr
