@@ -5,11 +5,13 @@ lacks a package. Here the wheel is built once per session (``python -m build``) 
 with one extra and nothing else into a venv of its own (``uv``: seconds each, from one shared
 cache), where a real smoke of the feature runs: the worker drives a detached run to done on
 PostgreSQL, ``tether ui`` serves a page, an MCP server's tool runs, and so on. The base install
-runs the demo and says, in one line naming the extra, what each missing feature needs.
+runs the demo and says, in one line naming the extra, what each missing feature needs. Each module's
+bytecode is compiled once and shared by the venvs (:class:`Bytecode`), not compiled again in each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -22,8 +24,8 @@ import textwrap
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +57,20 @@ ONE_LINE = (
 """What a missing extra prints on stderr, and nothing else."""
 
 
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary directory: under xdist, the one above each worker's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tether's wheel, built once for the session (the first xdist worker builds it, the others wait)."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the session's directory, above each worker's own
+    """tether's wheel, built once for the session (the first xdist worker builds it, the others wait).
+
+    Its dependencies are then resolved once, online, so uv's cache holds PyPI's index as it is now
+    and each venv installs offline (as a fresh resolution would, without asking PyPI again per package).
+    """
+    shared = shared_dir(tmp_path_factory)
     out = shared / "wheel"
     with (shared / "wheel.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -68,8 +78,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             build = [sys.executable, "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(out), str(ROOT)]
             done = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
             assert done.returncode == 0, done.stdout + done.stderr
+            [built] = out.glob("tether-*.whl")
+            resolve = ("pip", "compile", "--quiet", "--python", sys.executable, "-o", os.devnull, "-")
+            done = uv(*resolve, stdin=f"tether[all] @ {built.as_uri()}")
+            assert done.returncode == 0, done.stderr
     [built] = out.glob("tether-*.whl")
     return built
+
+
+def uv(*args: str, env: Mapping[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``uv ARGS``, to its end."""
+    return subprocess.run(
+        [str(UV), *args], input=stdin, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 @dataclass
@@ -78,6 +99,8 @@ class Venv:
 
     path: Path
     extra: str | None
+    missing: dict[str, str | None] = field(default_factory=dict)
+    """For each extra, tether.extras.require()'s message if one of its modules is not here, else None."""
 
     @property
     def python(self) -> str:
@@ -124,43 +147,139 @@ class Venv:
             preexec_fn=default_signals,  # noqa: PLW1509 - it is stopped with Ctrl-C (SIGINT), even under nohup
         )
 
+    @property
+    def site_packages(self) -> Path:
+        [found] = (self.path / "lib").glob("python*/site-packages")
+        return found
+
+
+class Bytecode:
+    """Compiled modules shared by the venvs, so each module is compiled once per session, not once per venv.
+
+    A fresh venv has no bytecode: its first ``import`` of sqlalchemy, pydantic, rich, anthropic...
+    compiles them, seconds of CPU in each of a dozen venvs. uv links every venv's files to the same
+    files of its cache, so a module's source is one file (one inode) in all of them, and its
+    bytecode (``__pycache__/NAME.TAG.pyc``) is the same too: :meth:`give` links a venv's bytecode
+    into a store named by that file, :meth:`take` links it into the next venv. Python still checks
+    each against its source's mtime and size (a mismatch is compiled again), and only bytecode is
+    shared: each venv installs its own packages. Where uv copies instead (another filesystem),
+    nothing matches and each venv compiles its own, as before.
+    """
+
+    SUFFIX = f".{sys.implementation.cache_tag}.pyc"
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        store.mkdir(exist_ok=True)
+
+    def _key(self, source: Path) -> str:
+        """The store's name for ``source``: the file itself (device, inode) as it is (size, mtime)."""
+        st = source.stat()
+        return f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+
+    def take(self, venv: Venv) -> None:
+        """Link into ``venv`` the bytecode other venvs compiled for its modules."""
+        stored = set(os.listdir(self.store))
+        for folder, _, files in os.walk(venv.site_packages):
+            for name in files:
+                if name.endswith(".py") and (key := self._key(Path(folder, name))) in stored:
+                    _link(self.store / key, Path(folder, "__pycache__", name.removesuffix(".py") + self.SUFFIX))
+
+    def give(self, venv: Venv) -> None:
+        """Link into the store the bytecode ``venv`` compiled, for the next venvs."""
+        for cache in venv.site_packages.rglob("__pycache__"):
+            for compiled in cache.glob(f"*{self.SUFFIX}"):
+                source = cache.parent / (compiled.name.removesuffix(self.SUFFIX) + ".py")
+                if compiled.stat().st_nlink == 1 and source.exists():  # compiled here, not taken
+                    _link(compiled, self.store / self._key(source))
+
+
+def _link(existing: Path, new: Path) -> None:
+    """A hard link ``new`` to ``existing``, unless ``new`` is there already."""
+    if not new.exists():
+        new.parent.mkdir(exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another xdist worker linked it, or Python wrote it, just now
+            new.hardlink_to(existing)
+
 
 Installed = Callable[[str | None], Venv]
 """The :func:`installed` fixture."""
 
 
 @pytest.fixture(scope="session")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """``installed("worker")``: a fresh venv with the wheel and that extra alone (``None``: no extra), made once."""
-    venvs: dict[str | None, Venv] = {}
+def bytecode(tmp_path_factory: pytest.TempPathFactory) -> Bytecode:
+    """The session's :class:`Bytecode` (one for all xdist workers)."""
+    return Bytecode(shared_dir(tmp_path_factory) / "bytecode")
+
+
+@pytest.fixture(scope="session")
+def venvs(wheel: Path, bytecode: Bytecode, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """``venvs("worker")``: a fresh venv with the wheel and that extra alone (``None``: no extra), made once."""
+    made: dict[str | None, Venv] = {}
 
     def make(extra: str | None) -> Venv:
-        if extra in venvs:
-            return venvs[extra]
+        if extra in made:
+            return made[extra]
         path = tmp_path_factory.mktemp(f"venv-{extra or 'base'}")
         venv = Venv(path, extra)
         requirement = f"{wheel}[{extra}]" if extra else str(wheel)
-        for command in (
-            [str(UV), "venv", "--quiet", "--python", sys.executable, str(path)],
-            [str(UV), "pip", "install", "--quiet", "--python", venv.python, requirement],
-        ):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=venv.env())
-            assert done.returncode == 0, done.stderr
-        where = subprocess.run(
-            [venv.python, "-c", "import tether; print(tether.__file__)"], capture_output=True, text=True, check=True
-        )
-        assert Path(where.stdout.strip()).is_relative_to(path)  # the wheel's tether, not this source tree
-        venvs[extra] = venv
+        done = uv("venv", "--quiet", "--python", sys.executable, str(path), env=venv.env())
+        assert done.returncode == 0, done.stderr
+        install = ("pip", "install", "--quiet", "--python", venv.python, requirement)
+        done = uv(*install, "--offline", env=venv.env())
+        if done.returncode != 0:  # a package the session's resolution did not download: from PyPI, then
+            done = uv(*install, env=venv.env())
+        assert done.returncode == 0, done.stderr
+        bytecode.take(venv)
+        checked = venv.run(path, "python", "-c", INSTALLED_CHECK)
+        assert checked.returncode == 0, checked.stderr
+        found = json.loads(checked.stdout)
+        assert Path(found["tether"]).is_relative_to(path)  # the wheel's tether, not this source tree
+        venv.missing = found["missing"]
+        made[extra] = venv
         return venv
 
     return make
 
 
+@pytest.fixture
+def installed(venvs: Installed, bytecode: Bytecode) -> Iterator[Installed]:
+    """``installed("worker")``: the venv of that extra (see :func:`venvs`); what the test compiled is shared after."""
+    used: list[Venv] = []
+
+    def get(extra: str | None) -> Venv:
+        used.append(venvs(extra))
+        return used[-1]
+
+    yield get
+    for venv in used:
+        bytecode.give(venv)
+
+
+INSTALLED_CHECK = textwrap.dedent(
+    """
+    import json, tether
+    from tether.extras import MODULES, require
+
+    missing = {}
+    for extra in MODULES:
+        try:
+            require(extra, "this check")
+        except ImportError as error:
+            missing[extra] = str(error)
+        else:
+            missing[extra] = None
+    print(json.dumps({"tether": tether.__file__, "missing": missing}))
+    """
+)
+"""Run in each venv once it is made (one process: each costs tether's import): where tether is, and
+what :func:`tether.extras.require` says of each extra."""
+
+
 def has_every_module_of(venv: Venv, *extras: str) -> None:
     """tether.extras.require() finds every module ``extras`` bring: the extra installs what tether says it does."""
-    check = f"from tether.extras import require\nfor extra in {list(extras)!r}:\n    require(extra, 'this check')"
-    done = subprocess.run([venv.python, "-c", check], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+    said = {extra: venv.missing[extra] for extra in extras}
+    assert not any(said.values()), said
 
 
 def scripted(where: Path, *turns: dict[str, Any]) -> str:
