@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import re
@@ -608,14 +609,32 @@ def run_script(script: Path, *args: str, timeout: float = PROCESS_WAIT) -> subpr
     return start_script(script, *args).finish(timeout)
 
 
-FORKSERVER_PRELOAD = ["support", "tether", "tether.stores.sql", "tether.testing", "sqlalchemy", "psycopg"]
+FORKSERVER_PRELOAD = [
+    *("support", "tether", "tether.stores.sql", "tether.testing", "sqlalchemy", "psycopg"),
+    "forkserver_frozen",
+]
 """What the forked drivers share, imported once by the server."""
 
 
 @functools.cache
 def _forkserver() -> Any:
+    """The forkserver context, its server started with tests/ on its path.
+
+    Python 3.11's forkserver ignores the ``sys.path`` it is handed, and skips a preload it cannot
+    import without a word: without PYTHONPATH, ``support`` (and pytest with it) was imported
+    again by every driver, unpickling its target (0.09 s of CPU each), and nothing was frozen.
+    """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *filter(None, [saved])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     return context
 
 
