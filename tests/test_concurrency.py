@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from concurrency_driver import agent
-from support import PROCESS_WAIT, fake_api_env, finish_all, start_script, start_tether
+from support import PROCESS_WAIT, fake_api_env, finish_tether_forked, start_script, start_tether_forked
 from tether import Runner
 from tether.drivers.loader import agent_from_spec
 from tether.stores.sql import SQLStore
@@ -107,15 +107,16 @@ def test_processes_resuming_one_run_at_once_make_one_model_call(
     for _ in range(PROCESSES):
         api.reply_with(held_answer)
     resumers = [
-        start_tether(tmp_path, "resume", run_id, "--json", "--db", db_url, env=fake_api_env(api))
+        start_tether_forked(tmp_path, "resume", run_id, "--json", "--db", db_url, env=fake_api_env(api))
         for _ in range(PROCESSES)
     ]
-    deadline = time.monotonic() + PROCESS_WAIT  # on a busy machine each process takes seconds just to start
-    while sum(process.poll() is not None for process in resumers) < PROCESSES - 1 and len(api.requests) < 2:
-        assert time.monotonic() < deadline, f"{len(api.requests)} model calls, exits {[p.poll() for p in resumers]}"
+    deadline = time.monotonic() + PROCESS_WAIT  # on a busy machine each process may take seconds to start
+    while sum(not r.process.is_alive() for r in resumers) < PROCESSES - 1 and len(api.requests) < 2:
+        exits = [r.process.exitcode for r in resumers]
+        assert time.monotonic() < deadline, f"{len(api.requests)} model calls, exits {exits}"
         time.sleep(0.01)
     release.set()
-    results = finish_all(*resumers)
+    results = [finish_tether_forked(resumer) for resumer in resumers]
     assert len(api.requests) == 1, f"{len(api.requests)} model calls"
     assert sorted(result.returncode for result in results) == [0] + [5] * (PROCESSES - 1), results
     for result in results:
