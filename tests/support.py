@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import re
@@ -586,21 +587,42 @@ class Script:
         return subprocess.CompletedProcess(self.args, code, out, err)
 
 
-def start_script(script: Path, *args: str) -> Script:
-    """Start the driver ``script ARGS`` as ``python script ARGS`` would, in :func:`clean_env`.
+def start_script(script: Path, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> Script:
+    """Start the driver ``script ARGS`` as ``python script ARGS`` would, in :func:`clean_env` plus ``env``.
 
     A real process of its own (it may SIGKILL itself, or race others), forked from a server
-    that imported tether, SQLAlchemy and psycopg once (multiprocessing's forkserver), instead
-    of a new interpreter importing them again: the crash tests start hundreds.
+    that imported tether, its CLI, SQLAlchemy, psycopg and the Anthropic SDK once
+    (multiprocessing's forkserver), instead of a new interpreter importing them again: the
+    crash tests start hundreds.
     """
     scratch = tempfile.TemporaryDirectory()
     argv = [str(script), *args]
+    out, err = (str(Path(scratch.name, name)) for name in ("out", "err"))
     process = _forkserver().Process(
         target=_as_script,
-        args=(str(script), argv, clean_env(), str(Path(scratch.name, "out")), str(Path(scratch.name, "err"))),
+        args=(str(script), argv, clean_env(**(env or {})), None if cwd is None else str(cwd), out, err),
     )
     process.start()
     return Script(argv, process, scratch)
+
+
+CLI_DRIVER = Path(__file__).with_name("cli_driver.py")
+
+
+def start_tether_forked(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> Script:
+    """:func:`start_tether`'s command as a process forked like :func:`start_script`'s drivers.
+
+    For commands that race in real processes of their own, where how tether starts is not the
+    point: a new interpreter imports tether and the Anthropic SDK anew, over a second of CPU.
+    Pair with :func:`finish_tether_forked`.
+    """
+    return start_script(CLI_DRIVER, *args, cwd=cwd, env=env)
+
+
+def finish_tether_forked(script: Script) -> CliResult:
+    """Wait for a command from :func:`start_tether_forked`: its result, as :func:`finish_tether` gives it."""
+    done = script.finish()
+    return CliResult(done.args[1:], done.returncode, done.stdout, done.stderr)
 
 
 def run_script(script: Path, *args: str, timeout: float = PROCESS_WAIT) -> subprocess.CompletedProcess[str]:
@@ -608,21 +630,43 @@ def run_script(script: Path, *args: str, timeout: float = PROCESS_WAIT) -> subpr
     return start_script(script, *args).finish(timeout)
 
 
-FORKSERVER_PRELOAD = ["support", "tether", "tether.stores.sql", "tether.testing", "sqlalchemy", "psycopg"]
+FORKSERVER_PRELOAD = [
+    *("support", "tether", "tether.stores.sql", "tether.testing", "sqlalchemy", "psycopg"),
+    *("tether.surfaces.cli", "anthropic", "tether.models.anthropic"),
+    "forkserver_frozen",
+]
 """What the forked drivers share, imported once by the server."""
 
 
 @functools.cache
 def _forkserver() -> Any:
+    """The forkserver context, its server started with tests/ on its path.
+
+    Python 3.11's forkserver ignores the ``sys.path`` it is handed, and skips a preload it cannot
+    import without a word: without PYTHONPATH, ``support`` (and pytest with it) was imported
+    again by every driver, unpickling its target (0.09 s of CPU each), and nothing was frozen.
+    """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *filter(None, [saved])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     return context
 
 
-def _as_script(script: str, argv: list[str], environment: dict[str, str], out: str, err: str) -> None:
-    """In the forked process: the environment, argv and output files ``python script`` would have, then the script."""
+def _as_script(script: str, argv: list[str], environment: dict[str, str], cwd: str | None, out: str, err: str) -> None:
+    """In the forked process: the environment, directory, argv and output files ``python script`` would have,
+    then the script."""
     os.environ.clear()
     os.environ.update(environment)
+    if cwd is not None:
+        os.chdir(cwd)
     sys.argv = argv
     sys.path.insert(0, str(Path(script).parent))
     for fd, path in ((1, out), (2, err)):

@@ -10,8 +10,6 @@ conftest.py: PostgreSQL in a fresh schema).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 
 from concurrency_driver import agent
-from support import PROCESS_WAIT, clean_env, fake_api_env, finish_all, start_script, start_tether
+from support import PROCESS_WAIT, fake_api_env, finish_tether_forked, start_script, start_tether_forked
 from tether import Runner
 from tether.drivers.loader import agent_from_spec
 from tether.stores.sql import SQLStore
@@ -109,15 +107,16 @@ def test_processes_resuming_one_run_at_once_make_one_model_call(
     for _ in range(PROCESSES):
         api.reply_with(held_answer)
     resumers = [
-        start_tether(tmp_path, "resume", run_id, "--json", "--db", db_url, env=fake_api_env(api))
+        start_tether_forked(tmp_path, "resume", run_id, "--json", "--db", db_url, env=fake_api_env(api))
         for _ in range(PROCESSES)
     ]
-    deadline = time.monotonic() + PROCESS_WAIT  # on a busy machine each process takes seconds just to start
-    while sum(process.poll() is not None for process in resumers) < PROCESSES - 1 and len(api.requests) < 2:
-        assert time.monotonic() < deadline, f"{len(api.requests)} model calls, exits {[p.poll() for p in resumers]}"
+    deadline = time.monotonic() + PROCESS_WAIT  # on a busy machine each process may take seconds to start
+    while sum(not r.process.is_alive() for r in resumers) < PROCESSES - 1 and len(api.requests) < 2:
+        exits = [r.process.exitcode for r in resumers]
+        assert time.monotonic() < deadline, f"{len(api.requests)} model calls, exits {exits}"
         time.sleep(0.01)
     release.set()
-    results = finish_all(*resumers)
+    results = [finish_tether_forked(resumer) for resumer in resumers]
     assert len(api.requests) == 1, f"{len(api.requests)} model calls"
     assert sorted(result.returncode for result in results) == [0] + [5] * (PROCESSES - 1), results
     for result in results:
@@ -148,27 +147,20 @@ store.close()
 
 def test_processes_claiming_one_lease_at_once_exactly_one_wins(db_url: str, tmp_path: Path) -> None:
     go = tmp_path / "go"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIM_ONCE, db_url, str(go)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_env(),
-        )
-        for _ in range(PROCESSES)
-    ]
+    script = tmp_path / "claim_once.py"
+    script.write_text(CLAIM_ONCE)
+    processes = [start_script(script, db_url, str(go)) for _ in range(PROCESSES)]
     while len(list(tmp_path.glob("go-ready-*"))) < PROCESSES:
-        if not all(p.poll() is None for p in processes):
+        if not all(p.process.is_alive() for p in processes):
             go.touch()  # the others go on to their end, so their output can be shown
-            raise AssertionError([p.communicate(timeout=PROCESS_WAIT) for p in processes])
+            raise AssertionError([p.finish() for p in processes])
         time.sleep(0.005)
     go.touch()
     outputs = []
     for process in processes:
-        out, err = process.communicate(timeout=PROCESS_WAIT)
-        assert process.returncode == 0, err
-        outputs.append(out.strip())
+        done = process.finish()
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip())
     assert sorted(outputs) == ["lost"] * (PROCESSES - 1) + ["won"], outputs
 
 
@@ -214,7 +206,7 @@ store.close()
 """
 
 
-def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str) -> None:
+def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str, tmp_path: Path) -> None:
     """Runner.load reads the version and the events at one instant: never a version behind them."""
     from tether.facts.events import Event, Warned
     from tether.stores import RunRecord
@@ -222,14 +214,17 @@ def test_a_run_loaded_while_another_process_writes_it_is_consistent(db_url: str)
     store = SQLStore(db_url)
     try:
         store.create_run(RunRecord(id="run_busy", status="thinking", version=1), [Event(0, 0.0, Warned("1"))])
-        writer = subprocess.Popen([sys.executable, "-c", APPEND_STEPS, db_url, "run_busy", "300"], env=clean_env())
+        script = tmp_path / "append_steps.py"
+        script.write_text(APPEND_STEPS)
+        writer = start_script(script, db_url, "run_busy", "300")
         loads = 0
-        while writer.poll() is None or loads == 0:
+        while writer.process.is_alive() or loads == 0:
             log = store.load_log("run_busy")
             assert log.events[-1].data["message"] == str(log.version)
             assert [e.seq for e in log.events] == list(range(log.version))
             loads += 1
-        assert writer.returncode == 0
+        written = writer.finish()
+        assert written.returncode == 0, written.stderr
         assert store.load_log("run_busy").version == 301
     finally:
         store.close()

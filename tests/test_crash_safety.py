@@ -4,11 +4,13 @@ The run must complete; no event may be lost or duplicated; every request the mod
 must be valid for the Messages API; every tool ran exactly as often as the crash point
 explains: an idempotent call in doubt is re-run, a finished call (a parallel sibling
 included) never is, and a side effect in doubt runs again only with a recorded approval.
-The killed driver's lease keeps the run busy until it expires (half a second here); only
-then does the next process take the run over.
+The killed driver's lease names a process of this host that is gone, so the next driver
+takes the run over at once (were it still busy, the test would wait out the lease's half second).
 Each way of running the two calls is checked: one after the other, and concurrently on
 Runner and AsyncRunner (where both are under way at once, so a crash can leave both in doubt).
-Runs on SQLite and on PostgreSQL in a fresh schema (the db_url fixture, conftest.py).
+Runs on SQLite and on PostgreSQL, in one database per backend for the whole module (the
+db_url fixture below): each test's run has an id of its own, and every check reads only that
+run and the test's own directory.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import run_script
+from support import fresh_pg_schema, run_script
 from tether.facts.events import Event
 from tether.stores.sql import SQLStore
 from tether.testing import validate_messages_request
@@ -34,6 +38,31 @@ DRIVER = Path(__file__).with_name("crash_driver.py")
 LEASE_WAIT = 0.2
 """Seconds between drives of a run whose killed driver's lease (0.5 s) has not expired: a new
 driver starts in well under that, so trying again at once would only start more of them."""
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One database per backend for the module, its tables made here (not conftest's empty one per test).
+
+    A new PostgreSQL schema, or SQLite file, and its tables cost a test more than its checks; no
+    check needs an empty database, as each reads only its own run.
+    """
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('crash_db') / 'runs.db'}"
+        made_tables(url)
+        yield url
+        return
+    with fresh_pg_schema(request.getfixturevalue("pg_url")) as schema:
+        made_tables(schema.url)
+        yield schema.url
+
+
+def made_tables(url: str) -> None:
+    store = SQLStore(url)
+    try:
+        store.list_runs()  # a store makes its tables on first use
+    finally:
+        store.close()
 
 
 def drive(
@@ -162,7 +191,7 @@ def test_clean_run_write_count(mode: str, tmp_path: Path) -> None:
 
 
 def crash_and_resume(tmp_path: Path, db_url: str, crash: str, approver: str, mode: str = "serial") -> dict[str, Any]:
-    run_id = f"run_crash_{abs(hash((crash, str(tmp_path)))) % 10**12}"
+    run_id = f"run_crash_{uuid.uuid4().hex[:16]}"  # the module's tests share a database
     first = drive(tmp_path, db_url, run_id, crash, approver, mode)
     assert first.returncode == -9, f"the driver should have been killed at {crash}: {first.stderr}"
     second = drive(tmp_path, db_url, run_id, "none", approver, mode)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support import run_python
+from support import run_script
 from tether.stores.sql import SQLStore
 from tether.views import audit
 
@@ -19,11 +19,11 @@ DRIVER = Path(__file__).with_name("handoff_crash_driver.py")
 
 def test_a_driver_killed_right_after_the_handoff_resumes_with_billing(tmp_path: Path) -> None:
     db_url, run_id = f"sqlite:///{tmp_path / 'runs.db'}", "run_handoff_crash"
-    first = run_python(str(DRIVER), str(tmp_path), db_url, run_id, "after:handed_off")
+    first = run_script(DRIVER, str(tmp_path), db_url, run_id, "after:handed_off")
     assert first.returncode == -9, f"the driver should have been killed: {first.stdout} {first.stderr}"
 
     deadline = time.monotonic() + 30
-    while (done := run_python(str(DRIVER), str(tmp_path), db_url, run_id)).returncode == 5:
+    while (done := run_script(DRIVER, str(tmp_path), db_url, run_id)).returncode == 5:
         assert time.monotonic() < deadline, "the killed driver's lease never expired"
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

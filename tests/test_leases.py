@@ -25,7 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from support import TETHER, as_holder, clean_env, finish_tether, run_tether, start_tether, tool_use, tool_use_turn
+from support import (
+    TETHER,
+    as_holder,
+    clean_env,
+    finish_tether,
+    finish_tether_forked,
+    run_tether,
+    start_tether,
+    start_tether_forked,
+    tool_use,
+    tool_use_turn,
+)
 from tether import Agent, Approve, AsyncRunner, Runner, tool
 from tether.core.approvals import DecideLater
 from tether.drivers.loader import agent_from_spec, agent_spec
@@ -372,13 +383,13 @@ def killed_while_driving(tmp_path: Path, db: str) -> str:
     (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
     (tmp_path / "script.json").write_text(json.dumps(SLOW_SCRIPT))
     command = ["run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db]
-    driver = start_tether(tmp_path, *command)
+    driver = start_tether_forked(tmp_path, *command)
     try:
-        wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")
-        assert driver.poll() is None, driver.communicate()
+        wait_for(lambda: started_log(tmp_path) == ["tea"] or not driver.process.is_alive(), "the tool to start")
+        assert driver.process.is_alive(), finish_tether_forked(driver)
     finally:
-        driver.kill()
-        driver.communicate()
+        driver.process.kill()
+    assert finish_tether_forked(driver).returncode == -9
     (tmp_path / "release").touch()  # the tool, run again, returns at once
     store = SQLStore(db)
     try:
@@ -486,11 +497,11 @@ def test_the_cli_says_when_another_process_changed_the_run_it_drove(tmp_path: Pa
     (tmp_path / "slow_tools.py").write_text(SLOW_TOOLS)
     (tmp_path / "script.json").write_text(json.dumps(SLOW_SCRIPT))
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    driver = start_tether(
+    driver = start_tether_forked(
         tmp_path, "run", "Look tea up.", "--tools", "slow_tools:TOOLS", "--model", "scripted:script.json", "--db", db
     )
     try:
-        wait_for(lambda: started_log(tmp_path) == ["tea"] or driver.poll() is not None, "the tool to start")
+        wait_for(lambda: started_log(tmp_path) == ["tea"] or not driver.process.is_alive(), "the tool to start")
         store = SQLStore(db)
         try:
             [record] = store.list_runs()
@@ -499,7 +510,7 @@ def test_the_cli_says_when_another_process_changed_the_run_it_drove(tmp_path: Pa
             store.close()
     finally:
         (tmp_path / "release").touch()
-    stopped = finish_tether(driver)
+    stopped = finish_tether_forked(driver)
     assert stopped.returncode == 1, stopped
     assert f"run {record.id!r} was changed by another process while this one drove it (it is now cancelled)" in (
         stopped.err
