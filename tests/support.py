@@ -843,6 +843,8 @@ class LaggyProxy:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(OSError):  # wakes the accepting thread: close() alone leaves it blocked
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         for sock in self.sockets:
             with contextlib.suppress(OSError):
