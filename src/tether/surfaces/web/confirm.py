@@ -29,7 +29,7 @@ class Question:
 
 
 def question(action: str, run_id: str, at: str = "") -> Question:
-    """The question for ``action`` (a control, or ``fork`` from step ``at``) on ``run_id``."""
+    """The question for ``action`` (a control, or ``fork`` at event ``at``) on ``run_id``."""
     if action == "cancel":
         return Question(
             f"Cancel run {run_id}?",
@@ -53,8 +53,8 @@ def question(action: str, run_id: str, at: str = "") -> Question:
             "Retry the run",
         )
     return Question(
-        f"Fork run {run_id} from step #{at}?",
-        "A new run starts with this run's history as of that step and is driven on at once: the model is "
+        f"Fork run {run_id} at event #{at}?",
+        "A new run starts with this run's history as of that event and is driven on at once: the model is "
         "asked again, and tools that need no approval run right away (those that need one wait for a person). "
         "This run stays as it is.",
         "Fork and run it",

@@ -301,7 +301,7 @@ class Decider:
         return True
 
     def fork(self, run_id: str, at: str, *, tenant: str | None, text: str = "", message: str = "") -> RunState:
-        """Start a new run from step ``at`` of ``run_id`` (the original untouched) and drive it on.
+        """Start a new run from event ``at`` of ``run_id`` (the original untouched) and drive it on.
 
         ``text``, unless blank, replaces the text of the fork's message number ``message`` (0 the
         first, -1 the last; blank: the last user message holding text, the prompt the model answers
@@ -309,20 +309,20 @@ class Decider:
 
         Raises:
             RunNotFound: no such run for this tenant.
-            InvalidForkPoint: no such step, one in the middle of a turn, no such message, or one without text.
+            InvalidForkPoint: no such event, one in the middle of a turn, no such message, or one without text.
             BadForm: ``at`` or ``message`` is not a number.
         """
         try:
-            step = int(at)
+            event = int(at)
         except ValueError:
-            raise BadForm(f"the step to fork at must be a number, not {at!r}") from None
+            raise BadForm(f"the event to fork at must be a number, not {at!r}") from None
         try:
             index = int(message) if message.strip() else None
         except ValueError:
             raise BadForm(f"the message to edit must be a number (0 the first, -1 the last), not {message!r}") from None
         runner = Runner(reader_agent(), self.store, telemetry=self.telemetry)  # a fork needs no tools
         edit = MessageEdit(index, text) if text.strip() else None
-        fork = runner.fork(run_id, at_event=step, tenant=tenant, edit=edit)
+        fork = runner.fork(run_id, at_event=event, tenant=tenant, edit=edit)
         self.resume(fork.id, fork.tenant)
         return fork
 
