@@ -14,7 +14,7 @@ from rich.padding import Padding
 from rich.rule import Rule
 from rich.text import Text
 
-from tether.surfaces.terminal import print_record, record_value
+from tether.surfaces.terminal import CALL_STATUS_STYLES, print_record, record_value
 from tether.views.audit import decision_said
 from tether.views.conversation import Aside, Call, Conversation, Turn
 from tether.views.printable import printable
@@ -23,14 +23,8 @@ SYSTEM_CHARS = 160
 """How much of the system prompt is shown, folded on one line (one screen line on a terminal): ``--json``
 has it whole."""
 
-_OUTCOMES = {
-    "ok": ("result", "green"),
-    "error": ("error", "red"),
-    "denied": ("refused", "red"),
-    "running": ("running", "yellow"),
-    "not_run": ("not run", "dim"),
-}
-"""A call's status: the label of its outcome line, and its colour."""
+_OUTCOME_LABELS = {"ok": "result", "denied": "refused", "not_run": "not run"}
+"""A call's status as its outcome line is labelled, where the status itself does not read well."""
 _SAID_BY_THE_DECISION = frozenset({"awaiting_approval", "never_decided"})
 """Statuses the decision's line says already (``pending``, ``never decided``): no outcome line."""
 
@@ -71,7 +65,7 @@ def _turn(console: Console, turn: Turn) -> None:
 def _call(console: Console, call: Call) -> None:
     """A call's heading (tool, id, seconds), then its input, decision, outcome and child runs."""
     entry = call.entry
-    label, style = _OUTCOMES.get(entry.status, (entry.status, ""))
+    label, style = _OUTCOME_LABELS.get(entry.status, entry.status), CALL_STATUS_STYLES.get(entry.status, "")
     heading = Text.assemble(("▸ ", "blue"), (printable(entry.tool), "bold blue"), "  ")
     heading.append(printable(entry.call_id), style="dim")
     if entry.duration is not None:

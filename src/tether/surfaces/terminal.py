@@ -809,6 +809,17 @@ def _verdict(entry: AuditEntry) -> str:
     return printable(f"{verdict} {text}" + (" (input edited)" if entry.edited else ""))
 
 
+CALL_STATUS_STYLES = {
+    "ok": "green",
+    "error": "red",
+    "denied": "red",
+    "awaiting_approval": "yellow",
+    "running": "yellow",
+    "not_run": "dim",
+}
+"""A call's status (an audit entry's) as the terminal colours it, wherever it is shown."""
+
+
 def _outcome(entry: AuditEntry, *, error_chars: int | None = None) -> Text:
     """The call's status, its exception type and (given ``error_chars``) the head of its error text."""
     outcome = entry.status
@@ -820,8 +831,7 @@ def _outcome(entry: AuditEntry, *, error_chars: int | None = None) -> Text:
         outcome += " (cached)"
     if entry.truncated_from is not None:
         outcome += f" ({entry.truncated_from} chars, truncated for the model)"
-    style = {"ok": "green", "error": "red", "denied": "red", "awaiting_approval": "yellow"}.get(entry.status, "")
-    return Text(printable(outcome), style=style)
+    return Text(printable(outcome), style=CALL_STATUS_STYLES.get(entry.status, ""))
 
 
 RUNS_HEADERS = ("status", "steps", "tools", "updated", "run")
