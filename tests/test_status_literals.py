@@ -23,8 +23,8 @@ WORDS = {status.value for status in RunStatus} | set(SHOWN)
 
 ALLOWED: dict[tuple[str, str | None, str], str] = {
     ("views/audit.py", "_ask", "awaiting_approval"): "a tool call's audit status, not a run's",
-    ("surfaces/terminal.py", "_outcome", "awaiting_approval"): "the colour of that audit status",
-    ("surfaces/story.py", None, "awaiting_approval"): "the label and colour of that audit status",
+    ("surfaces/terminal.py", None, "awaiting_approval"): "the colour of that audit status (CALL_STATUS_STYLES)",
+    ("surfaces/story.py", None, "awaiting_approval"): "that audit status, said by the decision's line",
     ("views/diagram.py", None, "failed"): "the kind of a sequence diagram arrow (a call that failed)",
     ("models/shape.py", None, "thinking"): "a Messages API content block type",
     ("models/anthropic.py", "_settings_params", "thinking"): "the Messages API's thinking option",
