@@ -88,6 +88,15 @@ def pg_schema(pg_url: str) -> Iterator[PgSchema]:
         yield schema
 
 
+@pytest.fixture(scope="module")
+def module_pg_schema(pg_url: str) -> Iterator[PgSchema]:
+    """A fresh schema for the module's tests to share (dropped after its last): where a schema and
+    its tables made per test would cost more than the tests, and each test reads only its own rows
+    (or empties the tables first)."""
+    with fresh_pg_schema(pg_url) as schema:
+        yield schema
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database, once per backend: SQLite in tmp_path, or a fresh PostgreSQL schema."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from support import fresh_pg_schema, run_script
+from support import PgSchema, run_script
 from tether.facts.events import Event
 from tether.stores.sql import SQLStore
 from tether.testing import validate_messages_request
@@ -52,9 +52,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         made_tables(url)
         yield url
         return
-    with fresh_pg_schema(request.getfixturevalue("pg_url")) as schema:
-        made_tables(schema.url)
-        yield schema.url
+    schema: PgSchema = request.getfixturevalue("module_pg_schema")
+    made_tables(schema.url)
+    yield schema.url
 
 
 def made_tables(url: str) -> None:

@@ -2,8 +2,8 @@
 
 The async stores (AsyncSQLStore on SQLite and PostgreSQL, and a sync store made awaitable) run
 the same tests, each call awaited to its end (support.Blocking). PostgreSQL comes from
-TETHER_TEST_PG_URL (default: the local test server), in a schema of the module's own (the
-shared_pg_schema fixture below), emptied before each test and dropped at the end, so concurrent
+TETHER_TEST_PG_URL (default: the local test server), in a schema of the module's own
+(module_pg_schema, conftest.py), emptied before each test and dropped at the end, so concurrent
 test runs never see each other's rows.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from support import PG_URL, Blocking, PgSchema, fresh_pg_schema, libpq_dsn, opened_store
+from support import PG_URL, Blocking, PgSchema, libpq_dsn, opened_store
 from tether.errors import ConfigError, RunNotFound, StaleRun, StoreError
 from tether.facts.events import Event, RunStarted, ToolStarted, Warned
 from tether.stores import WAITING_KEY, Holder, RunLease, RunLog, RunQuery, RunRecord, Snapshot, Store
@@ -46,21 +46,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'tether.db'}"
     else:
-        schema: PgSchema = request.getfixturevalue("shared_pg_schema")
+        schema: PgSchema = request.getfixturevalue("module_pg_schema")  # made once: ~100 tests use it
         empty_tables(schema)
         url = schema.url
     with opened_store(kind or "sync", url) as opened:
         yield opened
-
-
-@pytest.fixture(scope="module")
-def shared_pg_schema(pg_url: str) -> Iterator[PgSchema]:
-    """The module's one PostgreSQL schema: its tables are made by the first test and emptied before each.
-
-    A schema and its tables made for each of the ~100 PostgreSQL tests cost more than the tests.
-    """
-    with fresh_pg_schema(pg_url) as schema:
-        yield schema
 
 
 def empty_tables(schema: PgSchema) -> None:
